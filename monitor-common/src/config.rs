@@ -1,0 +1,40 @@
+//! Load-time configuration of the XDP program, written into its read-only data before the
+//! program is verified, so the verifier folds every field to a constant.
+
+use crate::{maps::MAX_WINDOW, wire::DEFAULT_PORT};
+
+/// Name of the global in the eBPF object.
+pub const CONFIG_SYMBOL: &str = "CONFIG";
+
+/// Heartbeats are passed up the stack after being recorded instead of being consumed.
+pub const XDP_FLAG_PASS_HEARTBEATS: u32 = 1 << 0;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct XdpConfig {
+    /// UDP destination port of heartbeats, host order.
+    pub port: u16,
+    pub _pad: u16,
+    /// Inter-arrival samples kept per peer, 2..=MAX_WINDOW.
+    pub window: u32,
+    /// `XDP_FLAG_*` bits.
+    pub flags: u32,
+    /// Unknown-peer reports each CPU may write per second.
+    pub unknown_reports_per_sec: u32,
+}
+
+impl XdpConfig {
+    pub const DEFAULT: Self = Self {
+        port: DEFAULT_PORT,
+        _pad: 0,
+        window: MAX_WINDOW as u32,
+        flags: 0,
+        unknown_reports_per_sec: 1000,
+    };
+}
+
+impl Default for XdpConfig {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}

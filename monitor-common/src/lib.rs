@@ -1,0 +1,21 @@
+//! The kernel/user boundary of the heartbeat monitor, in one small crate.
+//!
+//! Everything both the XDP program (`monitor-ebpf`) and the agent (`monitor`) must agree on
+//! lives here and nowhere else: the heartbeat wire format, the layout of every BPF map value,
+//! and the load-time configuration of the XDP program. `no_std`, no allocation; the `user`
+//! feature adds `aya::Pod` so the agent can read and write these types through aya.
+#![no_std]
+
+pub mod config;
+pub mod maps;
+pub mod wire;
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: every type below is `repr(C)`, `Copy`, has no padding that carries meaning and
+    // is valid for any bit pattern (integers and byte arrays only).
+    unsafe impl aya::Pod for crate::config::XdpConfig {}
+    unsafe impl aya::Pod for crate::maps::PeerSlot {}
+    unsafe impl aya::Pod for crate::maps::Counters {}
+    unsafe impl aya::Pod for crate::maps::UnknownPeerReport {}
+}

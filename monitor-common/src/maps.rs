@@ -1,0 +1,158 @@
+//! Names and value layouts of the BPF maps the XDP program and the agent share.
+
+/// Most inter-arrival samples a slot can hold; the window in use is set at load time
+/// (`XdpConfig::window`, 2..=MAX_WINDOW). A power of two so the kernel can mask ring indices.
+pub const MAX_WINDOW: usize = 128;
+const _: () = assert!(MAX_WINDOW.is_power_of_two());
+
+/// Intervals are clamped to this many microseconds (about 268 s) so that the running sum of
+/// squares over a full window cannot overflow a u64: 128 * (2^28)^2 = 2^63.
+pub const MAX_INTERVAL_US: u64 = (1 << 28) - 1;
+
+/// Peer slots the agent admits unless told otherwise.
+pub const DEFAULT_CAPACITY: u32 = 65_536;
+
+/// `BPF_F_MMAPABLE`: the array map can be mmapped by userspace.
+pub const BPF_F_MMAPABLE: u32 = 1 << 10;
+
+/// Peer id -> slot index (HASH, written by the agent only).
+pub const PEER_INDEX_MAP: &str = "PEER_INDEX";
+/// Slot index -> [`PeerSlot`] (ARRAY, BPF_F_MMAPABLE; the kernel writes, the agent mmaps).
+pub const PEER_STATE_MAP: &str = "PEER_STATE";
+/// One per-CPU [`Counters`] (PERCPU_ARRAY with a single entry).
+pub const COUNTERS_MAP: &str = "COUNTERS";
+/// [`UnknownPeerReport`]s (RINGBUF), rate-limited in the kernel.
+pub const UNKNOWN_PEERS_MAP: &str = "UNKNOWN_PEERS";
+/// Size of the unknown-peer ring buffer in bytes.
+pub const UNKNOWN_PEERS_BYTES: u32 = 64 * 1024;
+
+/// Address family of the last source address recorded in a slot.
+pub const FAMILY_NONE: u16 = 0;
+pub const FAMILY_IPV4: u16 = 4;
+pub const FAMILY_IPV6: u16 = 6;
+
+/// One slot of the mmapable array: a sequence counter, the peer's record, and its ring of
+/// recent intervals.
+///
+/// Concurrency: `lock` is a sequence counter. A writer (the XDP program on any CPU, or the
+/// agent while it (re)initialises a slot) moves it from even to odd with a compare-and-swap,
+/// writes, and adds one again; a reader copies what it needs and retries when the counter was
+/// odd or changed meanwhile. A CPU that finds the slot odd does not wait: it counts the
+/// heartbeat as `contended` and moves on (one peer's heartbeats normally land on one RX queue,
+/// so this is rare). The record comes first so that a reader that needs no ring copies only it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PeerSlot {
+    /// Sequence counter, see above. 64 bits: the BPF target has no 32-bit atomics.
+    pub lock: u64,
+    pub record: PeerRecord,
+    /// The last `record.samples` intervals in microseconds, a ring ending before
+    /// `record.ring_head`.
+    pub ring_us: [u32; MAX_WINDOW],
+}
+
+/// Everything about a peer except its ring of intervals.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerRecord {
+    /// Peer id the agent stamped into this slot; the kernel ignores heartbeats whose id differs.
+    pub peer_id: u64,
+    /// bpf_ktime_get_ns (CLOCK_MONOTONIC) of the last accepted heartbeat, or of admission
+    /// while `heartbeats` is zero.
+    pub last_arrival_ns: u64,
+    /// Sequence number of the last accepted heartbeat.
+    pub last_seq: u64,
+    /// Heartbeats accepted (in order, not duplicates).
+    pub heartbeats: u64,
+    /// Sequence numbers skipped (net of late arrivals that filled a gap).
+    pub lost: u64,
+    /// Heartbeats repeating the last accepted sequence number.
+    pub duplicates: u64,
+    /// Heartbeats older than the last accepted one (or from an older incarnation).
+    pub out_of_order: u64,
+    /// Heartbeats whose authentication failed.
+    pub auth_failures: u64,
+    /// Sum of the intervals in the window, microseconds.
+    pub interval_sum_us: u64,
+    /// Sum of the squared intervals in the window, microseconds squared.
+    pub interval_sum_sq_us: u64,
+    /// Intervals in the window (0..=window).
+    pub samples: u32,
+    /// Next ring position to write.
+    pub ring_head: u32,
+    /// Incarnation (sender epoch) of the last accepted heartbeat.
+    pub incarnation: u32,
+    /// [`FAMILY_IPV4`], [`FAMILY_IPV6`] or [`FAMILY_NONE`].
+    pub src_family: u16,
+    /// Source UDP port of the last accepted heartbeat, host order.
+    pub src_port: u16,
+    /// Source address of the last accepted heartbeat; IPv4 as the last 4 bytes of an
+    /// IPv4-mapped IPv6 address.
+    pub src_addr: [u8; 16],
+}
+
+impl PeerRecord {
+    /// A peer admitted at `now_ns`, with no heartbeat yet: its silence counts from admission.
+    pub const fn admitted(peer_id: u64, now_ns: u64) -> Self {
+        Self {
+            peer_id,
+            last_arrival_ns: now_ns,
+            last_seq: 0,
+            heartbeats: 0,
+            lost: 0,
+            duplicates: 0,
+            out_of_order: 0,
+            auth_failures: 0,
+            interval_sum_us: 0,
+            interval_sum_sq_us: 0,
+            samples: 0,
+            ring_head: 0,
+            incarnation: 0,
+            src_family: FAMILY_NONE,
+            src_port: 0,
+            src_addr: [0; 16],
+        }
+    }
+}
+
+/// What the XDP program decided, counted per CPU (one lookup per packet, no atomics).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Counters {
+    /// Heartbeats recorded in a peer slot.
+    pub heartbeats: u64,
+    /// Packets that are not for the heartbeat port (passed untouched).
+    pub not_heartbeat: u64,
+    /// Packets to the heartbeat port that fail validation (passed untouched).
+    pub malformed: u64,
+    /// Valid heartbeats from a peer id with no slot.
+    pub unknown_peer: u64,
+    /// Valid heartbeats repeating the last sequence number.
+    pub duplicates: u64,
+    /// Valid heartbeats older than the last accepted one.
+    pub out_of_order: u64,
+    /// Heartbeats whose authentication failed.
+    pub auth_failures: u64,
+    /// Heartbeats not recorded because another CPU was updating the same slot.
+    pub contended: u64,
+    /// Unknown-peer reports written to the ring buffer.
+    pub unknown_reported: u64,
+    /// Unknown-peer reports not written: over the rate limit or ring full.
+    pub unknown_suppressed: u64,
+    /// Start of this CPU's current rate-limit window (ns), kernel bookkeeping.
+    pub report_window_ns: u64,
+    /// Reports written in the current window, kernel bookkeeping.
+    pub report_window_count: u64,
+}
+
+/// A valid heartbeat from a peer id that has no slot, as reported to the agent.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct UnknownPeerReport {
+    pub peer_id: u64,
+    pub seq: u64,
+    pub incarnation: u32,
+    pub src_family: u16,
+    pub src_port: u16,
+    pub src_addr: [u8; 16],
+}

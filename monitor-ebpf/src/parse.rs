@@ -1,0 +1,134 @@
+//! Packet parsing: from the start of the frame to a validated heartbeat header.
+
+use core::mem::size_of;
+
+use aya_ebpf::programs::XdpContext;
+use monitor_common::{
+    maps::{FAMILY_IPV4, FAMILY_IPV6},
+    wire::HeartbeatHeader,
+};
+use network_types::{
+    eth::{EthHdr, EtherType},
+    ip::{IpProto, Ipv4Hdr, Ipv6Hdr},
+    udp::UdpHdr,
+    vlan::VlanHdr,
+};
+
+/// A heartbeat that passed every check, with where it came from.
+pub struct Heartbeat {
+    pub header: *const HeartbeatHeader,
+    pub src_family: u16,
+    /// Source address; IPv4 in bytes 12..16 (IPv4-mapped layout).
+    pub src_addr: [u8; 16],
+    pub src_port: u16,
+}
+
+pub enum Parsed {
+    NotHeartbeat,
+    Malformed,
+    Heartbeat(Heartbeat),
+}
+
+const ETH_P_IPV4: u16 = EtherType::Ipv4 as u16;
+const ETH_P_IPV6: u16 = EtherType::Ipv6 as u16;
+const ETH_P_8021Q: u16 = EtherType::Ieee8021q as u16;
+const ETH_P_8021AD: u16 = EtherType::Ieee8021ad as u16;
+/// IPv4 "more fragments" flag and fragment offset, in host order of the 16-bit field.
+const IPV4_MF_OR_OFFSET: u16 = 0x3fff;
+
+/// A pointer to a `T` at `offset`, if the whole `T` lies inside the packet.
+#[inline(always)]
+fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Option<*const T> {
+    let start = ctx.data();
+    let end = ctx.data_end();
+    if start + offset + size_of::<T>() > end {
+        return None;
+    }
+    Some((start + offset) as *const T)
+}
+
+#[inline(always)]
+pub fn parse(ctx: &XdpContext, port: u16) -> Parsed {
+    match parse_inner(ctx, port) {
+        Some(parsed) => parsed,
+        None => Parsed::NotHeartbeat,
+    }
+}
+
+#[inline(always)]
+fn parse_inner(ctx: &XdpContext, port: u16) -> Option<Parsed> {
+    let eth: *const EthHdr = ptr_at(ctx, 0)?;
+    let mut ether_type = unsafe { (*eth).ether_type };
+    let mut offset = EthHdr::LEN;
+    // Up to two VLAN tags (802.1ad outer, 802.1Q inner), unrolled.
+    if ether_type == ETH_P_8021AD || ether_type == ETH_P_8021Q {
+        let vlan: *const VlanHdr = ptr_at(ctx, offset)?;
+        ether_type = unsafe { (*vlan).ether_type };
+        offset += VlanHdr::LEN;
+        if ether_type == ETH_P_8021Q {
+            let vlan: *const VlanHdr = ptr_at(ctx, offset)?;
+            ether_type = unsafe { (*vlan).ether_type };
+            offset += VlanHdr::LEN;
+        }
+    }
+
+    let mut src_addr = [0u8; 16];
+    let src_family;
+    if ether_type == ETH_P_IPV4 {
+        let ip: *const Ipv4Hdr = ptr_at(ctx, offset)?;
+        let ip = unsafe { &*ip };
+        if ip.proto != IpProto::Udp as u8 {
+            return None;
+        }
+        // Only the first fragment carries the UDP header and a later fragment carries none;
+        // a heartbeat is never fragmented, so any fragment is not ours.
+        if u16::from_be_bytes(ip.frags) & IPV4_MF_OR_OFFSET != 0 {
+            return None;
+        }
+        let ihl = ((ip.vihl & 0x0f) as usize) * 4;
+        if ihl < Ipv4Hdr::LEN || ip.vihl >> 4 != 4 {
+            return None;
+        }
+        src_addr[10] = 0xff;
+        src_addr[11] = 0xff;
+        src_addr[12..16].copy_from_slice(&ip.src_addr);
+        src_family = FAMILY_IPV4;
+        offset += ihl;
+    } else if ether_type == ETH_P_IPV6 {
+        let ip: *const Ipv6Hdr = ptr_at(ctx, offset)?;
+        let ip = unsafe { &*ip };
+        // Extension headers are not walked: heartbeats are sent without them.
+        if ip.next_hdr != IpProto::Udp as u8 {
+            return None;
+        }
+        src_addr = ip.src_addr;
+        src_family = FAMILY_IPV6;
+        offset += Ipv6Hdr::LEN;
+    } else {
+        return None;
+    }
+
+    // `offset` now depends on IHL; bound it so the verifier can track packet pointers.
+    if offset > 128 {
+        return None;
+    }
+    let udp: *const UdpHdr = ptr_at(ctx, offset)?;
+    let udp = unsafe { &*udp };
+    if u16::from_be_bytes(udp.dst) != port {
+        return None;
+    }
+    // From here on it is addressed to us: anything wrong is malformed, not foreign.
+    let Some(header) = ptr_at::<HeartbeatHeader>(ctx, offset + UdpHdr::LEN) else {
+        return Some(Parsed::Malformed);
+    };
+    let payload_len = (u16::from_be_bytes(udp.len) as usize).wrapping_sub(UdpHdr::LEN);
+    if unsafe { (*header).validate(payload_len) }.is_err() {
+        return Some(Parsed::Malformed);
+    }
+    Some(Parsed::Heartbeat(Heartbeat {
+        header,
+        src_family,
+        src_addr,
+        src_port: u16::from_be_bytes(udp.src),
+    }))
+}

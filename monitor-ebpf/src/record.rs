@@ -1,0 +1,191 @@
+//! Recording an accepted heartbeat into its peer slot.
+
+use core::intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xadd};
+
+use aya_ebpf::helpers::bpf_ktime_get_ns;
+use monitor_common::{
+    config::XdpConfig,
+    maps::{Counters, MAX_INTERVAL_US, MAX_WINDOW, PeerSlot, UnknownPeerReport},
+};
+
+use crate::{PEER_INDEX, PEER_STATE, UNKNOWN_PEERS, parse::Heartbeat};
+
+const RING_MASK: u32 = (MAX_WINDOW as u32) - 1;
+const NS_PER_SEC: u64 = 1_000_000_000;
+
+#[inline(always)]
+pub fn record(hb: &Heartbeat, config: &XdpConfig, counters: &mut Counters) {
+    let header = unsafe { &*hb.header };
+    let peer_id = header.peer_id();
+    let now = unsafe { bpf_ktime_get_ns() };
+
+    let slot = match unsafe { PEER_INDEX.get(&peer_id) } {
+        Some(&index) => PEER_STATE.get_ptr_mut(index),
+        None => None,
+    };
+    let Some(slot) = slot else {
+        counters.unknown_peer += 1;
+        report_unknown(hb, peer_id, now, config, counters);
+        return;
+    };
+    // SAFETY: the pointer comes from a successful lookup; concurrent writers are excluded by
+    // the sequence counter below, readers retry.
+    let slot = unsafe { &mut *slot };
+    if slot.record.peer_id != peer_id {
+        // The agent is re-using this slot for someone else; the index entry is on its way out.
+        counters.unknown_peer += 1;
+        return;
+    }
+
+    if !try_lock(&mut slot.lock) {
+        counters.contended += 1;
+        return;
+    }
+
+    let seq = header.seq();
+    let incarnation = header.incarnation();
+    let outcome = classify(slot, incarnation, seq);
+    match outcome {
+        Outcome::Duplicate => {
+            slot.record.duplicates += 1;
+            counters.duplicates += 1;
+        }
+        Outcome::OutOfOrder => {
+            slot.record.out_of_order += 1;
+            // A late heartbeat fills a gap that was counted as lost.
+            if slot.record.lost > 0 {
+                slot.record.lost -= 1;
+            }
+            counters.out_of_order += 1;
+        }
+        Outcome::Accept { lost } => {
+            slot.record.lost += lost;
+            if slot.record.heartbeats > 0 {
+                push_interval(slot, now, config.window);
+            }
+            slot.record.heartbeats += 1;
+            slot.record.last_arrival_ns = now;
+            slot.record.last_seq = seq;
+            slot.record.incarnation = incarnation;
+            slot.record.src_family = hb.src_family;
+            slot.record.src_port = hb.src_port;
+            slot.record.src_addr = hb.src_addr;
+            counters.heartbeats += 1;
+        }
+    }
+    unlock(&mut slot.lock);
+}
+
+// The BPF target's `core` offers no compare-and-swap on its atomic types (it declares no CAS
+// support), but the instruction exists since kernel 5.12 (BPF_CMPXCHG), so use the intrinsics.
+
+/// Moves the slot's sequence counter from even to odd; false if another CPU holds it.
+#[inline(always)]
+fn try_lock(lock: &mut u64) -> bool {
+    let lock: *mut u64 = lock;
+    unsafe {
+        // A plain (volatile) load: BPF before cpu v4 has no atomic load instruction.
+        let before = core::ptr::read_volatile(lock);
+        if before & 1 != 0 {
+            return false;
+        }
+        let (_, swapped) = atomic_cxchg::<
+            u64,
+            { AtomicOrdering::Acquire },
+            { AtomicOrdering::Relaxed },
+        >(lock, before, before + 1);
+        swapped
+    }
+}
+
+/// Moves the counter back to even. An atomic add is a full barrier in BPF, so every store to
+/// the slot is visible before a reader can see the even value.
+#[inline(always)]
+fn unlock(lock: &mut u64) {
+    unsafe {
+        atomic_xadd::<u64, u64, { AtomicOrdering::Release }>(lock, 1);
+    }
+}
+
+enum Outcome {
+    Accept { lost: u64 },
+    Duplicate,
+    OutOfOrder,
+}
+
+#[inline(always)]
+fn classify(slot: &PeerSlot, incarnation: u32, seq: u64) -> Outcome {
+    if slot.record.heartbeats == 0 || incarnation > slot.record.incarnation {
+        // First heartbeat, or the sender restarted: a new sequence begins.
+        return Outcome::Accept { lost: 0 };
+    }
+    if incarnation < slot.record.incarnation || seq < slot.record.last_seq {
+        return Outcome::OutOfOrder;
+    }
+    if seq == slot.record.last_seq {
+        return Outcome::Duplicate;
+    }
+    Outcome::Accept {
+        lost: seq - slot.record.last_seq - 1,
+    }
+}
+
+/// Appends the interval since the last heartbeat to the ring, keeping the running sums exact.
+#[inline(always)]
+fn push_interval(slot: &mut PeerSlot, now: u64, window: u32) {
+    let mut interval = now.saturating_sub(slot.record.last_arrival_ns) / 1000;
+    if interval > MAX_INTERVAL_US {
+        interval = MAX_INTERVAL_US;
+    }
+    let head = slot.record.ring_head & RING_MASK;
+    if slot.record.samples >= window {
+        let old = slot.ring_us[head as usize] as u64;
+        slot.record.interval_sum_us -= old;
+        slot.record.interval_sum_sq_us -= old * old;
+    } else {
+        slot.record.samples += 1;
+    }
+    slot.ring_us[head as usize] = interval as u32;
+    slot.record.interval_sum_us += interval;
+    slot.record.interval_sum_sq_us += interval * interval;
+    let next = head + 1;
+    slot.record.ring_head = if next >= window { 0 } else { next };
+}
+
+/// Tells the agent about a peer id it has no slot for, at most `unknown_reports_per_sec`
+/// times per second per CPU, so a flood of forged ids cannot flood the agent.
+#[inline(always)]
+fn report_unknown(
+    hb: &Heartbeat,
+    peer_id: u64,
+    now: u64,
+    config: &XdpConfig,
+    counters: &mut Counters,
+) {
+    if now.wrapping_sub(counters.report_window_ns) >= NS_PER_SEC {
+        counters.report_window_ns = now;
+        counters.report_window_count = 0;
+    }
+    if counters.report_window_count >= config.unknown_reports_per_sec as u64 {
+        counters.unknown_suppressed += 1;
+        return;
+    }
+    let header = unsafe { &*hb.header };
+    let report = UnknownPeerReport {
+        peer_id,
+        seq: header.seq(),
+        incarnation: header.incarnation(),
+        src_family: hb.src_family,
+        src_port: hb.src_port,
+        src_addr: hb.src_addr,
+    };
+    if UNKNOWN_PEERS
+        .output::<UnknownPeerReport>(&report, 0)
+        .is_ok()
+    {
+        counters.report_window_count += 1;
+        counters.unknown_reported += 1;
+    } else {
+        counters.unknown_suppressed += 1;
+    }
+}

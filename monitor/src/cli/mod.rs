@@ -1,0 +1,44 @@
+//! One module per subcommand.
+
+mod query;
+mod run;
+mod send;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "monitor",
+    version,
+    about = "Heartbeat failure detector: XDP timestamps heartbeats in the kernel, the agent \
+             serves phi accrual suspicion over a Unix socket."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Load the XDP program on an interface and serve the socket until SIGINT/SIGTERM.
+    Run(run::RunArgs),
+    /// Send heartbeats to a monitor (run this on each peer).
+    Send(send::SendArgs),
+    /// Ask a running agent about its peers.
+    Query(query::QueryArgs),
+}
+
+pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Run(args) => run::run(args),
+        Command::Send(args) => send::send(args),
+        Command::Query(args) => query::query(args),
+    }
+}
+
+/// Parses durations such as `100ms`, `1.5s`, `2m`.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    humantime::parse_duration(text).map_err(|e| format!("{e} (examples: 100ms, 1.5s, 2m)"))
+}

@@ -1,0 +1,132 @@
+use std::{path::PathBuf, process::ExitCode};
+
+use clap::{Args, Subcommand};
+use monitor::{
+    DEFAULT_SOCKET,
+    client::Client,
+    peer_view::PeerView,
+    protocol::{AgentStats, PeerReply, PeersReply, StatsReply, into_result},
+};
+use serde_json::{Value, json};
+
+#[derive(Debug, Args)]
+pub struct QueryArgs {
+    /// Path of the agent's Unix socket.
+    #[arg(long, short, default_value = DEFAULT_SOCKET, global = true)]
+    socket: PathBuf,
+    /// Print the agent's raw JSON reply instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    what: What,
+}
+
+#[derive(Debug, Subcommand)]
+enum What {
+    /// One peer.
+    Peer {
+        /// Peer id (decimal or 0x hex).
+        #[arg(value_parser = monitor::admission::parse_peer_id)]
+        id: u64,
+    },
+    /// Every admitted peer.
+    Peers,
+    /// Agent and kernel counters.
+    Stats,
+}
+
+pub fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
+    let request = match &args.what {
+        What::Peer { id } => json!({"op": "peer", "id": id}),
+        What::Peers => json!({"op": "peers"}),
+        What::Stats => json!({"op": "stats"}),
+    };
+    let mut client = Client::connect(&args.socket)?;
+    let reply = client.request(&request)?;
+    if args.json {
+        println!("{reply}");
+        return Ok(if reply["ok"] == Value::Bool(true) {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
+    let reply = into_result(reply).map_err(|e| anyhow::anyhow!("the agent says: {e}"))?;
+    match args.what {
+        What::Peer { .. } => {
+            let PeerReply { peer } = serde_json::from_value(reply)?;
+            print_peers(&[peer]);
+        }
+        What::Peers => {
+            let PeersReply { peers } = serde_json::from_value(reply)?;
+            print_peers(&peers);
+        }
+        What::Stats => {
+            let StatsReply { stats } = serde_json::from_value(reply)?;
+            print_stats(&stats);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn ms(value: Option<f64>) -> String {
+    value.map_or_else(|| "-".into(), |v| format!("{v:.1}"))
+}
+
+fn print_peers(peers: &[PeerView]) {
+    println!(
+        "{:>20} {:<22} {:>10} {:>7} {:>9} {:>8} {:>11} {:>6} {:>5} {:>5}",
+        "ID",
+        "ADDR",
+        "HEARTBEATS",
+        "SAMPLES",
+        "MEAN_MS",
+        "STD_MS",
+        "SILENCE_MS",
+        "LOST",
+        "DUP",
+        "OOO"
+    );
+    for p in peers {
+        println!(
+            "{:>20} {:<22} {:>10} {:>7} {:>9} {:>8} {:>11.1} {:>6} {:>5} {:>5}",
+            p.id,
+            p.addr.as_deref().unwrap_or("-"),
+            p.heartbeats,
+            p.samples,
+            ms(p.mean_ms),
+            ms(p.std_ms),
+            p.silence_ms,
+            p.lost,
+            p.duplicates,
+            p.out_of_order
+        );
+    }
+}
+
+fn print_stats(s: &AgentStats) {
+    println!(
+        "interface      {} ({} mode), UDP port {}",
+        s.iface, s.xdp_mode, s.port
+    );
+    println!(
+        "peers          {} of {} (window {})",
+        s.peers, s.capacity, s.window
+    );
+    println!("uptime         {:.1} s", s.uptime_s);
+    let k = &s.kernel;
+    for (name, value) in [
+        ("heartbeats", k.heartbeats),
+        ("not_heartbeat", k.not_heartbeat),
+        ("malformed", k.malformed),
+        ("unknown_peer", k.unknown_peer),
+        ("duplicates", k.duplicates),
+        ("out_of_order", k.out_of_order),
+        ("auth_failures", k.auth_failures),
+        ("contended", k.contended),
+        ("unknown_reported", k.unknown_reported),
+        ("unknown_suppressed", k.unknown_suppressed),
+    ] {
+        println!("kernel {name:<19} {value}");
+    }
+}

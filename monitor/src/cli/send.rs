@@ -1,0 +1,84 @@
+use std::{
+    net::{SocketAddr, ToSocketAddrs},
+    process::ExitCode,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::Context;
+use clap::Args;
+use monitor::sender::{self, SenderConfig};
+
+use super::parse_duration;
+
+#[derive(Debug, Args)]
+pub struct SendArgs {
+    /// Where the monitor listens: ADDR:PORT (a host name works too).
+    #[arg(long)]
+    to: String,
+    /// This peer's id (decimal or 0x hex).
+    #[arg(long, value_parser = parse_id)]
+    id: u64,
+    /// Time between heartbeats.
+    #[arg(long, default_value = "100ms", value_parser = parse_duration)]
+    interval: Duration,
+    /// Random offset added to each send, uniform in [-jitter, +jitter].
+    #[arg(long, default_value = "0ms", value_parser = parse_duration)]
+    jitter: Duration,
+    /// Stop after this many heartbeats (default: until interrupted).
+    #[arg(long)]
+    count: Option<u64>,
+    /// Sender epoch; must grow across restarts (default: seconds since the Unix epoch).
+    #[arg(long)]
+    incarnation: Option<u32>,
+}
+
+fn parse_id(text: &str) -> Result<u64, String> {
+    monitor::admission::parse_peer_id(text)
+}
+
+pub fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
+    if args.interval.is_zero() {
+        anyhow::bail!("--interval must be greater than zero");
+    }
+    if args.jitter >= args.interval {
+        anyhow::bail!("--jitter must be smaller than --interval");
+    }
+    let to: SocketAddr = args
+        .to
+        .to_socket_addrs()
+        .with_context(|| format!("--to {:?}: expected ADDR:PORT", args.to))?
+        .next()
+        .with_context(|| format!("--to {:?} resolves to no address", args.to))?;
+    let incarnation = args.incarnation.unwrap_or_else(|| {
+        let secs = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        u32::try_from(secs).unwrap_or(u32::MAX)
+    });
+    let config = SenderConfig {
+        to,
+        id: args.id,
+        interval: args.interval,
+        jitter: args.jitter,
+        count: args.count,
+        incarnation,
+        first_seq: 0,
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, stop.clone()).context("installing a signal handler")?;
+    }
+    log::info!(
+        "sending heartbeats as peer {} (incarnation {incarnation}) to {to} every {:?}",
+        args.id,
+        args.interval
+    );
+    let sent = sender::run(&config, || !stop.load(Ordering::Relaxed))?;
+    log::info!("sent {sent} heartbeats");
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,58 @@
+//! A small blocking client for the agent's socket (used by `monitor query` and the tests).
+
+use std::{
+    io::{self, BufRead, BufReader, Write},
+    os::unix::net::UnixStream,
+    path::Path,
+    time::Duration,
+};
+
+use serde_json::Value;
+
+pub struct Client {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("connecting to the agent at {path}: {source} (is `monitor run` running?)")]
+    Connect { path: String, source: io::Error },
+    #[error("talking to the agent: {0}")]
+    Io(#[from] io::Error),
+    #[error("the agent closed the connection")]
+    Closed,
+    #[error("the agent sent a line that is not JSON: {0}")]
+    BadReply(serde_json::Error),
+}
+
+impl Client {
+    pub fn connect(path: &Path) -> Result<Self, ClientError> {
+        let stream = UnixStream::connect(path).map_err(|source| ClientError::Connect {
+            path: path.display().to_string(),
+            source,
+        })?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        Ok(Self {
+            reader: BufReader::new(stream.try_clone()?),
+            writer: stream,
+        })
+    }
+
+    /// Sends one raw line and returns the raw reply line (without the newline).
+    pub fn request_line(&mut self, line: &str) -> Result<String, ClientError> {
+        self.writer.write_all(line.as_bytes())?;
+        self.writer.write_all(b"\n")?;
+        let mut reply = String::new();
+        if self.reader.read_line(&mut reply)? == 0 {
+            return Err(ClientError::Closed);
+        }
+        Ok(reply.trim_end().to_string())
+    }
+
+    /// Sends a request and parses the reply as JSON (whether ok or not).
+    pub fn request(&mut self, request: &Value) -> Result<Value, ClientError> {
+        let line = self.request_line(&request.to_string())?;
+        serde_json::from_str(&line).map_err(ClientError::BadReply)
+    }
+}

@@ -1,0 +1,19 @@
+//! The heartbeat monitor agent as a library: loading the XDP program, reading peer slots
+//! through an mmap, admitting peers, and serving the socket protocol. The `monitor` binary is
+//! a thin CLI over this.
+
+pub mod admission;
+pub mod agent;
+pub mod client;
+pub mod clock;
+pub mod counters;
+pub mod peer_table;
+pub mod peer_view;
+pub mod program;
+pub mod protocol;
+pub mod registry;
+pub mod sender;
+pub mod server;
+
+/// Default path of the agent's Unix socket.
+pub const DEFAULT_SOCKET: &str = "/run/heartbeat-monitor.sock";

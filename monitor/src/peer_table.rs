@@ -1,0 +1,169 @@
+//! The peer slots, read and written through an mmap of the BPF_F_MMAPABLE array: a full sweep
+//! costs memory reads, not one or two syscalls per peer.
+
+use std::{
+    io,
+    mem::{offset_of, size_of},
+    os::fd::{AsRawFd, BorrowedFd},
+    ptr::NonNull,
+    sync::atomic::{AtomicU64, Ordering, fence},
+};
+
+use monitor_common::maps::{MAX_WINDOW, PeerRecord, PeerSlot};
+
+/// Attempts at a consistent copy before giving up on a slot that keeps changing.
+const READ_ATTEMPTS: usize = 64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PeerTableError {
+    #[error("mmap of the peer state map ({bytes} bytes): {source}")]
+    Mmap { bytes: usize, source: io::Error },
+}
+
+/// A shared mapping of the peer state array.
+pub struct PeerTable {
+    base: NonNull<PeerSlot>,
+    capacity: u32,
+    bytes: usize,
+}
+
+// SAFETY: all access to the mapping goes through the sequence-counter protocol below; the
+// mapping itself lives until drop.
+unsafe impl Send for PeerTable {}
+unsafe impl Sync for PeerTable {}
+
+impl PeerTable {
+    /// Maps `capacity` slots of the array whose fd is `map_fd`.
+    pub fn map(map_fd: BorrowedFd<'_>, capacity: u32) -> Result<Self, PeerTableError> {
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        let bytes = (capacity as usize * size_of::<PeerSlot>()).div_ceil(page) * page;
+        // SAFETY: mapping a BPF map fd; the kernel checks size and flags.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                map_fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(PeerTableError::Mmap {
+                bytes,
+                source: io::Error::last_os_error(),
+            });
+        }
+        Ok(Self {
+            base: NonNull::new(ptr.cast()).expect("mmap returned null"),
+            capacity,
+            bytes,
+        })
+    }
+
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    fn slot_ptr(&self, slot: u32) -> *mut PeerSlot {
+        assert!(slot < self.capacity, "slot {slot} out of range");
+        // SAFETY: in bounds of the mapping.
+        unsafe { self.base.as_ptr().add(slot as usize) }
+    }
+
+    fn lock(&self, slot: u32) -> &AtomicU64 {
+        // SAFETY: `lock` is the first field, 8-byte aligned in a page-aligned mapping, and is
+        // only ever accessed atomically (here and by the kernel's atomic instructions).
+        unsafe { AtomicU64::from_ptr(&raw mut (*self.slot_ptr(slot)).lock) }
+    }
+
+    /// A consistent copy of a slot's record (no ring), or None if writers kept it busy.
+    pub fn record(&self, slot: u32) -> Option<PeerRecord> {
+        let lock = self.lock(slot);
+        // SAFETY: in bounds; the value may be torn, which the sequence check detects.
+        let src = unsafe { &raw const (*self.slot_ptr(slot)).record };
+        for _ in 0..READ_ATTEMPTS {
+            let before = lock.load(Ordering::Acquire);
+            if before & 1 != 0 {
+                std::hint::spin_loop();
+                continue;
+            }
+            // SAFETY: a volatile copy of plain integers; any bit pattern is valid.
+            let copy = unsafe { std::ptr::read_volatile(src) };
+            fence(Ordering::Acquire);
+            if lock.load(Ordering::Relaxed) == before {
+                return Some(copy);
+            }
+        }
+        None
+    }
+
+    /// A consistent copy of a slot's intervals, oldest first, in microseconds.
+    pub fn intervals(&self, slot: u32) -> Option<Vec<u32>> {
+        let lock = self.lock(slot);
+        let src = self.slot_ptr(slot);
+        for _ in 0..READ_ATTEMPTS {
+            let before = lock.load(Ordering::Acquire);
+            if before & 1 != 0 {
+                std::hint::spin_loop();
+                continue;
+            }
+            // SAFETY: as in `record`.
+            let (record, ring) = unsafe {
+                (
+                    std::ptr::read_volatile(&raw const (*src).record),
+                    std::ptr::read_volatile(&raw const (*src).ring_us),
+                )
+            };
+            fence(Ordering::Acquire);
+            if lock.load(Ordering::Relaxed) == before {
+                let n = (record.samples as usize).min(MAX_WINDOW);
+                let head = record.ring_head as usize % MAX_WINDOW;
+                // The ring ends before `head`; with a full window it starts at `head`.
+                let start = (head + MAX_WINDOW - n) % MAX_WINDOW;
+                return Some((0..n).map(|i| ring[(start + i) % MAX_WINDOW]).collect());
+            }
+        }
+        None
+    }
+
+    /// Resets a slot to `record` (ring cleared) under the slot's lock, so a kernel writer still
+    /// holding a stale pointer never interleaves with the reset.
+    pub fn reset(&self, slot: u32, record: PeerRecord) {
+        let lock = self.lock(slot);
+        let mut current = lock.load(Ordering::Relaxed);
+        loop {
+            if current & 1 != 0 {
+                std::hint::spin_loop();
+                current = lock.load(Ordering::Relaxed);
+                continue;
+            }
+            match lock.compare_exchange_weak(
+                current,
+                current + 1,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(seen) => current = seen,
+            }
+        }
+        let ptr = self.slot_ptr(slot);
+        // SAFETY: we hold the slot's lock; the fields written are plain integers.
+        unsafe {
+            std::ptr::write_volatile(&raw mut (*ptr).record, record);
+            std::ptr::write_volatile(&raw mut (*ptr).ring_us, [0; MAX_WINDOW]);
+        }
+        lock.fetch_add(1, Ordering::Release);
+    }
+}
+
+impl Drop for PeerTable {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly what `map` mapped.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.bytes) };
+    }
+}
+
+const _: () = assert!(offset_of!(PeerSlot, lock) == 0);

@@ -1,0 +1,178 @@
+//! Loading the XDP program into the kernel and attaching it to an interface.
+
+use std::{ffi::CString, fmt, io};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    programs::{ProgramError, Xdp, xdp::XdpLinkId},
+};
+use monitor_common::{
+    config::{CONFIG_SYMBOL, XdpConfig},
+    maps::{MAX_WINDOW, PEER_INDEX_MAP, PEER_STATE_MAP},
+};
+
+/// The XDP object built by build.rs (empty when bpf-linker was missing at build time).
+pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/monitor"));
+
+/// Name of the XDP function in the object.
+pub const PROGRAM_NAME: &str = "monitor";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProgramLoadError {
+    #[error(
+        "this binary was built without the XDP program (bpf-linker was not on PATH at build \
+         time); build it with `cargo xtask build`"
+    )]
+    NotBuilt,
+    #[error("window must be between 2 and {MAX_WINDOW}, got {0}")]
+    Window(u32),
+    #[error("capacity must be at least 1")]
+    Capacity,
+    #[error(
+        "permission denied loading the XDP program: run as root, or with CAP_BPF, CAP_NET_ADMIN \
+         and CAP_PERFMON ({0})"
+    )]
+    Permission(String),
+    #[error("loading the XDP program: {0}")]
+    Load(String),
+    #[error("interface {0:?} does not exist (see `ip link`)")]
+    NoSuchInterface(String),
+    #[error("attaching XDP to {iface} in {mode} mode: {reason}")]
+    Attach {
+        iface: String,
+        mode: AttachMode,
+        reason: String,
+    },
+}
+
+/// How to attach. `Auto` tries the driver's native mode and falls back to generic (skb) mode,
+/// which every interface supports but which runs after the skb is allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AttachMode {
+    Auto,
+    Native,
+    Skb,
+}
+
+impl fmt::Display for AttachMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            AttachMode::Auto => "auto",
+            AttachMode::Native => "native",
+            AttachMode::Skb => "skb",
+        })
+    }
+}
+
+/// Validates `config`, loads the object with `capacity` peer slots and loads (verifies) the
+/// XDP program. Nothing is attached yet.
+pub fn load(config: &XdpConfig, capacity: u32) -> Result<Ebpf, ProgramLoadError> {
+    if OBJECT.is_empty() {
+        return Err(ProgramLoadError::NotBuilt);
+    }
+    if !(2..=MAX_WINDOW as u32).contains(&config.window) {
+        return Err(ProgramLoadError::Window(config.window));
+    }
+    if capacity == 0 {
+        return Err(ProgramLoadError::Capacity);
+    }
+    let mut ebpf = EbpfLoader::new()
+        .override_global(CONFIG_SYMBOL, config, true)
+        .map_max_entries(PEER_INDEX_MAP, capacity)
+        .map_max_entries(PEER_STATE_MAP, capacity)
+        .load(OBJECT)
+        .map_err(|e| classify(&e, e.to_string()))?;
+    let program = xdp_mut(&mut ebpf)?;
+    program.load().map_err(|e| classify(&e, e.to_string()))?;
+    Ok(ebpf)
+}
+
+/// The XDP program inside a loaded object.
+pub fn xdp_mut(ebpf: &mut Ebpf) -> Result<&mut Xdp, ProgramLoadError> {
+    ebpf.program_mut(PROGRAM_NAME)
+        .ok_or_else(|| ProgramLoadError::Load(format!("no program {PROGRAM_NAME} in the object")))?
+        .try_into()
+        .map_err(|e: ProgramError| ProgramLoadError::Load(e.to_string()))
+}
+
+/// Attaches the loaded program to `iface`; returns the link and the mode that worked.
+pub fn attach(
+    ebpf: &mut Ebpf,
+    iface: &str,
+    mode: AttachMode,
+) -> Result<(XdpLinkId, AttachMode), ProgramLoadError> {
+    let c_iface =
+        CString::new(iface).map_err(|_| ProgramLoadError::NoSuchInterface(iface.into()))?;
+    // SAFETY: a valid NUL-terminated string.
+    if unsafe { libc::if_nametoindex(c_iface.as_ptr()) } == 0 {
+        return Err(ProgramLoadError::NoSuchInterface(iface.into()));
+    }
+    let program = xdp_mut(ebpf)?;
+    let attempt = |program: &mut Xdp, mode: AttachMode| {
+        let flags = match mode {
+            AttachMode::Skb => aya::programs::XdpMode::Skb,
+            AttachMode::Native => aya::programs::XdpMode::Driver,
+            AttachMode::Auto => aya::programs::XdpMode::Default,
+        };
+        program
+            .attach(iface, flags)
+            .map_err(|e| ProgramLoadError::Attach {
+                iface: iface.into(),
+                mode,
+                reason: describe_attach_error(&e),
+            })
+    };
+    match mode {
+        AttachMode::Auto => match attempt(program, AttachMode::Native) {
+            Ok(link) => Ok((link, AttachMode::Native)),
+            Err(native) => {
+                log::info!("{native}; falling back to skb (generic) mode");
+                attempt(program, AttachMode::Skb).map(|link| (link, AttachMode::Skb))
+            }
+        },
+        mode => attempt(program, mode).map(|link| (link, mode)),
+    }
+}
+
+fn describe_attach_error(e: &ProgramError) -> String {
+    let mut text = e.to_string();
+    if let Some(io) = find_io_error(e) {
+        match io.raw_os_error() {
+            Some(libc::EBUSY) | Some(libc::EEXIST) => {
+                text.push_str(" (another XDP program is attached; detach it or stop its owner)")
+            }
+            Some(libc::EOPNOTSUPP) => {
+                text.push_str(" (the driver or kernel does not support this XDP mode)")
+            }
+            Some(libc::EPERM) | Some(libc::EACCES) => {
+                text.push_str(" (needs root or CAP_NET_ADMIN)")
+            }
+            _ => {}
+        }
+        text.push_str(&format!(": {io}"));
+    }
+    text
+}
+
+fn classify(e: &(dyn std::error::Error + 'static), text: String) -> ProgramLoadError {
+    match find_io_error(e).and_then(io::Error::raw_os_error) {
+        Some(libc::EPERM) | Some(libc::EACCES) => ProgramLoadError::Permission(text),
+        _ => {
+            let detail = find_io_error(e)
+                .map(|io| format!(": {io}"))
+                .unwrap_or_default();
+            ProgramLoadError::Load(format!("{text}{detail}"))
+        }
+    }
+}
+
+fn find_io_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a io::Error> {
+    let mut current = Some(e);
+    while let Some(err) = current {
+        if let Some(io) = err.downcast_ref::<io::Error>() {
+            return Some(io);
+        }
+        current = err.source();
+    }
+    None
+}

@@ -1,0 +1,84 @@
+//! Which peer owns which slot. Userspace owns slot allocation: the kernel only ever looks a
+//! peer id up in PEER_INDEX and writes the slot it finds.
+
+use std::collections::HashMap;
+
+use aya::maps::{HashMap as BpfHashMap, MapData, MapError};
+use monitor_common::maps::PeerRecord;
+
+use crate::peer_table::PeerTable;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AdmitError {
+    #[error("peer {0} is already admitted")]
+    Exists(u64),
+    #[error("no free slot: all {0} slots are in use (raise --capacity)")]
+    Full(u32),
+    #[error("writing peer {id} into the kernel's peer index: {source}")]
+    Index { id: u64, source: MapError },
+}
+
+/// Slot allocation and the peer id -> slot index, kept identical in userspace and the kernel.
+pub struct Registry {
+    index: BpfHashMap<MapData, u64, u32>,
+    slots: HashMap<u64, u32>,
+    free: Vec<u32>,
+    next_unused: u32,
+    capacity: u32,
+}
+
+impl Registry {
+    pub fn new(index: BpfHashMap<MapData, u64, u32>, capacity: u32) -> Self {
+        Self {
+            index,
+            slots: HashMap::new(),
+            free: Vec::new(),
+            next_unused: 0,
+            capacity,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    pub fn slot_of(&self, id: u64) -> Option<u32> {
+        self.slots.get(&id).copied()
+    }
+
+    /// Every admitted peer as (id, slot), in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.slots.iter().map(|(&id, &slot)| (id, slot))
+    }
+
+    /// Gives `id` a slot whose silence starts at `now_ns`. The slot is initialised before the
+    /// kernel can find it, so the kernel never sees a half-made slot.
+    pub fn admit(&mut self, table: &PeerTable, id: u64, now_ns: u64) -> Result<u32, AdmitError> {
+        if self.slots.contains_key(&id) {
+            return Err(AdmitError::Exists(id));
+        }
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None if self.next_unused < self.capacity => {
+                self.next_unused += 1;
+                self.next_unused - 1
+            }
+            None => return Err(AdmitError::Full(self.capacity)),
+        };
+        table.reset(slot, PeerRecord::admitted(id, now_ns));
+        if let Err(source) = self.index.insert(id, slot, 0) {
+            self.free.push(slot);
+            return Err(AdmitError::Index { id, source });
+        }
+        self.slots.insert(id, slot);
+        Ok(slot)
+    }
+}

@@ -1,0 +1,125 @@
+//! The Unix socket: binding it safely, and serving newline-delimited JSON requests.
+
+use std::{
+    io,
+    os::unix::fs::{FileTypeExt, PermissionsExt},
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::Value;
+use tokio::{
+    net::{UnixListener, UnixStream},
+    sync::Semaphore,
+};
+use tokio_util::codec::{Framed, LinesCodec, LinesCodecError};
+
+use crate::protocol::{MAX_REQUEST_BYTES, Request, error_reply, parse_request};
+
+/// Clients served at once; more wait in the listen backlog.
+pub const MAX_CLIENTS: usize = 256;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error("socket path {0} is in use by a running agent (stop it, or pick another --socket)")]
+    InUse(PathBuf),
+    #[error("socket path {0} exists and is not a socket; refusing to replace it")]
+    NotASocket(PathBuf),
+    #[error("binding {path}: {source}")]
+    Bind { path: PathBuf, source: io::Error },
+}
+
+/// A bound listener that removes its socket file when dropped.
+pub struct SocketGuard {
+    path: PathBuf,
+}
+
+impl Drop for SocketGuard {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Binds `path`, replacing a stale socket file left by a dead agent but never a live one.
+pub fn bind(path: &Path) -> Result<(UnixListener, SocketGuard), BindError> {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(BindError::NotASocket(path.into()));
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(BindError::InUse(path.into()));
+        }
+        std::fs::remove_file(path).map_err(|source| BindError::Bind {
+            path: path.into(),
+            source,
+        })?;
+    }
+    let bind_err = |source| BindError::Bind {
+        path: path.into(),
+        source,
+    };
+    let listener = UnixListener::bind(path).map_err(bind_err)?;
+    let guard = SocketGuard { path: path.into() };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(bind_err)?;
+    Ok((listener, guard))
+}
+
+/// Answers requests; implemented by the agent.
+pub trait Handler: Send + Sync + 'static {
+    fn handle(&self, request: Request) -> Value;
+}
+
+/// Accepts clients forever, each on its own task.
+pub async fn serve<H: Handler>(listener: UnixListener, handler: Arc<H>) -> io::Result<()> {
+    let slots = Arc::new(Semaphore::new(MAX_CLIENTS));
+    loop {
+        let permit = slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("semaphore never closed");
+        let (stream, _) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // EMFILE and friends: keep serving the clients we have.
+                log::warn!("accept on the agent socket: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let handler = handler.clone();
+        tokio::spawn(async move {
+            if let Err(e) = serve_client(stream, handler.as_ref()).await {
+                log::debug!("client: {e}");
+            }
+            drop(permit);
+        });
+    }
+}
+
+async fn serve_client<H: Handler>(stream: UnixStream, handler: &H) -> io::Result<()> {
+    let mut lines = Framed::new(stream, LinesCodec::new_with_max_length(MAX_REQUEST_BYTES));
+    while let Some(line) = lines.next().await {
+        let reply = match line {
+            Ok(line) if line.trim().is_empty() => continue,
+            Ok(line) => match parse_request(&line) {
+                Ok(request) => handler.handle(request),
+                Err(message) => error_reply(message),
+            },
+            Err(LinesCodecError::MaxLineLengthExceeded) => {
+                error_reply(format!("request longer than {MAX_REQUEST_BYTES} bytes"))
+            }
+            // The codec has already dropped the offending line; the connection goes on.
+            Err(LinesCodecError::Io(e)) if e.kind() == io::ErrorKind::InvalidData => {
+                error_reply("request is not valid UTF-8")
+            }
+            Err(LinesCodecError::Io(e)) => return Err(e),
+        };
+        lines.send(reply.to_string()).await.map_err(|e| match e {
+            LinesCodecError::Io(e) => e,
+            other => io::Error::other(other),
+        })?;
+    }
+    Ok(())
+}
