@@ -3,17 +3,16 @@
 
 use std::{
     future::Future,
-    os::fd::AsFd,
     path::PathBuf,
     sync::{Arc, RwLock},
     time::Instant,
 };
 
 use anyhow::{Context, Result};
-use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
+use aya::maps::{MapData, PerCpuArray};
 use monitor_common::{
     config::{XDP_FLAG_PASS_HEARTBEATS, XdpConfig},
-    maps::{COUNTERS_MAP, Counters, PEER_INDEX_MAP, PEER_STATE_MAP, UNKNOWN_PEERS_MAP},
+    maps::Counters,
 };
 use serde_json::Value;
 
@@ -21,6 +20,7 @@ use crate::{
     admission::{self, consume_reports},
     clock::monotonic_ns,
     counters::CounterTotals,
+    loaded::LoadedProgram,
     peer_table::PeerTable,
     peer_view::PeerView,
     program::{self, AttachMode},
@@ -154,27 +154,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     };
     // Bind first: a socket already in use is the cheapest error to report.
     let (listener, _socket_guard) = server::bind(&config.socket)?;
-    let mut ebpf = program::load(&xdp_config, config.capacity)?;
-
-    let state_map = ebpf
-        .map(PEER_STATE_MAP)
-        .context("object has no PEER_STATE map")?;
-    let table = {
-        let aya::maps::Map::Array(data) = state_map else {
-            anyhow::bail!("PEER_STATE is not an array map");
-        };
-        PeerTable::map(data.fd().as_fd(), config.capacity)?
-    };
-    let index: BpfHashMap<MapData, u64, u32> =
-        BpfHashMap::try_from(ebpf.take_map(PEER_INDEX_MAP).context("no PEER_INDEX map")?)?;
-    let counters: PerCpuArray<MapData, Counters> =
-        PerCpuArray::try_from(ebpf.take_map(COUNTERS_MAP).context("no COUNTERS map")?)?;
-    let ring = RingBuf::try_from(
-        ebpf.take_map(UNKNOWN_PEERS_MAP)
-            .context("no UNKNOWN_PEERS map")?,
-    )?;
-
-    let mut registry = Registry::new(index, config.capacity);
+    let LoadedProgram {
+        mut ebpf,
+        table,
+        mut registry,
+        counters,
+        unknown_reports,
+    } = LoadedProgram::load(&xdp_config, config.capacity)?;
     let now = monotonic_ns();
     for &id in &peers {
         registry.admit(&table, id, now)?;
@@ -205,7 +191,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     let reports = {
         let agent = agent.clone();
         let auto_admit = config.auto_admit;
-        consume_reports(ring, move |report| {
+        consume_reports(unknown_reports, move |report| {
             if auto_admit {
                 agent.on_unknown_peer(report.peer_id);
             } else {

@@ -118,11 +118,12 @@ impl PeerTable {
             };
             fence(Ordering::Acquire);
             if lock.load(Ordering::Relaxed) == before {
+                // The kernel fills positions 0..window and wraps at the window: while filling,
+                // the samples sit at 0..n with `head == n`; once full (n == window) the oldest
+                // is at `head`. Both cases: oldest first is (head + i) mod n.
                 let n = (record.samples as usize).min(MAX_WINDOW);
-                let head = record.ring_head as usize % MAX_WINDOW;
-                // The ring ends before `head`; with a full window it starts at `head`.
-                let start = (head + MAX_WINDOW - n) % MAX_WINDOW;
-                return Some((0..n).map(|i| ring[(start + i) % MAX_WINDOW]).collect());
+                let head = record.ring_head as usize;
+                return Some((0..n).map(|i| ring[(head + i) % n]).collect());
             }
         }
         None

@@ -7,13 +7,14 @@ use std::{
     sync::Arc,
 };
 
+use bytes::BytesMut;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::Value;
 use tokio::{
     net::{UnixListener, UnixStream},
     sync::Semaphore,
 };
-use tokio_util::codec::{Framed, LinesCodec, LinesCodecError};
+use tokio_util::codec::{Decoder, Encoder, Framed, LinesCodec, LinesCodecError};
 
 use crate::protocol::{MAX_REQUEST_BYTES, Request, error_reply, parse_request};
 
@@ -98,28 +99,70 @@ pub async fn serve<H: Handler>(listener: UnixListener, handler: Arc<H>) -> io::R
     }
 }
 
+/// A request line, or why a line could not be one. Line-level problems are items, not stream
+/// errors: a framed stream stops after an error, and a bad line must not end the connection.
+type RequestLine = Result<String, String>;
+
+/// Newline-delimited requests with a length limit, built on `LinesCodec`.
+struct RequestCodec(LinesCodec);
+
+impl RequestCodec {
+    fn new() -> Self {
+        Self(LinesCodec::new_with_max_length(MAX_REQUEST_BYTES))
+    }
+
+    fn map(result: Result<Option<String>, LinesCodecError>) -> io::Result<Option<RequestLine>> {
+        match result {
+            Ok(line) => Ok(line.map(Ok)),
+            // The codec discards the rest of the long line and then goes on.
+            Err(LinesCodecError::MaxLineLengthExceeded) => Ok(Some(Err(format!(
+                "request longer than {MAX_REQUEST_BYTES} bytes"
+            )))),
+            // The codec has already consumed the offending line.
+            Err(LinesCodecError::Io(e)) if e.kind() == io::ErrorKind::InvalidData => {
+                Ok(Some(Err("request is not valid UTF-8".into())))
+            }
+            Err(LinesCodecError::Io(e)) => Err(e),
+        }
+    }
+}
+
+impl Decoder for RequestCodec {
+    type Item = RequestLine;
+    type Error = io::Error;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> io::Result<Option<RequestLine>> {
+        Self::map(self.0.decode(buf))
+    }
+
+    fn decode_eof(&mut self, buf: &mut BytesMut) -> io::Result<Option<RequestLine>> {
+        Self::map(self.0.decode_eof(buf))
+    }
+}
+
+impl Encoder<String> for RequestCodec {
+    type Error = io::Error;
+
+    fn encode(&mut self, line: String, buf: &mut BytesMut) -> io::Result<()> {
+        self.0.encode(line, buf).map_err(|e| match e {
+            LinesCodecError::Io(e) => e,
+            other => io::Error::other(other),
+        })
+    }
+}
+
 async fn serve_client<H: Handler>(stream: UnixStream, handler: &H) -> io::Result<()> {
-    let mut lines = Framed::new(stream, LinesCodec::new_with_max_length(MAX_REQUEST_BYTES));
+    let mut lines = Framed::new(stream, RequestCodec::new());
     while let Some(line) = lines.next().await {
-        let reply = match line {
+        let reply = match line? {
             Ok(line) if line.trim().is_empty() => continue,
             Ok(line) => match parse_request(&line) {
                 Ok(request) => handler.handle(request),
                 Err(message) => error_reply(message),
             },
-            Err(LinesCodecError::MaxLineLengthExceeded) => {
-                error_reply(format!("request longer than {MAX_REQUEST_BYTES} bytes"))
-            }
-            // The codec has already dropped the offending line; the connection goes on.
-            Err(LinesCodecError::Io(e)) if e.kind() == io::ErrorKind::InvalidData => {
-                error_reply("request is not valid UTF-8")
-            }
-            Err(LinesCodecError::Io(e)) => return Err(e),
+            Err(message) => error_reply(message),
         };
-        lines.send(reply.to_string()).await.map_err(|e| match e {
-            LinesCodecError::Io(e) => e,
-            other => io::Error::other(other),
-        })?;
+        lines.send(reply.to_string()).await?;
     }
     Ok(())
 }

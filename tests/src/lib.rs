@@ -1,1 +1,48 @@
+//! Shared helpers for the integration tests. They need root (CAP_BPF, CAP_NET_ADMIN): they
+//! load the real XDP program into the running kernel and make real network namespaces.
 
+pub mod agent_process;
+pub mod fixture;
+pub mod netns;
+pub mod packet;
+
+use std::path::PathBuf;
+
+/// The `monitor` binary under test: $MONITOR_BIN, else the one cargo built beside this test.
+pub fn monitor_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("MONITOR_BIN") {
+        return path.into();
+    }
+    // target/<profile>/deps/<test-binary> -> target/<profile>/monitor
+    let exe = std::env::current_exe().expect("current_exe");
+    let bin = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|dir| dir.join("monitor"))
+        .expect("test binary lives in target/<profile>/deps");
+    assert!(
+        bin.is_file(),
+        "{} not found: build it first (`cargo xtask test` does), or set MONITOR_BIN",
+        bin.display()
+    );
+    bin
+}
+
+/// Fails loudly, rather than skipping, when the tests cannot do what they claim.
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "these tests load XDP programs and create namespaces: run them as root (cargo xtask test)"
+    );
+}
+
+/// A name unique to this process and call (short prefixes keep it within the 15 bytes of an
+/// interface name).
+pub fn unique_name(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}{}x{n}", std::process::id() % 100_000)
+}

@@ -1,0 +1,73 @@
+//! The XDP program loaded into the kernel together with userspace handles on its maps: what
+//! the agent runs on, and what the packet-fixture tests drive through BPF_PROG_TEST_RUN.
+
+use std::os::fd::AsFd;
+
+use aya::{
+    Ebpf,
+    maps::{HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray, RingBuf},
+};
+use monitor_common::{
+    config::XdpConfig,
+    maps::{COUNTERS_MAP, Counters, PEER_INDEX_MAP, PEER_STATE_MAP, UNKNOWN_PEERS_MAP},
+};
+
+use crate::{
+    peer_table::{PeerTable, PeerTableError},
+    program::{self, ProgramLoadError},
+    registry::Registry,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadedError {
+    #[error(transparent)]
+    Program(#[from] ProgramLoadError),
+    #[error("the eBPF object has no map {0}")]
+    MissingMap(&'static str),
+    #[error("map {name}: {source}")]
+    Map {
+        name: &'static str,
+        source: MapError,
+    },
+    #[error(transparent)]
+    Table(#[from] PeerTableError),
+}
+
+pub struct LoadedProgram {
+    /// Owns the program and whatever it is attached to; dropping it detaches.
+    pub ebpf: Ebpf,
+    pub table: PeerTable,
+    pub registry: Registry,
+    pub counters: PerCpuArray<MapData, Counters>,
+    pub unknown_reports: RingBuf<MapData>,
+}
+
+impl LoadedProgram {
+    /// Loads and verifies the program with `capacity` slots and maps its peer table.
+    pub fn load(config: &XdpConfig, capacity: u32) -> Result<Self, LoadedError> {
+        let mut ebpf = program::load(config, capacity)?;
+        let table = match ebpf.map(PEER_STATE_MAP) {
+            Some(Map::Array(data)) => PeerTable::map(data.fd().as_fd(), capacity)?,
+            _ => return Err(LoadedError::MissingMap(PEER_STATE_MAP)),
+        };
+        let index = take(&mut ebpf, PEER_INDEX_MAP, BpfHashMap::try_from)?;
+        let counters = take(&mut ebpf, COUNTERS_MAP, PerCpuArray::try_from)?;
+        let unknown_reports = take(&mut ebpf, UNKNOWN_PEERS_MAP, RingBuf::try_from)?;
+        Ok(Self {
+            ebpf,
+            table,
+            registry: Registry::new(index, capacity),
+            counters,
+            unknown_reports,
+        })
+    }
+}
+
+fn take<T>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    convert: impl FnOnce(Map) -> Result<T, MapError>,
+) -> Result<T, LoadedError> {
+    let map = ebpf.take_map(name).ok_or(LoadedError::MissingMap(name))?;
+    convert(map).map_err(|source| LoadedError::Map { name, source })
+}

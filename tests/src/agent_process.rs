@@ -1,0 +1,162 @@
+//! A `monitor run` process inside a namespace, killed on drop.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use monitor::client::Client;
+use serde_json::{Value, json};
+
+use crate::{monitor_bin, netns::NetnsPair};
+
+pub struct AgentProcess {
+    child: Child,
+    pub socket: PathBuf,
+    _dir: TempDir,
+}
+
+/// A directory under /tmp removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(crate::unique_name(tag));
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl AgentProcess {
+    /// Starts the agent on the pair's `a` side with `extra` arguments, and waits until its
+    /// socket answers.
+    pub fn start(pair: &NetnsPair, extra: &[&str]) -> Self {
+        let dir = TempDir::new("hbmsock");
+        let socket = dir.0.join("agent.sock");
+        let mut cmd = NetnsPair::command_in(&pair.ns_a, &monitor_bin());
+        cmd.args(["run", "--iface", &pair.iface_a, "--socket"])
+            .arg(&socket)
+            .args(extra)
+            .stdin(Stdio::null());
+        let child = cmd.spawn().expect("spawn monitor run");
+        let mut agent = Self {
+            child,
+            socket,
+            _dir: dir,
+        };
+        agent.wait_ready();
+        agent
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                panic!("monitor run exited early with {status}");
+            }
+            if let Ok(mut client) = Client::connect(&self.socket)
+                && client.request(&json!({"op": "stats"})).is_ok()
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "monitor run did not answer on {} within 20 s",
+            self.socket.display()
+        );
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(&self.socket).expect("connect to agent")
+    }
+
+    /// One request, expecting `"ok": true`.
+    pub fn ask(&self, request: Value) -> Value {
+        let reply = self.client().request(&request).expect("request");
+        assert_eq!(reply["ok"], json!(true), "{request} -> {reply}");
+        reply
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Sends SIGTERM and waits for a clean exit.
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        // SAFETY: signalling our own child by pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agent did not stop within 10 s of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `monitor send` in the pair's `b` namespace towards the agent's IPv4 address.
+pub fn sender(pair: &NetnsPair, id: u64, interval: &str, extra: &[&str]) -> Command {
+    sender_to(pair, &format!("{}:7946", pair.addr_a), id, interval, extra)
+}
+
+/// `monitor send` in the pair's `b` namespace towards `to`.
+pub fn sender_to(pair: &NetnsPair, to: &str, id: u64, interval: &str, extra: &[&str]) -> Command {
+    let mut cmd = NetnsPair::command_in(&pair.ns_b, &monitor_bin());
+    cmd.args([
+        "send",
+        "--to",
+        to,
+        "--id",
+        &id.to_string(),
+        "--interval",
+        interval,
+    ])
+    .args(extra)
+    .stdin(Stdio::null())
+    .stdout(Stdio::null());
+    cmd
+}
+
+/// Runs a command to completion, asserting success.
+pub fn run_ok(mut cmd: Command) {
+    let out = cmd.output().expect("spawn");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A child process killed on drop.
+pub struct ChildGuard(pub Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn spawn(mut cmd: Command) -> ChildGuard {
+    ChildGuard(cmd.spawn().expect("spawn"))
+}
