@@ -1,1 +1,41 @@
-fn main() {}
+//! Project tasks: `cargo xtask setup | build | test | demo`. One module per task; every task
+//! runs whatever part of `setup` is missing first, so a fresh machine needs no hand steps.
+
+mod build;
+mod demo;
+mod setup;
+mod test;
+mod workspace;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "cargo xtask",
+    about = "Build, test and demo the heartbeat monitor"
+)]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Install what building and testing need (nightly rust-src, bpf-linker, iproute2).
+    Setup,
+    /// Build the agent with its XDP program.
+    Build(build::BuildArgs),
+    /// Run every test: unit, packet fixtures (BPF_PROG_TEST_RUN) and namespace integration.
+    Test(test::TestArgs),
+    /// Watch heartbeats cross a veth pair between two namespaces, then stop a peer.
+    Demo(demo::DemoArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().task {
+        Task::Setup => setup::run(),
+        Task::Build(args) => build::run(&args),
+        Task::Test(args) => test::run(&args),
+        Task::Demo(args) => demo::run(&args),
+    }
+}

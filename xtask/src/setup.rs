@@ -1,0 +1,157 @@
+//! Makes a machine ready to build and test, idempotently; each step checks before it acts.
+//!
+//! 1. A nightly toolchain with rust-src (the XDP program is built with `-Z build-std=core`).
+//! 2. bpf-linker, built against the nightly's own libLLVM (no packaged LLVM has the BPF
+//!    target here), installed under target/tools so nothing global is assumed.
+//! 3. iproute2 (`ip`), for namespaces and veth pairs in the tests and the demo.
+
+use std::{fs, os::unix::fs::symlink, path::Path, process::Command};
+
+use anyhow::{Context, Result, bail};
+
+use crate::workspace::{self, output, tools_dir};
+
+/// The bpf-linker release this project builds with.
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+pub fn run() -> Result<()> {
+    ensure()?;
+    println!("setup: ready");
+    Ok(())
+}
+
+/// What every other task calls first: cheap checks, work only where something is missing.
+pub fn ensure() -> Result<()> {
+    ensure_nightly()?;
+    ensure_bpf_linker()?;
+    ensure_iproute2()
+}
+
+fn rustup() -> Command {
+    workspace::command("rustup")
+}
+
+fn ensure_nightly() -> Result<()> {
+    let toolchains = output(rustup().args(["toolchain", "list"]))?;
+    if !toolchains.lines().any(|l| l.starts_with("nightly")) {
+        println!("setup: installing the nightly toolchain (minimal, with rust-src)");
+        workspace::run(rustup().args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+            "--component",
+            "rust-src",
+        ]))?;
+    }
+    let components =
+        output(rustup().args(["component", "list", "--toolchain", "nightly", "--installed"]))?;
+    if !components.lines().any(|l| l.starts_with("rust-src")) {
+        println!("setup: adding rust-src to nightly");
+        workspace::run(rustup().args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
+    }
+    Ok(())
+}
+
+/// `rustc +nightly -vV`: identifies the nightly, and with it its LLVM.
+fn nightly_version() -> Result<String> {
+    output(workspace::command("rustc").args(["+nightly", "-vV"]))
+}
+
+fn ensure_bpf_linker() -> Result<()> {
+    let tools = tools_dir();
+    let linker = tools.join("bin").join("bpf-linker");
+    let stamp = tools.join("bpf-linker.stamp");
+    let version = nightly_version()?;
+    let wanted_stamp = format!("bpf-linker {BPF_LINKER_VERSION}\n{version}");
+    let works = Command::new(&linker)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if works && fs::read_to_string(&stamp).is_ok_and(|s| s == wanted_stamp) {
+        return Ok(());
+    }
+
+    let major = version
+        .lines()
+        .find_map(|l| l.strip_prefix("LLVM version: "))
+        .and_then(|v| v.split('.').next())
+        .context("`rustc +nightly -vV` reports no LLVM version")?
+        .to_string();
+    let sysroot = output(workspace::command("rustc").args(["+nightly", "--print", "sysroot"]))?;
+    let libllvm = find_libllvm(&Path::new(sysroot.trim()).join("lib"))?;
+    let soname = libllvm.file_name().expect("file name").to_owned();
+
+    // LLVM_PREFIX/lib must hold libLLVM.so and its soname, both pointing at the nightly's copy.
+    let prefix = tools.join("llvm");
+    let lib = prefix.join("lib");
+    fs::create_dir_all(&lib)?;
+    for name in [std::ffi::OsStr::new("libLLVM.so"), soname.as_os_str()] {
+        let link = lib.join(name);
+        let _ = fs::remove_file(&link);
+        symlink(&libllvm, &link).with_context(|| format!("linking {}", link.display()))?;
+    }
+
+    println!(
+        "setup: building bpf-linker {BPF_LINKER_VERSION} against the nightly's LLVM {major} (about a minute)"
+    );
+    workspace::run(
+        workspace::cargo()
+            .args([
+                "install",
+                "bpf-linker",
+                "--version",
+                BPF_LINKER_VERSION,
+                "--locked",
+                "--force",
+            ])
+            .args([
+                "--no-default-features",
+                "--features",
+                &format!("llvm-{major}"),
+            ])
+            .arg("--root")
+            .arg(&tools)
+            .env("LLVM_PREFIX", &prefix),
+    )?;
+    fs::write(&stamp, wanted_stamp)?;
+    Ok(())
+}
+
+/// The real shared library in the nightly's lib directory (not the linker script beside it).
+fn find_libllvm(dir: &Path) -> Result<std::path::PathBuf> {
+    for entry in fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        let name = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        if name.starts_with("libLLVM.so.") && fs::metadata(&path).is_ok_and(|m| m.len() > 1 << 20) {
+            return Ok(path);
+        }
+    }
+    bail!(
+        "no libLLVM.so.* in {}: the nightly toolchain ships none",
+        dir.display()
+    )
+}
+
+fn ensure_iproute2() -> Result<()> {
+    if Command::new("ip")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        return Ok(());
+    }
+    println!("setup: installing iproute2");
+    let install =
+        || workspace::run(Command::new("apt-get").args(["install", "-y", "-q", "iproute2"]));
+    if install().is_err() {
+        workspace::run(Command::new("apt-get").args(["update", "-q"]))?;
+        install()?;
+    }
+    Ok(())
+}
