@@ -7,6 +7,7 @@ pub mod agent;
 pub mod client;
 pub mod clock;
 pub mod counters;
+pub mod detector;
 pub mod loaded;
 pub mod peer_table;
 pub mod peer_view;

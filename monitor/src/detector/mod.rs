@@ -1,0 +1,12 @@
+//! From inter-arrival statistics to suspicion: phi models, levels, per-peer tracking for
+//! events, and offline replay with QoS metrics. Everything here is pure computation on
+//! numbers; the kernel and the socket live elsewhere.
+
+pub mod levels;
+pub mod model;
+pub mod qos;
+pub mod replay;
+pub mod spec;
+pub mod tail;
+pub mod tracker;
+pub mod window;

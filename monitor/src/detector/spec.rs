@@ -1,0 +1,174 @@
+//! Detector specifications on the command line:
+//! `fixed:timeout_ms=1400` or
+//! `phi:model=normal,threshold=12,window=50,min_std_ms=250,pause_ms=0,first_interval_ms=500,max_interval_ms=2000`.
+//! Omitted keys take `DetectorParams::DEFAULT`.
+
+use monitor_common::maps::MAX_WINDOW;
+
+use super::model::{DetectorParams, Model};
+
+/// Parses a SPEC into parameters; the error names the offending key or value.
+pub fn parse_spec(spec: &str) -> Result<DetectorParams, String> {
+    let spec = spec.trim();
+    let (kind, rest) = spec.split_once(':').unwrap_or((spec, ""));
+    let mut params = DetectorParams::DEFAULT;
+    let allowed: &[&str] = match kind {
+        "fixed" => {
+            params.model = Model::Fixed;
+            &["timeout_ms"]
+        }
+        "phi" => &[
+            "model",
+            "threshold",
+            "window",
+            "min_std_ms",
+            "pause_ms",
+            "first_interval_ms",
+            "max_interval_ms",
+        ],
+        other => {
+            return Err(format!(
+                "{other:?}: a detector spec starts with `phi:` or `fixed:`"
+            ));
+        }
+    };
+    for pair in rest.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (key, value) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("{pair:?}: expected key=value"))?;
+        let (key, value) = (key.trim(), value.trim());
+        if !allowed.contains(&key) {
+            return Err(format!(
+                "unknown key {key:?} for `{kind}` (known: {})",
+                allowed.join(", ")
+            ));
+        }
+        match key {
+            "model" => {
+                params.model = match value {
+                    "normal" => Model::Normal,
+                    "akka" => Model::Akka,
+                    "exponential" => Model::Exponential,
+                    other => {
+                        return Err(format!("model {other:?}: one of normal, akka, exponential"));
+                    }
+                }
+            }
+            "threshold" => params.threshold = positive(key, value)?,
+            "window" => {
+                let w: u32 = value
+                    .parse()
+                    .map_err(|_| format!("window {value:?} is not an integer"))?;
+                if !(2..=MAX_WINDOW as u32).contains(&w) {
+                    return Err(format!(
+                        "window must be 2..={MAX_WINDOW} (the kernel's limit), got {w}"
+                    ));
+                }
+                params.window = w;
+            }
+            "min_std_ms" => params.min_std_ms = non_negative(key, value)?,
+            "pause_ms" => params.pause_ms = non_negative(key, value)?,
+            "first_interval_ms" => params.first_interval_ms = non_negative(key, value)?,
+            "max_interval_ms" => params.max_interval_ms = Some(positive(key, value)?),
+            "timeout_ms" => params.timeout_ms = positive(key, value)?,
+            _ => unreachable!("checked against `allowed`"),
+        }
+    }
+    Ok(params)
+}
+
+/// The canonical spec of `params`: every key, so a report says exactly what ran.
+pub fn format_spec(params: &DetectorParams) -> String {
+    if params.model == Model::Fixed {
+        return format!("fixed:timeout_ms={}", params.timeout_ms);
+    }
+    let mut s = format!(
+        "phi:model={},threshold={},window={},min_std_ms={},pause_ms={},first_interval_ms={}",
+        params.model.name(),
+        params.threshold,
+        params.window,
+        params.min_std_ms,
+        params.pause_ms,
+        params.first_interval_ms
+    );
+    if let Some(max) = params.max_interval_ms {
+        s.push_str(&format!(",max_interval_ms={max}"));
+    }
+    s
+}
+
+fn number(key: &str, value: &str) -> Result<f64, String> {
+    match value.parse::<f64>() {
+        Ok(v) if v.is_finite() => Ok(v),
+        _ => Err(format!("{key}={value:?} is not a finite number")),
+    }
+}
+
+fn positive(key: &str, value: &str) -> Result<f64, String> {
+    let v = number(key, value)?;
+    if v <= 0.0 {
+        return Err(format!("{key} must be greater than 0, got {v}"));
+    }
+    Ok(v)
+}
+
+fn non_negative(key: &str, value: &str) -> Result<f64, String> {
+    let v = number(key, value)?;
+    if v < 0.0 {
+        return Err(format!("{key} must not be negative, got {v}"));
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_documented_examples() {
+        let f = parse_spec("fixed:timeout_ms=1400").unwrap();
+        assert_eq!((f.model, f.timeout_ms), (Model::Fixed, 1400.0));
+        let p = parse_spec(
+            "phi:model=akka,threshold=12,window=50,min_std_ms=250,pause_ms=0,first_interval_ms=500,max_interval_ms=2000",
+        )
+        .unwrap();
+        assert_eq!(p.model, Model::Akka);
+        assert_eq!((p.threshold, p.window, p.min_std_ms), (12.0, 50, 250.0));
+        assert_eq!(
+            (p.pause_ms, p.first_interval_ms, p.max_interval_ms),
+            (0.0, 500.0, Some(2000.0))
+        );
+        assert_eq!(parse_spec("phi").unwrap(), DetectorParams::DEFAULT);
+        assert_eq!(parse_spec("phi:").unwrap(), DetectorParams::DEFAULT);
+    }
+
+    #[test]
+    fn round_trips_through_the_canonical_form() {
+        for spec in [
+            "phi:model=exponential,threshold=3,max_interval_ms=2000",
+            "fixed:timeout_ms=250",
+        ] {
+            let p = parse_spec(spec).unwrap();
+            assert_eq!(parse_spec(&format_spec(&p)).unwrap(), p);
+        }
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        for (spec, expected) in [
+            ("timeout:ms=3", "starts with"),
+            ("phi:model=gauss", "model \"gauss\""),
+            ("phi:threshold=-1", "greater than 0"),
+            ("phi:threshold=abc", "not a finite number"),
+            ("phi:window=1000", "2..=128"),
+            ("phi:timeout_ms=5", "unknown key"),
+            ("fixed:threshold=5", "unknown key"),
+            ("phi:threshold", "key=value"),
+            ("phi:pause_ms=-3", "not be negative"),
+            ("phi:threshold=inf", "not a finite number"),
+        ] {
+            let err = parse_spec(spec).expect_err(spec);
+            assert!(err.contains(expected), "{spec}: {err}");
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! Per-peer suspicion tracking for events: when a peer's statistics change, the silence at
+//! which phi crosses each level is computed once; every sweep then compares the clock with
+//! those deadlines (integer compares, no erfc per peer per sweep).
+
+use monitor_common::maps::PeerRecord;
+use serde::Serialize;
+
+use super::{
+    levels::Levels,
+    model::{DetectorParams, Estimate, LevelSilences},
+    qos::{QosCounter, QosReport},
+    window::WindowSums,
+};
+
+/// What subscribers receive, one JSON object per line.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "event", rename_all = "lowercase")]
+pub enum Event {
+    /// phi crossed `level` upward.
+    Suspect {
+        id: u64,
+        level: f64,
+        phi: f64,
+        silence_ms: f64,
+        /// Unix time of detection, ms.
+        at: u64,
+    },
+    /// A suspected peer was heard again; `level` is the highest level it had reached.
+    Recover {
+        id: u64,
+        level: f64,
+        /// The silence that ended.
+        silence_ms: f64,
+        at: u64,
+    },
+    Admit {
+        id: u64,
+        at: u64,
+    },
+    Forget {
+        id: u64,
+        at: u64,
+    },
+    /// This subscriber fell behind and missed `missed` events.
+    Lagged {
+        missed: u64,
+    },
+}
+
+/// The detector configuration shared by every peer.
+#[derive(Debug, Clone)]
+pub struct DetectorConfig {
+    pub params: DetectorParams,
+    pub levels: Levels,
+    silences: LevelSilences,
+}
+
+impl DetectorConfig {
+    pub fn new(params: DetectorParams, levels: Levels) -> Self {
+        let silences = params.level_silences(levels.as_slice());
+        Self {
+            params,
+            levels,
+            silences,
+        }
+    }
+
+    pub fn estimate(&self, record: &PeerRecord) -> Estimate {
+        self.params.estimate(WindowSums::from_record(record))
+    }
+
+    /// phi of `record` at `now_ns` (computed on read).
+    pub fn phi(&self, record: &PeerRecord, now_ns: u64) -> f64 {
+        let silence_ms = now_ns.saturating_sub(record.last_arrival_ns) as f64 / 1e6;
+        self.params.phi(&self.estimate(record), silence_ms)
+    }
+}
+
+/// One peer's sweep state.
+#[derive(Debug, Clone)]
+pub struct PeerTracker {
+    pub peer_id: u64,
+    admitted_ns: u64,
+    heartbeats: u64,
+    last_arrival_ns: u64,
+    estimate: Estimate,
+    /// Monotonic time at which phi reaches each level; u64::MAX for never.
+    deadlines_ns: Vec<u64>,
+    /// Levels crossed since the peer was last heard (0..=levels).
+    crossed: usize,
+    qos: QosCounter,
+}
+
+impl PeerTracker {
+    pub fn new(record: &PeerRecord, config: &DetectorConfig) -> Self {
+        let mut tracker = Self {
+            peer_id: record.peer_id,
+            admitted_ns: record.last_arrival_ns,
+            heartbeats: record.heartbeats,
+            last_arrival_ns: record.last_arrival_ns,
+            estimate: config.estimate(record),
+            deadlines_ns: Vec::with_capacity(config.levels.as_slice().len()),
+            crossed: 0,
+            qos: QosCounter::default(),
+        };
+        tracker.recompute(config);
+        tracker
+    }
+
+    fn recompute(&mut self, config: &DetectorConfig) {
+        self.deadlines_ns.clear();
+        for i in 0..config.silences.len() {
+            let silence_ns = config.silences.silence_ms(i, &self.estimate) * 1e6;
+            let deadline = if silence_ns.is_finite() {
+                self.last_arrival_ns
+                    .saturating_add(silence_ns.max(0.0) as u64)
+            } else {
+                u64::MAX
+            };
+            self.deadlines_ns.push(deadline);
+        }
+    }
+
+    /// One sweep: notices a new heartbeat (recovery, new deadlines), then any level whose
+    /// deadline has passed. With `hold`, no new suspicion is raised (the agent itself was just
+    /// stalled and cannot trust its view of time yet).
+    pub fn observe(
+        &mut self,
+        record: &PeerRecord,
+        config: &DetectorConfig,
+        now_ns: u64,
+        wall_ms: u64,
+        hold: bool,
+        emit: &mut impl FnMut(Event),
+    ) {
+        let levels = config.levels.as_slice();
+        if record.heartbeats != self.heartbeats {
+            if self.crossed > 0 {
+                emit(Event::Recover {
+                    id: self.peer_id,
+                    level: levels[self.crossed - 1],
+                    silence_ms: record.last_arrival_ns.saturating_sub(self.last_arrival_ns) as f64
+                        / 1e6,
+                    at: wall_ms,
+                });
+                if self.crossed == levels.len() {
+                    self.qos.trust(record.last_arrival_ns);
+                }
+            }
+            self.crossed = 0;
+            self.heartbeats = record.heartbeats;
+            self.last_arrival_ns = record.last_arrival_ns;
+            self.estimate = config.estimate(record);
+            self.recompute(config);
+        }
+        if hold {
+            return;
+        }
+        while self.crossed < levels.len() && now_ns >= self.deadlines_ns[self.crossed] {
+            let silence_ms = now_ns.saturating_sub(self.last_arrival_ns) as f64 / 1e6;
+            emit(Event::Suspect {
+                id: self.peer_id,
+                level: levels[self.crossed],
+                phi: config.params.phi(&self.estimate, silence_ms),
+                silence_ms,
+                at: wall_ms,
+            });
+            self.crossed += 1;
+            if self.crossed == levels.len() {
+                self.qos.suspect(now_ns);
+            }
+        }
+    }
+
+    /// QoS at the highest level since admission.
+    pub fn qos(&self, now_ns: u64) -> QosReport {
+        self.qos.report(now_ns.saturating_sub(self.admitted_ns))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::detector::model::Model;
+
+    const MS: u64 = 1_000_000;
+
+    fn config() -> DetectorConfig {
+        let params = DetectorParams {
+            model: Model::Fixed,
+            timeout_ms: 100.0,
+            ..DetectorParams::DEFAULT
+        };
+        DetectorConfig::new(params, Levels::new(vec![1.0, 3.0]).unwrap())
+    }
+
+    fn heard(record: &mut PeerRecord, at_ns: u64) {
+        record.heartbeats += 1;
+        record.last_arrival_ns = at_ns;
+    }
+
+    #[test]
+    fn suspects_in_level_order_then_recovers() {
+        let cfg = DetectorConfig::new(
+            DetectorParams {
+                model: Model::Exponential,
+                first_interval_ms: 100.0,
+                ..DetectorParams::DEFAULT
+            },
+            Levels::new(vec![1.0, 3.0, 8.0]).unwrap(),
+        );
+        let mut record = PeerRecord::admitted(9, 1000 * MS);
+        let mut t = PeerTracker::new(&record, &cfg);
+        let mut events = Vec::new();
+        // Bootstrap mean 100 ms: exponential crossings at 230, 691, 1842 ms of silence.
+        t.observe(&record, &cfg, 1200 * MS, 0, false, &mut |e| events.push(e));
+        assert!(events.is_empty());
+        t.observe(&record, &cfg, 3000 * MS, 0, false, &mut |e| events.push(e));
+        let levels: Vec<f64> = events
+            .iter()
+            .map(|e| match e {
+                Event::Suspect { level, phi, .. } => {
+                    assert!(phi >= level);
+                    *level
+                }
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            levels,
+            vec![1.0, 3.0, 8.0],
+            "all crossed levels, lowest first"
+        );
+        events.clear();
+        heard(&mut record, 3100 * MS);
+        t.observe(&record, &cfg, 3100 * MS, 0, false, &mut |e| events.push(e));
+        assert_eq!(
+            events,
+            vec![Event::Recover {
+                id: 9,
+                level: 8.0,
+                silence_ms: 2100.0,
+                at: 0
+            }]
+        );
+        let q = t.qos(3100 * MS);
+        assert_eq!((q.s_transitions, q.mistakes), (1, 1));
+    }
+
+    #[test]
+    fn a_stall_holds_suspicions_but_not_recoveries() {
+        let cfg = config();
+        let mut record = PeerRecord::admitted(1, 0);
+        let mut t = PeerTracker::new(&record, &cfg);
+        let mut events = Vec::new();
+        t.observe(&record, &cfg, 500 * MS, 0, true, &mut |e| events.push(e));
+        assert!(events.is_empty(), "held");
+        t.observe(&record, &cfg, 510 * MS, 0, false, &mut |e| events.push(e));
+        assert_eq!(events.len(), 2);
+        events.clear();
+        heard(&mut record, 520 * MS);
+        t.observe(&record, &cfg, 520 * MS, 0, true, &mut |e| events.push(e));
+        assert!(matches!(events[..], [Event::Recover { .. }]));
+    }
+
+    #[test]
+    fn no_repeat_events_while_silence_continues() {
+        let cfg = config();
+        let record = PeerRecord::admitted(1, 0);
+        let mut t = PeerTracker::new(&record, &cfg);
+        let mut n = 0;
+        for ms in (0..2000).step_by(50) {
+            t.observe(&record, &cfg, ms * MS, 0, false, &mut |_| n += 1);
+        }
+        assert_eq!(n, 2);
+    }
+
+    #[test]
+    fn events_serialise_as_documented() {
+        let e = Event::Suspect {
+            id: 7,
+            level: 8.0,
+            phi: 8.5,
+            silence_ms: 300.0,
+            at: 1,
+        };
+        assert_eq!(
+            serde_json::to_value(&e).unwrap(),
+            serde_json::json!({"event":"suspect","id":7,"level":8.0,"phi":8.5,"silence_ms":300.0,"at":1})
+        );
+        let e = Event::Lagged { missed: 3 };
+        assert_eq!(
+            serde_json::to_value(&e).unwrap(),
+            serde_json::json!({"event":"lagged","missed":3})
+        );
+    }
+}
