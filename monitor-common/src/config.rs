@@ -21,6 +21,10 @@ pub struct XdpConfig {
     pub flags: u32,
     /// Unknown-peer reports each CPU may write per second.
     pub unknown_reports_per_sec: u32,
+    /// Intervals longer than this (microseconds) are not added to the window, as Cassandra
+    /// ignores them; 0 keeps every interval.
+    pub max_interval_us: u32,
+    pub _pad2: u32,
 }
 
 impl XdpConfig {
@@ -30,6 +34,8 @@ impl XdpConfig {
         window: MAX_WINDOW as u32,
         flags: 0,
         unknown_reports_per_sec: 1000,
+        max_interval_us: 0,
+        _pad2: 0,
     };
 }
 

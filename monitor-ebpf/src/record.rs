@@ -31,14 +31,15 @@ pub fn record(hb: &Heartbeat, config: &XdpConfig, counters: &mut Counters) {
     // SAFETY: the pointer comes from a successful lookup; concurrent writers are excluded by
     // the sequence counter below, readers retry.
     let slot = unsafe { &mut *slot };
-    if slot.record.peer_id != peer_id {
-        // The agent is re-using this slot for someone else; the index entry is on its way out.
-        counters.unknown_peer += 1;
-        return;
-    }
-
     if !try_lock(&mut slot.lock) {
         counters.contended += 1;
+        return;
+    }
+    // Checked under the lock: the agent may have forgotten this peer and handed the slot to
+    // another between our index lookup and now (it resets slots under the same lock).
+    if slot.record.peer_id != peer_id {
+        unlock(&mut slot.lock);
+        counters.unknown_peer += 1;
         return;
     }
 
@@ -61,7 +62,7 @@ pub fn record(hb: &Heartbeat, config: &XdpConfig, counters: &mut Counters) {
         Outcome::Accept { lost } => {
             slot.record.lost += lost;
             if slot.record.heartbeats > 0 {
-                push_interval(slot, now, config.window);
+                push_interval(slot, now, config);
             }
             slot.record.heartbeats += 1;
             slot.record.last_arrival_ns = now;
@@ -132,10 +133,14 @@ fn classify(slot: &PeerSlot, incarnation: u32, seq: u64) -> Outcome {
 
 /// Appends the interval since the last heartbeat to the ring, keeping the running sums exact.
 #[inline(always)]
-fn push_interval(slot: &mut PeerSlot, now: u64, window: u32) {
+fn push_interval(slot: &mut PeerSlot, now: u64, config: &XdpConfig) {
+    let window = config.window;
     let mut interval = now.saturating_sub(slot.record.last_arrival_ns) / 1000;
     if interval > MAX_INTERVAL_US {
         interval = MAX_INTERVAL_US;
+    }
+    if config.max_interval_us != 0 && interval > config.max_interval_us as u64 {
+        return;
     }
     let head = slot.record.ring_head & RING_MASK;
     if slot.record.samples >= window {

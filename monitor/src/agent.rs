@@ -1,33 +1,45 @@
-//! The running agent: owns the loaded program, the peer table and the registry, and answers
-//! socket requests from them.
+//! The running agent: owns the loaded program, the peer table, the registry and the per-peer
+//! trackers; sweeps for suspicions and answers socket requests.
 
 use std::{
     future::Future,
     path::PathBuf,
-    sync::{Arc, RwLock},
-    time::Instant,
+    sync::{
+        Arc, Mutex, RwLock,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::{Context, Result};
 use aya::maps::{MapData, PerCpuArray};
 use monitor_common::{
     config::{XDP_FLAG_PASS_HEARTBEATS, XdpConfig},
-    maps::Counters,
+    maps::{Counters, MAX_INTERVAL_US},
 };
-use serde_json::Value;
+use serde_json::json;
+use tokio::sync::broadcast;
 
 use crate::{
     admission::{self, consume_reports},
     clock::monotonic_ns,
     counters::CounterTotals,
+    detector::{
+        levels::Levels,
+        model::{DetectorParams, Model},
+        tracker::{DetectorConfig, Event, PeerTracker},
+    },
     loaded::LoadedProgram,
     peer_table::PeerTable,
     peer_view::PeerView,
     program::{self, AttachMode},
     protocol::{AgentStats, Request, error_reply, ok_reply},
-    registry::{AdmitError, Registry},
-    server::{self, Handler},
+    registry::{AdmitError, ForgetError, Registry},
+    server::{self, Handler, Response},
 };
+
+/// Events buffered per subscriber before a slow one is told it missed some.
+pub const EVENT_BUFFER: usize = 65_536;
 
 /// Everything `monitor run` is told.
 #[derive(Debug, Clone)]
@@ -38,40 +50,109 @@ pub struct AgentConfig {
     pub peers_file: Option<PathBuf>,
     pub mode: AttachMode,
     pub capacity: u32,
-    pub window: u32,
     pub auto_admit: bool,
     pub pass_heartbeats: bool,
     pub unknown_reports_per_sec: u32,
+    /// The detector; its `window` is the kernel's window.
+    pub detector: DetectorParams,
+    pub levels: Levels,
+    pub sweep_interval: Duration,
+    /// A sweep that comes this much later than the previous one means the agent itself was
+    /// not scheduled; new suspicions are held for as long as the stall lasted.
+    pub stall_bound: Duration,
 }
 
-/// State shared by the socket clients and the admission task.
+/// State shared by the socket clients, the sweeper and the admission task.
 pub struct Agent {
     table: PeerTable,
     registry: RwLock<Registry>,
+    /// Sweep state, indexed by slot.
+    trackers: Mutex<Vec<Option<PeerTracker>>>,
+    detector: DetectorConfig,
     counters: PerCpuArray<MapData, Counters>,
+    events: broadcast::Sender<Event>,
     iface: String,
     mode: AttachMode,
     port: u16,
-    window: u32,
     started: Instant,
+    sweeps: AtomicU64,
+    stalls: AtomicU64,
+    events_sent: AtomicU64,
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl Agent {
+    fn publish(&self, event: Event) {
+        self.events_sent.fetch_add(1, Ordering::Relaxed);
+        // No subscriber is not an error: the event simply has no audience.
+        let _ = self.events.send(event);
+    }
+
+    fn qos(&self, slot: u32, id: u64, now: u64) -> Option<crate::detector::qos::QosReport> {
+        let trackers = self.trackers.lock().expect("trackers lock");
+        trackers[slot as usize]
+            .as_ref()
+            .filter(|t| t.peer_id == id)
+            .map(|t| t.qos(now))
+    }
+
     pub fn peer(&self, id: u64) -> Option<PeerView> {
         let slot = self.registry.read().expect("registry lock").slot_of(id)?;
         let record = self.table.record(slot)?;
-        Some(PeerView::new(&record, monotonic_ns()))
+        let now = monotonic_ns();
+        Some(PeerView::new(
+            &record,
+            now,
+            &self.detector,
+            self.qos(slot, id, now),
+        ))
     }
 
     /// Every admitted peer, sorted by id.
     pub fn peers(&self) -> Vec<PeerView> {
+        self.collect(|_, _| true)
+    }
+
+    /// Peers with phi >= threshold, sorted by id. The silence at which phi reaches the
+    /// threshold is found once per request, so most peers cost a compare, not an erfc.
+    pub fn suspects(&self, threshold: f64) -> Vec<PeerView> {
+        let crossing = self.detector.params.level_silences(&[threshold]);
+        self.collect(|record, now| {
+            let estimate = self.detector.estimate(record);
+            let silence_ms = now.saturating_sub(record.last_arrival_ns) as f64 / 1e6;
+            // A hair of slack for the bisection; the exact phi decides below.
+            silence_ms >= crossing.silence_ms(0, &estimate) * (1.0 - 1e-9)
+        })
+        .into_iter()
+        .filter(|p| p.phi >= threshold)
+        .collect()
+    }
+
+    fn collect(
+        &self,
+        wanted: impl Fn(&monitor_common::maps::PeerRecord, u64) -> bool,
+    ) -> Vec<PeerView> {
         let now = monotonic_ns();
         let registry = self.registry.read().expect("registry lock");
+        let trackers = self.trackers.lock().expect("trackers lock");
         let mut peers: Vec<PeerView> = registry
             .iter()
-            .filter_map(|(_, slot)| self.table.record(slot))
-            .map(|record| PeerView::new(&record, now))
+            .filter_map(|(id, slot)| Some((id, slot, self.table.record(slot)?)))
+            .filter(|(id, _, record)| record.peer_id == *id && wanted(record, now))
+            .map(|(id, slot, record)| {
+                let qos = trackers[slot as usize]
+                    .as_ref()
+                    .filter(|t| t.peer_id == id)
+                    .map(|t| t.qos(now));
+                PeerView::new(&record, now, &self.detector, qos)
+            })
             .collect();
+        drop(trackers);
         drop(registry);
         peers.sort_unstable_by_key(|p| p.id);
         peers
@@ -85,19 +166,37 @@ impl Agent {
             iface: self.iface.clone(),
             xdp_mode: self.mode.to_string(),
             port: self.port,
-            window: self.window,
+            window: self.detector.params.window,
+            model: self.detector.params.model.name().into(),
+            levels: self.detector.levels.as_slice().to_vec(),
             peers: registry.len(),
             capacity: registry.capacity(),
             uptime_s: self.started.elapsed().as_secs_f64(),
+            sweeps: self.sweeps.load(Ordering::Relaxed),
+            stalls: self.stalls.load(Ordering::Relaxed),
+            events: self.events_sent.load(Ordering::Relaxed),
+            subscribers: self.events.receiver_count(),
             kernel,
         })
     }
 
     pub fn admit(&self, id: u64) -> Result<u32, AdmitError> {
-        self.registry
-            .write()
-            .expect("registry lock")
-            .admit(&self.table, id, monotonic_ns())
+        let slot =
+            self.registry
+                .write()
+                .expect("registry lock")
+                .admit(&self.table, id, monotonic_ns())?;
+        self.publish(Event::Admit { id, at: wall_ms() });
+        Ok(slot)
+    }
+
+    pub fn forget(&self, id: u64) -> Result<(), ForgetError> {
+        let mut registry = self.registry.write().expect("registry lock");
+        let slot = registry.forget(&self.table, id)?;
+        self.trackers.lock().expect("trackers lock")[slot as usize] = None;
+        drop(registry);
+        self.publish(Event::Forget { id, at: wall_ms() });
+        Ok(())
     }
 
     fn on_unknown_peer(&self, id: u64) {
@@ -109,21 +208,102 @@ impl Agent {
             Err(e) => log::warn!("not admitting peer {id}: {e}"),
         }
     }
+
+    /// One pass over every peer: new heartbeats end suspicions, passed deadlines raise them.
+    pub fn sweep(&self, now_ns: u64, hold: bool) {
+        let wall = wall_ms();
+        let registry = self.registry.read().expect("registry lock");
+        let mut trackers = self.trackers.lock().expect("trackers lock");
+        for (id, slot) in registry.iter() {
+            let Some(record) = self.table.record(slot) else {
+                continue;
+            };
+            if record.peer_id != id {
+                continue;
+            }
+            let tracker = &mut trackers[slot as usize];
+            if tracker.as_ref().is_none_or(|t| t.peer_id != id) {
+                *tracker = Some(PeerTracker::new(&record, &self.detector));
+            }
+            let tracker = tracker.as_mut().expect("just set");
+            tracker.observe(&record, &self.detector, now_ns, wall, hold, &mut |e| {
+                self.publish(e)
+            });
+        }
+        self.sweeps.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 impl Handler for Agent {
-    fn handle(&self, request: Request) -> Value {
-        match request {
+    fn handle(&self, request: Request) -> Response {
+        Response::Reply(match request {
             Request::Peer { id } => match self.peer(id) {
                 Some(peer) => ok_reply("peer", peer),
                 None => error_reply(format!("unknown peer {id}")),
             },
             Request::Peers => ok_reply("peers", self.peers()),
+            Request::Suspects { threshold } => {
+                let threshold = threshold.unwrap_or_else(|| self.detector.levels.highest());
+                let mut reply = ok_reply("suspects", self.suspects(threshold));
+                reply["threshold"] = json!(threshold);
+                reply
+            }
+            Request::Subscribe => {
+                return Response::Subscribe(
+                    json!({"ok": true, "subscribed": true}),
+                    self.events.subscribe(),
+                );
+            }
+            Request::Forget { id } => match self.forget(id) {
+                Ok(()) => json!({"ok": true, "forgotten": id}),
+                Err(e) => error_reply(e.to_string()),
+            },
             Request::Stats => match self.stats() {
                 Ok(stats) => ok_reply("stats", stats),
                 Err(e) => error_reply(e),
             },
+        })
+    }
+}
+
+/// Sweeps forever; detects its own stalls (Cassandra pauses convictions the same way).
+async fn sweep_loop(agent: Arc<Agent>, interval: Duration, stall_bound: Duration) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = monotonic_ns();
+    let mut hold_until = 0u64;
+    loop {
+        ticker.tick().await;
+        let now = monotonic_ns();
+        let gap = now.saturating_sub(last);
+        last = now;
+        if gap > stall_bound.as_nanos() as u64 {
+            agent.stalls.fetch_add(1, Ordering::Relaxed);
+            hold_until = now + gap;
+            log::warn!(
+                "the agent was not scheduled for {:.0} ms; holding new suspicions for as long",
+                gap as f64 / 1e6
+            );
         }
+        agent.sweep(now, now < hold_until);
+    }
+}
+
+fn xdp_config(config: &AgentConfig) -> XdpConfig {
+    let max_interval_us = config.detector.max_interval_ms.map_or(0, |ms| {
+        ((ms * 1000.0) as u64).clamp(1, MAX_INTERVAL_US) as u32
+    });
+    XdpConfig {
+        port: config.port,
+        window: config.detector.window,
+        flags: if config.pass_heartbeats {
+            XDP_FLAG_PASS_HEARTBEATS
+        } else {
+            0
+        },
+        unknown_reports_per_sec: config.unknown_reports_per_sec,
+        max_interval_us,
+        ..XdpConfig::DEFAULT
     }
 }
 
@@ -141,17 +321,6 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
             config.capacity
         );
     }
-    let xdp_config = XdpConfig {
-        port: config.port,
-        window: config.window,
-        flags: if config.pass_heartbeats {
-            XDP_FLAG_PASS_HEARTBEATS
-        } else {
-            0
-        },
-        unknown_reports_per_sec: config.unknown_reports_per_sec,
-        ..XdpConfig::DEFAULT
-    };
     // Bind first: a socket already in use is the cheapest error to report.
     let (listener, _socket_guard) = server::bind(&config.socket)?;
     let LoadedProgram {
@@ -160,32 +329,47 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         mut registry,
         counters,
         unknown_reports,
-    } = LoadedProgram::load(&xdp_config, config.capacity)?;
+    } = LoadedProgram::load(&xdp_config(&config), config.capacity)?;
     let now = monotonic_ns();
     for &id in &peers {
         registry.admit(&table, id, now)?;
     }
 
     let (_link, mode) = program::attach(&mut ebpf, &config.iface, config.mode)?;
+    let detector = DetectorConfig::new(config.detector.clone(), config.levels.clone());
     log::info!(
-        "watching UDP port {} on {} ({} mode), {} peers admitted from file, capacity {}, socket {}",
+        "watching UDP port {} on {} ({} mode): {} peers from file, capacity {}, {} model, levels {}, socket {}",
         config.port,
         config.iface,
         mode,
         peers.len(),
         config.capacity,
+        detector.params.model.name(),
+        detector.levels,
         config.socket.display()
     );
+    if detector.params.model == Model::Fixed {
+        log::info!(
+            "fixed model: every level is reached at the {} ms timeout",
+            detector.params.timeout_ms
+        );
+    }
 
+    let (events, _) = broadcast::channel(EVENT_BUFFER);
     let agent = Arc::new(Agent {
         table,
         registry: RwLock::new(registry),
+        trackers: Mutex::new(vec![None; config.capacity as usize]),
+        detector,
         counters,
+        events,
         iface: config.iface.clone(),
         mode,
         port: config.port,
-        window: config.window,
         started: Instant::now(),
+        sweeps: AtomicU64::new(0),
+        stalls: AtomicU64::new(0),
+        events_sent: AtomicU64::new(0),
     });
 
     let reports = {
@@ -203,6 +387,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     tokio::select! {
         r = server::serve(listener, agent.clone()) => r.context("serving the socket")?,
         r = reports => r.context("reading unknown-peer reports")?,
+        () = sweep_loop(agent.clone(), config.sweep_interval, config.stall_bound) => {}
         () = shutdown => log::info!("shutting down: detaching from {}", config.iface),
     }
     // Dropping `ebpf` detaches the program; `_socket_guard` removes the socket file.

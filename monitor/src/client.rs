@@ -43,11 +43,22 @@ impl Client {
     pub fn request_line(&mut self, line: &str) -> Result<String, ClientError> {
         self.writer.write_all(line.as_bytes())?;
         self.writer.write_all(b"\n")?;
-        let mut reply = String::new();
-        if self.reader.read_line(&mut reply)? == 0 {
+        self.read_line()
+    }
+
+    /// Reads one line (an event on a subscribed connection).
+    pub fn read_line(&mut self) -> Result<String, ClientError> {
+        let mut line = String::new();
+        if self.reader.read_line(&mut line)? == 0 {
             return Err(ClientError::Closed);
         }
-        Ok(reply.trim_end().to_string())
+        Ok(line.trim_end().to_string())
+    }
+
+    /// Waits at most `timeout` for each reply or event (None: forever).
+    pub fn set_read_timeout(&mut self, timeout: Option<Duration>) -> Result<(), ClientError> {
+        self.writer.set_read_timeout(timeout)?;
+        Ok(())
     }
 
     /// Sends a request and parses the reply as JSON (whether ok or not).

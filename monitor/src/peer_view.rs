@@ -1,36 +1,11 @@
-//! What the agent says about one peer: the kernel's record turned into statistics.
+//! What the agent says about one peer: the kernel's record turned into statistics and phi.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use monitor_common::maps::{FAMILY_IPV4, FAMILY_IPV6, PeerRecord};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, Serializer};
 
-/// Window statistics of inter-arrival times, from the kernel's exact integer sums.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct IntervalStats {
-    pub samples: u32,
-    pub mean_us: f64,
-    /// Population standard deviation (the window is the population).
-    pub std_us: f64,
-}
-
-impl IntervalStats {
-    pub fn from_record(record: &PeerRecord) -> Option<Self> {
-        let n = record.samples as u128;
-        if n == 0 {
-            return None;
-        }
-        let sum = record.interval_sum_us as u128;
-        let sum_sq = record.interval_sum_sq_us as u128;
-        // n^2 * variance = n * sum_sq - sum^2, computed exactly in integers: no cancellation.
-        let scaled_var = (n * sum_sq).saturating_sub(sum * sum);
-        Some(Self {
-            samples: record.samples,
-            mean_us: sum as f64 / n as f64,
-            std_us: (scaled_var as f64).sqrt() / n as f64,
-        })
-    }
-}
+use crate::detector::{qos::QosReport, tracker::DetectorConfig, window::WindowSums};
 
 /// One peer as reported on the socket.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -49,28 +24,49 @@ pub struct PeerView {
     pub std_ms: Option<f64>,
     /// Time since the last accepted heartbeat (or since admission, before the first), ms.
     pub silence_ms: f64,
+    /// Suspicion now: -log10 P(a live peer stays silent this long). Infinite (the `fixed`
+    /// model past its timeout) is written as the largest double, 1.7976931348623157e308.
+    #[serde(serialize_with = "finite")]
+    pub phi: f64,
+    /// Highest configured level phi has reached; null below the lowest.
+    pub level: Option<f64>,
     pub last_seq: u64,
     pub lost: u64,
     pub duplicates: u64,
     pub out_of_order: u64,
+    /// Detector quality at the highest level since admission (see docs/tuning.md).
+    pub qos: Option<QosReport>,
+}
+
+fn finite<S: Serializer>(value: &f64, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(if value.is_finite() { *value } else { f64::MAX })
 }
 
 impl PeerView {
-    pub fn new(record: &PeerRecord, now_ns: u64) -> Self {
-        let stats = IntervalStats::from_record(record);
+    pub fn new(
+        record: &PeerRecord,
+        now_ns: u64,
+        detector: &DetectorConfig,
+        qos: Option<QosReport>,
+    ) -> Self {
+        let moments = WindowSums::from_record(record).moments_ms();
+        let phi = detector.phi(record, now_ns);
         Self {
             id: record.peer_id,
             addr: source_addr(record).map(|a| a.to_string()),
             incarnation: record.incarnation,
             heartbeats: record.heartbeats,
             samples: record.samples,
-            mean_ms: stats.map(|s| s.mean_us / 1000.0),
-            std_ms: stats.map(|s| s.std_us / 1000.0),
+            mean_ms: moments.map(|m| m.0),
+            std_ms: moments.map(|m| m.1),
             silence_ms: now_ns.saturating_sub(record.last_arrival_ns) as f64 / 1e6,
+            phi,
+            level: detector.levels.reached(phi),
             last_seq: record.last_seq,
             lost: record.lost,
             duplicates: record.duplicates,
             out_of_order: record.out_of_order,
+            qos,
         }
     }
 }
@@ -90,35 +86,7 @@ pub fn source_addr(record: &PeerRecord) -> Option<SocketAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn record_with(intervals: &[u64]) -> PeerRecord {
-        let mut r = PeerRecord::admitted(1, 0);
-        r.samples = intervals.len() as u32;
-        r.interval_sum_us = intervals.iter().sum();
-        r.interval_sum_sq_us = intervals.iter().map(|i| i * i).sum();
-        r
-    }
-
-    #[test]
-    fn stats_are_population_moments() {
-        // 2, 4, 4, 4, 5, 5, 7, 9: mean 5, population std 2 (the textbook example).
-        let s = IntervalStats::from_record(&record_with(&[2, 4, 4, 4, 5, 5, 7, 9])).unwrap();
-        assert_eq!(s.mean_us, 5.0);
-        assert_eq!(s.std_us, 2.0);
-    }
-
-    #[test]
-    fn no_samples_no_stats() {
-        assert!(IntervalStats::from_record(&record_with(&[])).is_none());
-    }
-
-    #[test]
-    fn exact_for_large_equal_intervals() {
-        // Large equal values: the naive f64 formula loses everything to cancellation here.
-        let s = IntervalStats::from_record(&record_with(&[268_435_455; 128])).unwrap();
-        assert_eq!(s.std_us, 0.0);
-        assert_eq!(s.mean_us, 268_435_455.0);
-    }
+    use crate::detector::{levels::Levels, model::DetectorParams};
 
     #[test]
     fn ipv4_source_is_mapped() {
@@ -127,5 +95,21 @@ mod tests {
         r.src_addr[12..].copy_from_slice(&[10, 0, 0, 2]);
         r.src_port = 5000;
         assert_eq!(source_addr(&r).unwrap().to_string(), "10.0.0.2:5000");
+    }
+
+    #[test]
+    fn infinite_phi_is_written_as_a_number() {
+        let params = DetectorParams {
+            model: crate::detector::model::Model::Fixed,
+            timeout_ms: 10.0,
+            ..DetectorParams::DEFAULT
+        };
+        let detector = DetectorConfig::new(params, Levels::default());
+        let view = PeerView::new(&PeerRecord::admitted(1, 0), 1_000_000_000, &detector, None);
+        assert!(view.phi.is_infinite());
+        assert_eq!(view.level, Some(8.0));
+        let json = serde_json::to_value(&view).unwrap();
+        assert_eq!(json["phi"], serde_json::json!(f64::MAX));
+        assert_eq!(json["mean_ms"], serde_json::Value::Null);
     }
 }

@@ -8,16 +8,27 @@ use crate::{counters::CounterTotals, peer_view::PeerView};
 /// Longest request line the agent reads; longer lines get an error reply and are discarded.
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
     /// One peer by id.
     Peer { id: u64 },
     /// Every admitted peer.
     Peers,
+    /// Peers whose phi is at least `threshold` (default: the highest level).
+    Suspects {
+        #[serde(default)]
+        threshold: Option<f64>,
+    },
+    /// Turn this connection into a stream of events.
+    Subscribe,
+    /// Stop watching a peer and free its slot.
+    Forget { id: u64 },
     /// Agent and kernel counters.
     Stats,
 }
+
+const OPS: &str = "peer, peers, suspects, subscribe, forget, stats";
 
 /// Parses one request line into a request or a message saying what is wrong with it.
 pub fn parse_request(line: &str) -> Result<Request, String> {
@@ -26,11 +37,20 @@ pub fn parse_request(line: &str) -> Result<Request, String> {
         return Err("a request must be a JSON object with an \"op\" field".into());
     };
     match object.get("op") {
-        None => return Err("missing \"op\" (one of: peer, peers, stats)".into()),
+        None => return Err(format!("missing \"op\" (one of: {OPS})")),
         Some(Value::String(_)) => {}
-        Some(_) => return Err("\"op\" must be a string (one of: peer, peers, stats)".into()),
+        Some(_) => return Err(format!("\"op\" must be a string (one of: {OPS})")),
     }
-    serde_json::from_value(value).map_err(|e| format!("invalid request: {e}"))
+    let request: Request =
+        serde_json::from_value(value).map_err(|e| format!("invalid request: {e}"))?;
+    if let Request::Suspects { threshold: Some(t) } = request
+        && !(t.is_finite() && t > 0.0)
+    {
+        return Err(format!(
+            "threshold must be a positive finite number, got {t}"
+        ));
+    }
+    Ok(request)
 }
 
 /// Agent-level facts reported by `stats`.
@@ -40,9 +60,18 @@ pub struct AgentStats {
     pub xdp_mode: String,
     pub port: u16,
     pub window: u32,
+    pub model: String,
+    pub levels: Vec<f64>,
     pub peers: usize,
     pub capacity: u32,
     pub uptime_s: f64,
+    /// Sweeps run, and sweeps after which new suspicions were held because the agent itself
+    /// had not been scheduled for longer than the stall bound.
+    pub sweeps: u64,
+    pub stalls: u64,
+    /// Events published, and subscribers connected now.
+    pub events: u64,
+    pub subscribers: usize,
     /// What the XDP program decided, summed over CPUs.
     pub kernel: CounterTotals,
 }
@@ -89,6 +118,12 @@ pub struct StatsReply {
     pub stats: AgentStats,
 }
 
+#[derive(Debug, Deserialize)]
+pub struct SuspectsReply {
+    pub threshold: f64,
+    pub suspects: Vec<PeerView>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,6 +136,24 @@ mod tests {
         );
         assert_eq!(parse_request(r#"{"op":"peers"}"#), Ok(Request::Peers));
         assert_eq!(parse_request(r#" {"op":"stats"} "#), Ok(Request::Stats));
+        assert_eq!(
+            parse_request(r#"{"op":"suspects"}"#),
+            Ok(Request::Suspects { threshold: None })
+        );
+        assert_eq!(
+            parse_request(r#"{"op":"suspects","threshold":3.5}"#),
+            Ok(Request::Suspects {
+                threshold: Some(3.5)
+            })
+        );
+        assert_eq!(
+            parse_request(r#"{"op":"subscribe"}"#),
+            Ok(Request::Subscribe)
+        );
+        assert_eq!(
+            parse_request(r#"{"op":"forget","id":3}"#),
+            Ok(Request::Forget { id: 3 })
+        );
         assert_eq!(
             parse_request(r#"{"op":"peer","id":18446744073709551615}"#),
             Ok(Request::Peer { id: u64::MAX })
@@ -122,6 +175,10 @@ mod tests {
             (r#"{"op":"peer","id":1e300}"#, "invalid type"),
             (r#"{"op":"peer","id":18446744073709551616}"#, "invalid"),
             (r#"{"op":"peer","id":7,"extra":1}"#, "unknown field `extra`"),
+            (r#"{"op":"suspects","threshold":0}"#, "positive finite"),
+            (r#"{"op":"suspects","threshold":-2}"#, "positive finite"),
+            (r#"{"op":"suspects","threshold":"high"}"#, "invalid type"),
+            (r#"{"op":"forget"}"#, "missing field `id`"),
         ];
         for (line, expected) in cases {
             let err = parse_request(line).expect_err(line);

@@ -18,6 +18,14 @@ pub enum AdmitError {
     Index { id: u64, source: MapError },
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum ForgetError {
+    #[error("unknown peer {0}")]
+    Unknown(u64),
+    #[error("removing peer {id} from the kernel's peer index: {source}")]
+    Index { id: u64, source: MapError },
+}
+
 /// Slot allocation and the peer id -> slot index, kept identical in userspace and the kernel.
 pub struct Registry {
     index: BpfHashMap<MapData, u64, u32>,
@@ -79,6 +87,22 @@ impl Registry {
             return Err(AdmitError::Index { id, source });
         }
         self.slots.insert(id, slot);
+        Ok(slot)
+    }
+}
+
+impl Registry {
+    /// Stops watching `id` and frees its slot; returns the slot. The index entry goes first, so
+    /// the kernel stops finding the slot; the slot is then cleared under its lock, so a CPU that
+    /// looked it up just before sees a foreign id and leaves it alone.
+    pub fn forget(&mut self, table: &PeerTable, id: u64) -> Result<u32, ForgetError> {
+        let slot = *self.slots.get(&id).ok_or(ForgetError::Unknown(id))?;
+        self.index
+            .remove(&id)
+            .map_err(|source| ForgetError::Index { id, source })?;
+        self.slots.remove(&id);
+        table.reset(slot, PeerRecord::admitted(0, 0));
+        self.free.push(slot);
         Ok(slot)
     }
 }

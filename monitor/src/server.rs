@@ -12,11 +12,14 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::Value;
 use tokio::{
     net::{UnixListener, UnixStream},
-    sync::Semaphore,
+    sync::{Semaphore, broadcast},
 };
 use tokio_util::codec::{Decoder, Encoder, Framed, LinesCodec, LinesCodecError};
 
-use crate::protocol::{MAX_REQUEST_BYTES, Request, error_reply, parse_request};
+use crate::{
+    detector::tracker::Event,
+    protocol::{MAX_REQUEST_BYTES, Request, error_reply, parse_request},
+};
 
 /// Clients served at once; more wait in the listen backlog.
 pub const MAX_CLIENTS: usize = 256;
@@ -66,9 +69,17 @@ pub fn bind(path: &Path) -> Result<(UnixListener, SocketGuard), BindError> {
     Ok((listener, guard))
 }
 
+/// What a request turns into.
+pub enum Response {
+    /// One reply line.
+    Reply(Value),
+    /// A reply line, then every event from this receiver for as long as the client stays.
+    Subscribe(Value, broadcast::Receiver<Event>),
+}
+
 /// Answers requests; implemented by the agent.
 pub trait Handler: Send + Sync + 'static {
-    fn handle(&self, request: Request) -> Value;
+    fn handle(&self, request: Request) -> Response;
 }
 
 /// Accepts clients forever, each on its own task.
@@ -151,18 +162,52 @@ impl Encoder<String> for RequestCodec {
     }
 }
 
+type Lines = Framed<UnixStream, RequestCodec>;
+
 async fn serve_client<H: Handler>(stream: UnixStream, handler: &H) -> io::Result<()> {
     let mut lines = Framed::new(stream, RequestCodec::new());
     while let Some(line) = lines.next().await {
-        let reply = match line? {
+        let response = match line? {
             Ok(line) if line.trim().is_empty() => continue,
             Ok(line) => match parse_request(&line) {
                 Ok(request) => handler.handle(request),
-                Err(message) => error_reply(message),
+                Err(message) => Response::Reply(error_reply(message)),
             },
-            Err(message) => error_reply(message),
+            Err(message) => Response::Reply(error_reply(message)),
         };
-        lines.send(reply.to_string()).await?;
+        match response {
+            Response::Reply(reply) => lines.send(reply.to_string()).await?,
+            Response::Subscribe(reply, events) => {
+                lines.send(reply.to_string()).await?;
+                return stream_events(lines, events).await;
+            }
+        }
     }
     Ok(())
+}
+
+/// Forwards events until the client hangs up. A subscriber that reads too slowly falls behind
+/// in the broadcast ring rather than slowing anyone down, and is told how many it missed.
+async fn stream_events(mut lines: Lines, mut events: broadcast::Receiver<Event>) -> io::Result<()> {
+    loop {
+        tokio::select! {
+            event = events.recv() => {
+                let event = match event {
+                    Ok(event) => event,
+                    Err(broadcast::error::RecvError::Lagged(missed)) => Event::Lagged { missed },
+                    Err(broadcast::error::RecvError::Closed) => return Ok(()),
+                };
+                let line = serde_json::to_string(&event).map_err(io::Error::other)?;
+                lines.send(line).await?;
+            }
+            input = lines.next() => match input {
+                None => return Ok(()),
+                Some(Err(e)) => return Err(e),
+                Some(Ok(_)) => {
+                    let reply = error_reply("this connection is subscribed: it only carries events");
+                    lines.send(reply.to_string()).await?;
+                }
+            },
+        }
+    }
 }

@@ -1,8 +1,10 @@
 //! One module per subcommand.
 
 mod query;
+mod replay;
 mod run;
 mod send;
+mod watch;
 
 use std::process::ExitCode;
 
@@ -28,6 +30,10 @@ enum Command {
     Send(send::SendArgs),
     /// Ask a running agent about its peers.
     Query(query::QueryArgs),
+    /// Follow a running agent's events: suspicions, recoveries, admissions.
+    Watch(watch::WatchArgs),
+    /// Run detectors offline on a trace of heartbeat arrivals and report their quality.
+    Replay(replay::ReplayArgs),
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -35,6 +41,8 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run(args) => run::run(args),
         Command::Send(args) => send::send(args),
         Command::Query(args) => query::query(args),
+        Command::Watch(args) => watch::watch(args),
+        Command::Replay(args) => replay::replay(args),
     }
 }
 

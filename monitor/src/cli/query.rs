@@ -5,7 +5,7 @@ use monitor::{
     DEFAULT_SOCKET,
     client::Client,
     peer_view::PeerView,
-    protocol::{AgentStats, PeerReply, PeersReply, StatsReply, into_result},
+    protocol::{AgentStats, PeerReply, PeersReply, StatsReply, SuspectsReply, into_result},
 };
 use serde_json::{Value, json};
 
@@ -31,6 +31,17 @@ enum What {
     },
     /// Every admitted peer.
     Peers,
+    /// Peers whose phi is at least THRESHOLD (default: the agent's highest level).
+    Suspects {
+        #[arg(long)]
+        threshold: Option<f64>,
+    },
+    /// Stop watching a peer and free its slot.
+    Forget {
+        /// Peer id (decimal or 0x hex).
+        #[arg(value_parser = monitor::admission::parse_peer_id)]
+        id: u64,
+    },
     /// Agent and kernel counters.
     Stats,
 }
@@ -39,6 +50,9 @@ pub fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
     let request = match &args.what {
         What::Peer { id } => json!({"op": "peer", "id": id}),
         What::Peers => json!({"op": "peers"}),
+        What::Suspects { threshold: Some(t) } => json!({"op": "suspects", "threshold": t}),
+        What::Suspects { threshold: None } => json!({"op": "suspects"}),
+        What::Forget { id } => json!({"op": "forget", "id": id}),
         What::Stats => json!({"op": "stats"}),
     };
     let mut client = Client::connect(&args.socket)?;
@@ -61,6 +75,15 @@ pub fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
             let PeersReply { peers } = serde_json::from_value(reply)?;
             print_peers(&peers);
         }
+        What::Suspects { .. } => {
+            let SuspectsReply {
+                threshold,
+                suspects,
+            } = serde_json::from_value(reply)?;
+            println!("{} peers at phi >= {threshold}", suspects.len());
+            print_peers(&suspects);
+        }
+        What::Forget { id } => println!("forgot peer {id}"),
         What::Stats => {
             let StatsReply { stats } = serde_json::from_value(reply)?;
             print_stats(&stats);

@@ -1,11 +1,19 @@
 use std::{path::PathBuf, process::ExitCode};
 
+use std::time::Duration;
+
 use clap::Args;
 use monitor::{
     DEFAULT_SOCKET,
     agent::{self, AgentConfig},
+    detector::{
+        levels::Levels,
+        model::{DetectorParams, Model},
+    },
     program::AttachMode,
 };
+
+use super::parse_duration;
 use monitor_common::{
     maps::{DEFAULT_CAPACITY, MAX_WINDOW},
     wire::DEFAULT_PORT,
@@ -43,9 +51,78 @@ pub struct RunArgs {
     /// Unknown-peer reports each CPU may send the agent per second (caps the cost of floods).
     #[arg(long, default_value_t = 1000)]
     unknown_report_rate: u32,
+    /// How phi is computed: normal (exact normal tail), akka (Akka's approximation),
+    /// exponential (Cassandra's), fixed (a plain timeout, --timeout-ms).
+    #[arg(long, value_enum, default_value_t = Model::Normal, help_heading = "Detector")]
+    model: Model,
+    /// Suspicion levels (phi thresholds), ascending: one event each time phi crosses one.
+    #[arg(long, default_value_t = Levels::default(), help_heading = "Detector")]
+    levels: Levels,
+    /// Floor on the standard deviation of intervals, ms (normal, akka).
+    #[arg(long, default_value_t = DetectorParams::DEFAULT.min_std_ms, value_parser = non_negative, help_heading = "Detector")]
+    min_std_ms: f64,
+    /// Acceptable pause added to the mean interval, ms.
+    #[arg(long, default_value_t = DetectorParams::DEFAULT.pause_ms, value_parser = non_negative, help_heading = "Detector")]
+    pause_ms: f64,
+    /// Expected interval before any is measured, ms: the window starts with two samples
+    /// around it (as Akka bootstraps). 0 disables.
+    #[arg(long, default_value_t = DetectorParams::DEFAULT.first_interval_ms, value_parser = non_negative, help_heading = "Detector")]
+    first_interval_ms: f64,
+    /// Intervals longer than this are not counted, ms (as Cassandra caps them). Default: none.
+    #[arg(long, value_parser = positive, help_heading = "Detector")]
+    max_interval_ms: Option<f64>,
+    /// Timeout of the fixed model, ms.
+    #[arg(long, default_value_t = DetectorParams::DEFAULT.timeout_ms, value_parser = positive, help_heading = "Detector")]
+    timeout_ms: f64,
+    /// How often every peer is checked for crossed levels (bounds event latency).
+    #[arg(long, default_value = "50ms", value_parser = parse_duration, help_heading = "Detector")]
+    sweep_interval: Duration,
+    /// If the agent itself is not scheduled for longer than this, new suspicions are held for
+    /// as long as the stall lasted (its view of time cannot be trusted yet).
+    #[arg(long, default_value = "1s", value_parser = parse_duration, help_heading = "Detector")]
+    stall_bound: Duration,
+}
+
+fn number(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v.is_finite() => Ok(v),
+        _ => Err(format!("{text:?} is not a finite number")),
+    }
+}
+
+fn non_negative(text: &str) -> Result<f64, String> {
+    let v = number(text)?;
+    if v < 0.0 {
+        return Err("must not be negative".into());
+    }
+    Ok(v)
+}
+
+fn positive(text: &str) -> Result<f64, String> {
+    let v = number(text)?;
+    if v <= 0.0 {
+        return Err("must be greater than 0".into());
+    }
+    Ok(v)
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    if args.sweep_interval.is_zero() {
+        anyhow::bail!("--sweep-interval must be greater than zero");
+    }
+    if args.stall_bound <= args.sweep_interval {
+        anyhow::bail!("--stall-bound must be longer than --sweep-interval");
+    }
+    let detector = DetectorParams {
+        model: args.model,
+        threshold: args.levels.highest(),
+        window: args.window,
+        min_std_ms: args.min_std_ms,
+        pause_ms: args.pause_ms,
+        first_interval_ms: args.first_interval_ms,
+        max_interval_ms: args.max_interval_ms,
+        timeout_ms: args.timeout_ms,
+    };
     let config = AgentConfig {
         iface: args.iface,
         port: args.port,
@@ -53,10 +130,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         peers_file: args.peers,
         mode: args.xdp_mode,
         capacity: args.capacity,
-        window: args.window,
         auto_admit: !args.no_auto_admit,
         pass_heartbeats: args.pass_heartbeats,
         unknown_reports_per_sec: args.unknown_report_rate,
+        detector,
+        levels: args.levels,
+        sweep_interval: args.sweep_interval,
+        stall_bound: args.stall_bound,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
