@@ -44,6 +44,7 @@ impl AgentProcess {
         cmd.args(["run", "--iface", &pair.iface_a, "--socket"])
             .arg(&socket)
             .args(extra)
+            .env("RUST_LOG", "warn")
             .stdin(Stdio::null());
         let child = cmd.spawn().expect("spawn monitor run");
         let mut agent = Self {
@@ -132,6 +133,7 @@ pub fn sender_to(pair: &NetnsPair, to: &str, id: u64, interval: &str, extra: &[&
         interval,
     ])
     .args(extra)
+    .env("RUST_LOG", "warn")
     .stdin(Stdio::null())
     .stdout(Stdio::null());
     cmd

@@ -467,3 +467,42 @@ fn configured_port_is_the_one_matched() {
     assert_eq!(fx.run(&packet.build()), XDP_DROP);
     assert_eq!(fx.record(PEER).heartbeats, 1);
 }
+
+#[test]
+fn intervals_over_the_cap_are_not_counted_but_still_heard() {
+    let mut fx = Fixture::new(
+        XdpConfig {
+            max_interval_us: 20_000,
+            ..XdpConfig::DEFAULT
+        },
+        &[PEER],
+    );
+    fx.run(&Packet::heartbeat_v4(PEER, 0).build());
+    std::thread::sleep(std::time::Duration::from_millis(40));
+    fx.run(&Packet::heartbeat_v4(PEER, 1).build());
+    fx.run(&Packet::heartbeat_v4(PEER, 2).build());
+    let r = fx.record(PEER);
+    assert_eq!(r.heartbeats, 3);
+    assert_eq!(r.samples, 1, "the 40 ms interval is over the 20 ms cap");
+    assert!(r.interval_sum_us < 20_000);
+}
+
+#[test]
+fn a_forgotten_peer_is_unknown_and_its_slot_is_left_alone() {
+    let mut fx = Fixture::with_peers(&[PEER, 8]);
+    fx.run(&Packet::heartbeat_v4(PEER, 1).build());
+    let slot = fx.loaded.registry.slot_of(PEER).unwrap();
+    fx.loaded.registry.forget(&fx.loaded.table, PEER).unwrap();
+    assert_eq!(fx.run(&Packet::heartbeat_v4(PEER, 2).build()), XDP_DROP);
+    assert_eq!(fx.counters().unknown_peer, 1);
+    let cleared = fx.loaded.table.record(slot).unwrap();
+    assert_eq!((cleared.peer_id, cleared.heartbeats), (0, 0));
+    // The freed slot goes to the next peer admitted, clean.
+    let now = monitor::clock::monotonic_ns();
+    assert_eq!(
+        fx.loaded.registry.admit(&fx.loaded.table, 99, now).unwrap(),
+        slot
+    );
+    fx.run(&Packet::heartbeat_v4(99, 1).build());
+    assert_eq!(fx.record(99).heartbeats, 1);
+}

@@ -1,0 +1,273 @@
+//! The detection engine end to end: a sender in one namespace stops, a subscriber on the
+//! agent's socket sees the suspicion climb through every level in order, then the recovery
+//! when the sender comes back; the suspect set, forgetting, and offline replay.
+
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use integration_tests::{
+    agent_process::{AgentProcess, TempDir, sender, spawn},
+    monitor_bin,
+    netns::NetnsPair,
+    require_root,
+};
+use monitor::client::Client;
+use serde_json::{Value, json};
+
+fn peers_file(dir: &TempDir, ids: &[u64]) -> String {
+    let path = dir.0.join("peers");
+    std::fs::write(
+        &path,
+        ids.iter().map(|id| format!("{id}\n")).collect::<String>(),
+    )
+    .unwrap();
+    path.display().to_string()
+}
+
+fn subscribe(agent: &AgentProcess) -> Client {
+    let mut client = agent.client();
+    let reply = client.request(&json!({"op": "subscribe"})).unwrap();
+    assert_eq!(reply, json!({"ok": true, "subscribed": true}));
+    client
+}
+
+/// Reads events until `done` says so, or fails after `within`.
+fn events_until(
+    client: &mut Client,
+    within: Duration,
+    mut done: impl FnMut(&[Value]) -> bool,
+) -> Vec<Value> {
+    let deadline = Instant::now() + within;
+    let mut events = Vec::new();
+    while !done(&events) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "timed out; events so far: {events:#?}");
+        client.set_read_timeout(Some(left)).unwrap();
+        let line = client
+            .read_line()
+            .unwrap_or_else(|e| panic!("{e}; events so far: {events:#?}"));
+        events.push(serde_json::from_str(&line).unwrap());
+    }
+    events
+}
+
+#[test]
+fn a_stopped_sender_climbs_every_level_in_order_then_recovers() {
+    require_root();
+    let pair = NetnsPair::new(20);
+    let dir = TempDir::new("hbmdet");
+    let agent = AgentProcess::start(
+        &pair,
+        &[
+            "--peers",
+            &peers_file(&dir, &[5]),
+            "--levels",
+            "1,3,8",
+            "--sweep-interval",
+            "10ms",
+        ],
+    );
+    let mut watcher = subscribe(&agent);
+    let send = spawn(sender(&pair, 5, "20ms", &["--incarnation", "1"]));
+    std::thread::sleep(Duration::from_millis(1500));
+    let peer = &agent.ask(json!({"op": "peer", "id": 5}))["peer"];
+    assert!(peer["heartbeats"].as_u64().unwrap() >= 50, "{peer}");
+    drop(send); // SIGKILL: the sender dies mid-stream
+
+    let suspects = |events: &[Value]| {
+        events
+            .iter()
+            .filter(|e| e["event"] == "suspect" && e["id"] == 5)
+            .count()
+    };
+    let events = events_until(&mut watcher, Duration::from_secs(10), |e| suspects(e) == 3);
+    let suspicion: Vec<&Value> = events.iter().filter(|e| e["event"] == "suspect").collect();
+    let levels: Vec<f64> = suspicion
+        .iter()
+        .map(|e| e["level"].as_f64().unwrap())
+        .collect();
+    assert_eq!(levels, vec![1.0, 3.0, 8.0], "{events:#?}");
+    let mut last_silence = 0.0;
+    for e in &suspicion {
+        assert!(
+            e["phi"].as_f64().unwrap() >= e["level"].as_f64().unwrap(),
+            "{e}"
+        );
+        let silence = e["silence_ms"].as_f64().unwrap();
+        assert!(silence >= last_silence, "{e}");
+        last_silence = silence;
+        assert!(
+            e["at"].as_u64().unwrap() > 1_700_000_000_000,
+            "at is Unix ms: {e}"
+        );
+    }
+
+    // The suspect set at the top level holds exactly this peer, with phi over the threshold.
+    let reply = agent.ask(json!({"op": "suspects"}));
+    assert_eq!(reply["threshold"], json!(8.0));
+    let set = reply["suspects"].as_array().unwrap();
+    assert_eq!(set.len(), 1, "{reply}");
+    assert_eq!(set[0]["id"], json!(5));
+    assert!(set[0]["phi"].as_f64().unwrap() >= 8.0);
+    assert_eq!(set[0]["level"], json!(8.0));
+
+    // A restarted sender (new incarnation): one recovery, from the highest level reached.
+    let _send = spawn(sender(&pair, 5, "20ms", &["--incarnation", "2"]));
+    let events = events_until(&mut watcher, Duration::from_secs(10), |e| {
+        e.iter().any(|e| e["event"] == "recover")
+    });
+    let recover = events.iter().find(|e| e["event"] == "recover").unwrap();
+    assert_eq!(recover["id"], json!(5));
+    assert_eq!(recover["level"], json!(8.0));
+    assert!(
+        recover["silence_ms"].as_f64().unwrap() >= last_silence,
+        "{recover}"
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    let peer = &agent.ask(json!({"op": "peer", "id": 5}))["peer"];
+    assert_eq!(peer["incarnation"], json!(2), "{peer}");
+    assert_eq!(peer["level"], Value::Null, "{peer}");
+    let qos = &peer["qos"];
+    assert_eq!(qos["s_transitions"], json!(1), "{peer}");
+    assert_eq!(qos["mistakes"], json!(1), "{peer}");
+    assert!(qos["mistake_total_ms"].as_f64().unwrap() > 0.0, "{peer}");
+    assert!(
+        agent.ask(json!({"op": "suspects"}))["suspects"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[test]
+fn silent_peers_are_suspected_and_can_be_forgotten() {
+    require_root();
+    let pair = NetnsPair::new(21);
+    let dir = TempDir::new("hbmdet");
+    let agent = AgentProcess::start(
+        &pair,
+        &[
+            "--peers",
+            &peers_file(&dir, &[1, 2]),
+            "--sweep-interval",
+            "10ms",
+        ],
+    );
+    let mut watcher = subscribe(&agent);
+    let _send = spawn(sender(&pair, 1, "20ms", &["--incarnation", "1"]));
+    // Peer 2 never speaks: its silence runs from admission against the bootstrap estimate
+    // (mean 100 ms, deviation 25 ms), so it crosses phi 8 after about 240 ms.
+    events_until(&mut watcher, Duration::from_secs(10), |e| {
+        e.iter()
+            .any(|e| e["event"] == "suspect" && e["id"] == 2 && e["level"] == 8.0)
+    });
+    let set: Vec<u64> = agent.ask(json!({"op": "suspects", "threshold": 8}))["suspects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(set, vec![2]);
+    let low = agent.ask(json!({"op": "suspects", "threshold": 0.000001}));
+    assert_eq!(
+        low["suspects"].as_array().unwrap().len(),
+        2,
+        "everyone has some suspicion: {low}"
+    );
+
+    assert_eq!(
+        agent.ask(json!({"op": "forget", "id": 2})),
+        json!({"ok": true, "forgotten": 2})
+    );
+    let events = events_until(&mut watcher, Duration::from_secs(5), |e| {
+        e.iter().any(|e| e["event"] == "forget")
+    });
+    assert_eq!(
+        events.iter().find(|e| e["event"] == "forget").unwrap()["id"],
+        json!(2)
+    );
+    let ids: Vec<u64> = agent.ask(json!({"op": "peers"}))["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ids, vec![1]);
+    let again = agent
+        .client()
+        .request(&json!({"op": "forget", "id": 2}))
+        .unwrap();
+    assert_eq!(again, json!({"ok": false, "error": "unknown peer 2"}));
+    assert_eq!(
+        agent.ask(json!({"op": "stats"}))["stats"]["peers"],
+        json!(1)
+    );
+}
+
+fn replay(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(monitor_bin())
+        .arg("replay")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn replay_compares_a_fixed_timeout_with_phi_on_a_generated_trace() {
+    let dir = TempDir::new("hbmreplay");
+    let (ok, trace, _) = replay(&["--generate", "gc-pause", "--count", "1200", "--seed", "3"]);
+    assert!(ok);
+    let path = dir.0.join("gc.trace");
+    std::fs::write(&path, &trace).unwrap();
+    let path = path.display().to_string();
+    let (ok, out, err) = replay(&[
+        &path,
+        "--detector",
+        "fixed:timeout_ms=1400",
+        "--detector",
+        "phi:model=akka,threshold=8,pause_ms=2000",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let report: Value = serde_json::from_str(out.trim()).unwrap();
+    let detectors = report["detectors"].as_array().unwrap();
+    assert_eq!(detectors.len(), 2);
+    assert_eq!(detectors[0]["spec"], json!("fixed:timeout_ms=1400"));
+    assert!(
+        detectors[1]["spec"]
+            .as_str()
+            .unwrap()
+            .starts_with("phi:model=akka,threshold=8,")
+    );
+    for d in detectors {
+        assert!(
+            d["detection_ms"].as_f64().is_some(),
+            "a crash is always detected here: {d}"
+        );
+        let accuracy = d["query_accuracy"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&accuracy), "{d}");
+    }
+    // The table form names both detectors.
+    let (ok, table, _) = replay(&[&path, "-d", "fixed:timeout_ms=1400", "-d", "phi"]);
+    assert!(ok);
+    assert!(
+        table.contains("fixed:timeout_ms=1400") && table.contains("phi:model=normal"),
+        "{table}"
+    );
+
+    let bad = dir.0.join("bad.trace");
+    std::fs::write(&bad, "100\n200\n150\n").unwrap();
+    let (ok, _, err) = replay(&[&bad.display().to_string(), "-d", "phi"]);
+    assert!(!ok);
+    assert!(err.contains("bad.trace:3:"), "{err}");
+    let (ok, _, err) = replay(&[&path, "-d", "phi:model=gauss"]);
+    assert!(!ok);
+    assert!(err.contains("gauss"), "{err}");
+}
