@@ -1,8 +1,11 @@
 //! A self-contained demo: two namespaces joined by a veth pair, the agent watching one end,
-//! several senders on the other; one sender stops and its silence grows. Everything created
-//! here is removed on the way out, also on error or Ctrl-C.
+//! several senders on the other; one sender stops, its phi climbs through the levels, and it
+//! recovers when restarted. Everything created here is removed on the way out, also on error
+//! or Ctrl-C.
 
 use std::{
+    io::{BufRead, BufReader},
+    os::fd::AsFd,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{
@@ -76,6 +79,15 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     )?;
     wait_for_socket(&monitor, &socket, &agent)?;
 
+    step("following events: monitor watch (its lines are prefixed with 'event:')");
+    let watch = Process::spawn(
+        Command::new(&monitor)
+            .args(["watch", "--socket"])
+            .arg(&socket)
+            .stdout(Stdio::piped()),
+    )?;
+    watch.prefix_output("    event: ");
+
     let jitters = ["0ms", "5ms", "15ms", "30ms"];
     let mut senders = Vec::new();
     for id in 1..=args.peers {
@@ -104,16 +116,39 @@ pub fn run(args: &DemoArgs) -> Result<()> {
 
     let victim = args.peers;
     step(&format!(
-        "stopping peer {victim}: its silence grows while the others stay fresh"
+        "stopping peer {victim}: its phi climbs through the levels (1, 3, 8) while the others stay low"
     ));
     senders.pop().expect("at least one sender").stop();
     for _ in 0..args.watch {
         pause(Duration::from_secs(1))?;
         show(&monitor, &socket, &["peers"])?;
     }
+    show(&monitor, &socket, &["suspects"])?;
+
+    step(&format!(
+        "restarting peer {victim} with a new incarnation: it recovers"
+    ));
+    let restarted = Process::spawn(
+        in_ns(NS_PEERS, &monitor)
+            .args([
+                "send",
+                "--to",
+                &format!("{ADDR_MONITOR}:7946"),
+                "--id",
+                &victim.to_string(),
+            ])
+            .args(["--interval", &args.interval])
+            // Above the Unix-time default of the first run: a restart, not a replay.
+            .args(["--incarnation", &u32::MAX.to_string()])
+            .env("RUST_LOG", "warn"),
+    )?;
+    senders.push(restarted);
+    pause(Duration::from_secs(1))?;
+    show(&monitor, &socket, &["peers"])?;
     show(&monitor, &socket, &["stats"])?;
 
-    step("cleaning up: stopping senders and the agent, removing the namespaces");
+    step("cleaning up: stopping the watcher, senders and agent, removing the namespaces");
+    drop(watch);
     drop(senders);
     agent.stop();
     Ok(())
@@ -241,6 +276,23 @@ impl Process {
             std::fs::read_to_string(format!("/proc/{}/stat", child.id()))
                 .map_or(true, |s| s.split_whitespace().nth(2) == Some("Z"))
         })
+    }
+
+    /// Prints the child's piped stdout line by line behind `prefix`.
+    fn prefix_output(&self, prefix: &'static str) {
+        let Some(stdout) = self.0.as_ref().and_then(|c| c.stdout.as_ref()) else {
+            return;
+        };
+        // A dup of the pipe, so the reader thread owns its end without taking the Child's.
+        let Ok(fd) = stdout.as_fd().try_clone_to_owned() else {
+            return;
+        };
+        std::thread::spawn(move || {
+            for line in BufReader::new(std::fs::File::from(fd)).lines() {
+                let Ok(line) = line else { break };
+                println!("{prefix}{line}");
+            }
+        });
     }
 
     fn stop(mut self) {

@@ -96,30 +96,40 @@ fn ms(value: Option<f64>) -> String {
     value.map_or_else(|| "-".into(), |v| format!("{v:.1}"))
 }
 
+fn phi(value: f64) -> String {
+    if value >= 1e6 {
+        format!("{value:.2e}")
+    } else {
+        format!("{value:.2}")
+    }
+}
+
 fn print_peers(peers: &[PeerView]) {
     println!(
-        "{:>20} {:<22} {:>10} {:>7} {:>9} {:>8} {:>11} {:>6} {:>5} {:>5}",
+        "{:>20} {:<22} {:>10} {:>8} {:>7} {:>10} {:>9} {:>5} {:>6} {:>5} {:>5}",
         "ID",
         "ADDR",
         "HEARTBEATS",
-        "SAMPLES",
         "MEAN_MS",
         "STD_MS",
         "SILENCE_MS",
+        "PHI",
+        "LEVEL",
         "LOST",
         "DUP",
         "OOO"
     );
     for p in peers {
         println!(
-            "{:>20} {:<22} {:>10} {:>7} {:>9} {:>8} {:>11.1} {:>6} {:>5} {:>5}",
+            "{:>20} {:<22} {:>10} {:>8} {:>7} {:>10.1} {:>9} {:>5} {:>6} {:>5} {:>5}",
             p.id,
             p.addr.as_deref().unwrap_or("-"),
             p.heartbeats,
-            p.samples,
             ms(p.mean_ms),
             ms(p.std_ms),
             p.silence_ms,
+            phi(p.phi),
+            p.level.map_or_else(|| "-".into(), |l| l.to_string()),
             p.lost,
             p.duplicates,
             p.out_of_order
@@ -136,7 +146,20 @@ fn print_stats(s: &AgentStats) {
         "peers          {} of {} (window {})",
         s.peers, s.capacity, s.window
     );
-    println!("uptime         {:.1} s", s.uptime_s);
+    let levels: Vec<String> = s.levels.iter().map(|l| l.to_string()).collect();
+    println!(
+        "detector       {} model, levels {}",
+        s.model,
+        levels.join(",")
+    );
+    println!(
+        "uptime         {:.1} s, {} sweeps, {} stalls",
+        s.uptime_s, s.sweeps, s.stalls
+    );
+    println!(
+        "events         {} published, {} subscribers",
+        s.events, s.subscribers
+    );
     let k = &s.kernel;
     for (name, value) in [
         ("heartbeats", k.heartbeats),
