@@ -252,6 +252,20 @@ fn startup_errors_are_clear() {
 
     let err = run(&["--iface", &pair.iface_a, "--window", "1"]);
     assert!(err.contains("--window"), "{err}");
+
+    // Without privileges (an unprivileged uid, no capabilities): a clear word, no socket left.
+    let unprivileged = std::env::temp_dir().join(format!("hbm-noperm-{}.sock", std::process::id()));
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(monitor_bin())
+        .args(["run", "--iface", "lo", "--socket"])
+        .arg(&unprivileged)
+        .output()
+        .expect("setpriv (util-linux)");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("permission denied") && err.contains("run as root"), "{err}");
+    assert!(!unprivileged.exists(), "socket left behind");
 }
 
 #[test]
