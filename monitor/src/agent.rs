@@ -3,6 +3,7 @@
 
 use std::{
     future::Future,
+    os::fd::{AsFd, OwnedFd},
     path::PathBuf,
     sync::{
         Arc, Mutex, RwLock,
@@ -78,15 +79,56 @@ pub struct Agent {
     sweeps: AtomicU64,
     stalls: AtomicU64,
     events_sent: AtomicU64,
+    program_fd: OwnedFd,
 }
 
-fn wall_ms() -> u64 {
+/// Unix time in ms, with sub-millisecond precision.
+fn wall_ms() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+        .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+}
+
+/// What an agent is made of; see `Agent::new`.
+pub struct AgentParts {
+    pub table: PeerTable,
+    pub registry: Registry,
+    pub counters: PerCpuArray<MapData, Counters>,
+    /// The XDP program, for its run statistics.
+    pub program_fd: OwnedFd,
+    pub detector: DetectorConfig,
+    pub iface: String,
+    pub mode: AttachMode,
+    pub port: u16,
 }
 
 impl Agent {
+    pub fn new(parts: AgentParts) -> Self {
+        let capacity = parts.registry.capacity() as usize;
+        let (events, _) = broadcast::channel(EVENT_BUFFER);
+        Self {
+            table: parts.table,
+            registry: RwLock::new(parts.registry),
+            trackers: Mutex::new(vec![None; capacity]),
+            detector: parts.detector,
+            counters: parts.counters,
+            events,
+            iface: parts.iface,
+            mode: parts.mode,
+            port: parts.port,
+            started: Instant::now(),
+            sweeps: AtomicU64::new(0),
+            stalls: AtomicU64::new(0),
+            events_sent: AtomicU64::new(0),
+            program_fd: parts.program_fd,
+        }
+    }
+
+    /// A receiver of every event published from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.events.subscribe()
+    }
+
     fn publish(&self, event: Event) {
         self.events_sent.fetch_add(1, Ordering::Relaxed);
         // No subscriber is not an error: the event simply has no audience.
@@ -177,6 +219,7 @@ impl Agent {
             events: self.events_sent.load(Ordering::Relaxed),
             subscribers: self.events.receiver_count(),
             kernel,
+            xdp: program::run_stats(self.program_fd.as_fd()).unwrap_or_default(),
         })
     }
 
@@ -186,7 +229,10 @@ impl Agent {
                 .write()
                 .expect("registry lock")
                 .admit(&self.table, id, monotonic_ns())?;
-        self.publish(Event::Admit { id, at: wall_ms() });
+        self.publish(Event::Admit {
+            id,
+            at: wall_ms() as u64,
+        });
         Ok(slot)
     }
 
@@ -195,7 +241,10 @@ impl Agent {
         let slot = registry.forget(&self.table, id)?;
         self.trackers.lock().expect("trackers lock")[slot as usize] = None;
         drop(registry);
-        self.publish(Event::Forget { id, at: wall_ms() });
+        self.publish(Event::Forget {
+            id,
+            at: wall_ms() as u64,
+        });
         Ok(())
     }
 
@@ -210,25 +259,33 @@ impl Agent {
     }
 
     /// One pass over every peer: new heartbeats end suspicions, passed deadlines raise them.
+    /// A peer whose heartbeat count has not moved costs one load from the mmap and a compare
+    /// of the clock with its next deadline; only a changed peer's record is copied.
     pub fn sweep(&self, now_ns: u64, hold: bool) {
         let wall = wall_ms();
         let registry = self.registry.read().expect("registry lock");
         let mut trackers = self.trackers.lock().expect("trackers lock");
+        let mut emit = |e| self.publish(e);
         for (id, slot) in registry.iter() {
-            let Some(record) = self.table.record(slot) else {
-                continue;
-            };
-            if record.peer_id != id {
-                continue;
-            }
             let tracker = &mut trackers[slot as usize];
-            if tracker.as_ref().is_none_or(|t| t.peer_id != id) {
-                *tracker = Some(PeerTracker::new(&record, &self.detector));
+            match tracker {
+                Some(t) if t.peer_id == id && t.heartbeats() == self.table.heartbeats(slot) => {
+                    t.check_deadlines(&self.detector, now_ns, wall, hold, &mut emit);
+                }
+                _ => {
+                    let Some(record) = self.table.record(slot) else {
+                        continue;
+                    };
+                    if record.peer_id != id {
+                        continue;
+                    }
+                    if tracker.as_ref().is_none_or(|t| t.peer_id != id) {
+                        *tracker = Some(PeerTracker::new(&record, &self.detector));
+                    }
+                    let t = tracker.as_mut().expect("just set");
+                    t.observe(&record, &self.detector, now_ns, wall, hold, &mut emit);
+                }
             }
-            let tracker = tracker.as_mut().expect("just set");
-            tracker.observe(&record, &self.detector, now_ns, wall, hold, &mut |e| {
-                self.publish(e)
-            });
         }
         self.sweeps.fetch_add(1, Ordering::Relaxed);
     }
@@ -251,7 +308,7 @@ impl Handler for Agent {
             Request::Subscribe => {
                 return Response::Subscribe(
                     json!({"ok": true, "subscribed": true}),
-                    self.events.subscribe(),
+                    self.subscribe(),
                 );
             }
             Request::Forget { id } => match self.forget(id) {
@@ -355,22 +412,22 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         );
     }
 
-    let (events, _) = broadcast::channel(EVENT_BUFFER);
-    let agent = Arc::new(Agent {
+    let program_fd = program::xdp_mut(&mut ebpf)?
+        .fd()
+        .context("the XDP program has no fd")?
+        .as_fd()
+        .try_clone_to_owned()
+        .context("duplicating the program fd")?;
+    let agent = Arc::new(Agent::new(AgentParts {
         table,
-        registry: RwLock::new(registry),
-        trackers: Mutex::new(vec![None; config.capacity as usize]),
-        detector,
+        registry,
         counters,
-        events,
+        program_fd,
+        detector,
         iface: config.iface.clone(),
         mode,
         port: config.port,
-        started: Instant::now(),
-        sweeps: AtomicU64::new(0),
-        stalls: AtomicU64::new(0),
-        events_sent: AtomicU64::new(0),
-    });
+    }));
 
     let reports = {
         let agent = agent.clone();

@@ -9,6 +9,7 @@ pub mod clock;
 pub mod counters;
 pub mod detector;
 pub mod loaded;
+pub mod loadgen;
 pub mod peer_table;
 pub mod peer_view;
 pub mod program;

@@ -99,6 +99,14 @@ impl PeerTable {
         None
     }
 
+    /// The slot's accepted-heartbeat count: one aligned 8-byte load, no sequence check (a
+    /// single word cannot tear). The sweep reads this first and the whole record only when it
+    /// changed.
+    pub fn heartbeats(&self, slot: u32) -> u64 {
+        // SAFETY: in bounds; an aligned u64 written by the kernel with plain stores.
+        unsafe { std::ptr::read_volatile(&raw const (*self.slot_ptr(slot)).record.heartbeats) }
+    }
+
     /// A consistent copy of a slot's intervals, oldest first, in microseconds.
     pub fn intervals(&self, slot: u32) -> Option<Vec<u32>> {
         let lock = self.lock(slot);

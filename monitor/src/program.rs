@@ -95,6 +95,51 @@ pub fn xdp_mut(ebpf: &mut Ebpf) -> Result<&mut Xdp, ProgramLoadError> {
         .map_err(|e: ProgramError| ProgramLoadError::Load(e.to_string()))
 }
 
+/// The kernel's own accounting of a program: runs and total run time. Both stay zero unless
+/// `kernel.bpf_stats_enabled` is 1 (the accounting itself costs two clock reads per run).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RunStats {
+    pub run_count: u64,
+    pub run_time_ns: u64,
+}
+
+/// Reads run statistics with BPF_OBJ_GET_INFO_BY_FD (aya 0.14 does not expose them).
+pub fn run_stats(program_fd: std::os::fd::BorrowedFd<'_>) -> io::Result<RunStats> {
+    use std::os::fd::AsRawFd;
+
+    use aya_obj::generated::bpf_prog_info;
+    const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+    #[repr(C)]
+    struct InfoAttr {
+        bpf_fd: u32,
+        info_len: u32,
+        info: u64,
+    }
+    // SAFETY: bpf_prog_info is plain integers; all-zero is its documented initial state.
+    let mut info: bpf_prog_info = unsafe { std::mem::zeroed() };
+    let mut attr = InfoAttr {
+        bpf_fd: program_fd.as_raw_fd() as u32,
+        info_len: std::mem::size_of::<bpf_prog_info>() as u32,
+        info: &raw mut info as u64,
+    };
+    // SAFETY: attr points at a live, correctly sized info buffer for the call's duration.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET_INFO_BY_FD,
+            &raw mut attr,
+            std::mem::size_of::<InfoAttr>(),
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(RunStats {
+        run_count: info.run_cnt,
+        run_time_ns: info.run_time_ns,
+    })
+}
+
 /// Attaches the loaded program to `iface`; returns the link and the mode that worked.
 pub fn attach(
     ebpf: &mut Ebpf,

@@ -30,6 +30,8 @@ pub enum ForgetError {
 pub struct Registry {
     index: BpfHashMap<MapData, u64, u32>,
     slots: HashMap<u64, u32>,
+    /// The owner of each slot handed out so far (None: free), for dense sweeps.
+    owners: Vec<Option<u64>>,
     free: Vec<u32>,
     next_unused: u32,
     capacity: u32,
@@ -40,6 +42,7 @@ impl Registry {
         Self {
             index,
             slots: HashMap::new(),
+            owners: Vec::new(),
             free: Vec::new(),
             next_unused: 0,
             capacity,
@@ -62,9 +65,13 @@ impl Registry {
         self.slots.get(&id).copied()
     }
 
-    /// Every admitted peer as (id, slot), in no particular order.
+    /// Every admitted peer as (id, slot), in slot order: a dense walk of the array, which is
+    /// what the sweep reads.
     pub fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
-        self.slots.iter().map(|(&id, &slot)| (id, slot))
+        self.owners
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, owner)| owner.map(|id| (id, slot as u32)))
     }
 
     /// Gives `id` a slot whose silence starts at `now_ns`. The slot is initialised before the
@@ -87,6 +94,10 @@ impl Registry {
             return Err(AdmitError::Index { id, source });
         }
         self.slots.insert(id, slot);
+        if slot as usize >= self.owners.len() {
+            self.owners.resize(slot as usize + 1, None);
+        }
+        self.owners[slot as usize] = Some(id);
         Ok(slot)
     }
 }
@@ -101,6 +112,7 @@ impl Registry {
             .remove(&id)
             .map_err(|source| ForgetError::Index { id, source })?;
         self.slots.remove(&id);
+        self.owners[slot as usize] = None;
         table.reset(slot, PeerRecord::admitted(0, 0));
         self.free.push(slot);
         Ok(slot)

@@ -264,7 +264,10 @@ fn startup_errors_are_clear() {
         .expect("setpriv (util-linux)");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("permission denied") && err.contains("run as root"), "{err}");
+    assert!(
+        err.contains("permission denied") && err.contains("run as root"),
+        "{err}"
+    );
     assert!(!unprivileged.exists(), "socket left behind");
 }
 

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+mod loadgen;
 mod query;
 mod replay;
 mod run;
@@ -30,6 +31,8 @@ enum Command {
     Send(send::SendArgs),
     /// Ask a running agent about its peers.
     Query(query::QueryArgs),
+    /// Simulate many peers sending heartbeats (for benchmarks and soak tests).
+    Loadgen(loadgen::LoadgenArgs),
     /// Follow a running agent's events: suspicions, recoveries, admissions.
     Watch(watch::WatchArgs),
     /// Run detectors offline on a trace of heartbeat arrivals and report their quality.
@@ -42,6 +45,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Send(args) => send::send(args),
         Command::Query(args) => query::query(args),
         Command::Watch(args) => watch::watch(args),
+        Command::Loadgen(args) => loadgen::loadgen(args),
         Command::Replay(args) => replay::replay(args),
     }
 }

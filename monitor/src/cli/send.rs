@@ -36,6 +36,15 @@ pub struct SendArgs {
     incarnation: Option<u32>,
 }
 
+/// Seconds since the Unix epoch: grows across restarts (more than a second apart).
+pub fn default_incarnation() -> u32 {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    u32::try_from(secs).unwrap_or(u32::MAX)
+}
+
 fn parse_id(text: &str) -> Result<u64, String> {
     monitor::admission::parse_peer_id(text)
 }
@@ -53,13 +62,7 @@ pub fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("--to {:?}: expected ADDR:PORT", args.to))?
         .next()
         .with_context(|| format!("--to {:?} resolves to no address", args.to))?;
-    let incarnation = args.incarnation.unwrap_or_else(|| {
-        let secs = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs();
-        u32::try_from(secs).unwrap_or(u32::MAX)
-    });
+    let incarnation = args.incarnation.unwrap_or_else(default_incarnation);
     let config = SenderConfig {
         to,
         id: args.id,

@@ -6,7 +6,7 @@ use monitor_common::maps::PeerRecord;
 use serde::Serialize;
 
 use super::{
-    levels::Levels,
+    levels::{Levels, MAX_LEVELS},
     model::{DetectorParams, Estimate, LevelSilences},
     qos::{QosCounter, QosReport},
     window::WindowSums,
@@ -24,6 +24,9 @@ pub enum Event {
         silence_ms: f64,
         /// Unix time of detection, ms.
         at: u64,
+        /// Unix time at which phi reached `level`, ms with microsecond precision; `at` is at
+        /// most one sweep later.
+        crossed_at: f64,
     },
     /// A suspected peer was heard again; `level` is the highest level it had reached.
     Recover {
@@ -85,7 +88,7 @@ pub struct PeerTracker {
     last_arrival_ns: u64,
     estimate: Estimate,
     /// Monotonic time at which phi reaches each level; u64::MAX for never.
-    deadlines_ns: Vec<u64>,
+    deadlines_ns: [u64; MAX_LEVELS],
     /// Levels crossed since the peer was last heard (0..=levels).
     crossed: usize,
     qos: QosCounter,
@@ -99,7 +102,7 @@ impl PeerTracker {
             heartbeats: record.heartbeats,
             last_arrival_ns: record.last_arrival_ns,
             estimate: config.estimate(record),
-            deadlines_ns: Vec::with_capacity(config.levels.as_slice().len()),
+            deadlines_ns: [u64::MAX; MAX_LEVELS],
             crossed: 0,
             qos: QosCounter::default(),
         };
@@ -108,7 +111,6 @@ impl PeerTracker {
     }
 
     fn recompute(&mut self, config: &DetectorConfig) {
-        self.deadlines_ns.clear();
         for i in 0..config.silences.len() {
             let silence_ns = config.silences.silence_ms(i, &self.estimate) * 1e6;
             let deadline = if silence_ns.is_finite() {
@@ -117,53 +119,84 @@ impl PeerTracker {
             } else {
                 u64::MAX
             };
-            self.deadlines_ns.push(deadline);
+            self.deadlines_ns[i] = deadline;
         }
     }
 
-    /// One sweep: notices a new heartbeat (recovery, new deadlines), then any level whose
-    /// deadline has passed. With `hold`, no new suspicion is raised (the agent itself was just
-    /// stalled and cannot trust its view of time yet).
+    /// Accepted heartbeats when last observed: the sweep compares the kernel's count with
+    /// this before it reads the whole record.
+    pub fn heartbeats(&self) -> u64 {
+        self.heartbeats
+    }
+
+    /// One sweep with a fresh record: notices a new heartbeat (recovery, new deadlines), then
+    /// any level whose deadline has passed.
     pub fn observe(
         &mut self,
         record: &PeerRecord,
         config: &DetectorConfig,
         now_ns: u64,
-        wall_ms: u64,
+        wall_ms: f64,
+        hold: bool,
+        emit: &mut impl FnMut(Event),
+    ) {
+        if record.heartbeats != self.heartbeats {
+            self.heard(record, config, wall_ms, emit);
+        }
+        self.check_deadlines(config, now_ns, wall_ms, hold, emit);
+    }
+
+    fn heard(
+        &mut self,
+        record: &PeerRecord,
+        config: &DetectorConfig,
+        wall_ms: f64,
+        emit: &mut impl FnMut(Event),
+    ) {
+        let levels = config.levels.as_slice();
+        if self.crossed > 0 {
+            emit(Event::Recover {
+                id: self.peer_id,
+                level: levels[self.crossed - 1],
+                silence_ms: record.last_arrival_ns.saturating_sub(self.last_arrival_ns) as f64
+                    / 1e6,
+                at: wall_ms as u64,
+            });
+            if self.crossed == levels.len() {
+                self.qos.trust(record.last_arrival_ns);
+            }
+        }
+        self.crossed = 0;
+        self.heartbeats = record.heartbeats;
+        self.last_arrival_ns = record.last_arrival_ns;
+        self.estimate = config.estimate(record);
+        self.recompute(config);
+    }
+
+    /// Raises every level whose deadline has passed, lowest first. With `hold`, none (the
+    /// agent itself was just stalled and cannot trust its view of time yet).
+    pub fn check_deadlines(
+        &mut self,
+        config: &DetectorConfig,
+        now_ns: u64,
+        wall_ms: f64,
         hold: bool,
         emit: &mut impl FnMut(Event),
     ) {
         let levels = config.levels.as_slice();
-        if record.heartbeats != self.heartbeats {
-            if self.crossed > 0 {
-                emit(Event::Recover {
-                    id: self.peer_id,
-                    level: levels[self.crossed - 1],
-                    silence_ms: record.last_arrival_ns.saturating_sub(self.last_arrival_ns) as f64
-                        / 1e6,
-                    at: wall_ms,
-                });
-                if self.crossed == levels.len() {
-                    self.qos.trust(record.last_arrival_ns);
-                }
-            }
-            self.crossed = 0;
-            self.heartbeats = record.heartbeats;
-            self.last_arrival_ns = record.last_arrival_ns;
-            self.estimate = config.estimate(record);
-            self.recompute(config);
-        }
         if hold {
             return;
         }
         while self.crossed < levels.len() && now_ns >= self.deadlines_ns[self.crossed] {
             let silence_ms = now_ns.saturating_sub(self.last_arrival_ns) as f64 / 1e6;
+            let late_ms = (now_ns - self.deadlines_ns[self.crossed]) as f64 / 1e6;
             emit(Event::Suspect {
                 id: self.peer_id,
                 level: levels[self.crossed],
                 phi: config.params.phi(&self.estimate, silence_ms),
                 silence_ms,
-                at: wall_ms,
+                at: wall_ms as u64,
+                crossed_at: wall_ms - late_ms,
             });
             self.crossed += 1;
             if self.crossed == levels.len() {
@@ -213,14 +246,29 @@ mod tests {
         let mut t = PeerTracker::new(&record, &cfg);
         let mut events = Vec::new();
         // Bootstrap mean 100 ms: exponential crossings at 230, 691, 1842 ms of silence.
-        t.observe(&record, &cfg, 1200 * MS, 0, false, &mut |e| events.push(e));
+        t.observe(&record, &cfg, 1200 * MS, 0.0, false, &mut |e| {
+            events.push(e)
+        });
         assert!(events.is_empty());
-        t.observe(&record, &cfg, 3000 * MS, 0, false, &mut |e| events.push(e));
+        t.observe(&record, &cfg, 3000 * MS, 0.0, false, &mut |e| {
+            events.push(e)
+        });
         let levels: Vec<f64> = events
             .iter()
             .map(|e| match e {
-                Event::Suspect { level, phi, .. } => {
+                Event::Suspect {
+                    level,
+                    phi,
+                    crossed_at,
+                    ..
+                } => {
                     assert!(phi >= level);
+                    // Crossing at 1000 ms + level * 100 ln 10 ms, seen at 3000 ms, wall 0.
+                    let expected = 1000.0 + level * 100.0 * std::f64::consts::LN_10 - 3000.0;
+                    assert!(
+                        (crossed_at - expected).abs() < 1e-3,
+                        "{crossed_at} vs {expected}"
+                    );
                     *level
                 }
                 other => panic!("{other:?}"),
@@ -233,7 +281,9 @@ mod tests {
         );
         events.clear();
         heard(&mut record, 3100 * MS);
-        t.observe(&record, &cfg, 3100 * MS, 0, false, &mut |e| events.push(e));
+        t.observe(&record, &cfg, 3100 * MS, 0.0, false, &mut |e| {
+            events.push(e)
+        });
         assert_eq!(
             events,
             vec![Event::Recover {
@@ -253,13 +303,13 @@ mod tests {
         let mut record = PeerRecord::admitted(1, 0);
         let mut t = PeerTracker::new(&record, &cfg);
         let mut events = Vec::new();
-        t.observe(&record, &cfg, 500 * MS, 0, true, &mut |e| events.push(e));
+        t.observe(&record, &cfg, 500 * MS, 0.0, true, &mut |e| events.push(e));
         assert!(events.is_empty(), "held");
-        t.observe(&record, &cfg, 510 * MS, 0, false, &mut |e| events.push(e));
+        t.observe(&record, &cfg, 510 * MS, 0.0, false, &mut |e| events.push(e));
         assert_eq!(events.len(), 2);
         events.clear();
         heard(&mut record, 520 * MS);
-        t.observe(&record, &cfg, 520 * MS, 0, true, &mut |e| events.push(e));
+        t.observe(&record, &cfg, 520 * MS, 0.0, true, &mut |e| events.push(e));
         assert!(matches!(events[..], [Event::Recover { .. }]));
     }
 
@@ -270,7 +320,7 @@ mod tests {
         let mut t = PeerTracker::new(&record, &cfg);
         let mut n = 0;
         for ms in (0..2000).step_by(50) {
-            t.observe(&record, &cfg, ms * MS, 0, false, &mut |_| n += 1);
+            t.observe(&record, &cfg, ms * MS, 0.0, false, &mut |_| n += 1);
         }
         assert_eq!(n, 2);
     }
@@ -283,10 +333,11 @@ mod tests {
             phi: 8.5,
             silence_ms: 300.0,
             at: 1,
+            crossed_at: 0.5,
         };
         assert_eq!(
             serde_json::to_value(&e).unwrap(),
-            serde_json::json!({"event":"suspect","id":7,"level":8.0,"phi":8.5,"silence_ms":300.0,"at":1})
+            serde_json::json!({"event":"suspect","id":7,"level":8.0,"phi":8.5,"silence_ms":300.0,"at":1,"crossed_at":0.5})
         );
         let e = Event::Lagged { missed: 3 };
         assert_eq!(

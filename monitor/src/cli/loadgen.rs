@@ -1,0 +1,73 @@
+use std::{
+    net::{SocketAddr, ToSocketAddrs},
+    process::ExitCode,
+    sync::{Arc, atomic::AtomicBool},
+    time::Duration,
+};
+
+use anyhow::Context;
+use clap::Args;
+use monitor::loadgen::{self, LoadgenConfig};
+
+use super::parse_duration;
+
+#[derive(Debug, Args)]
+pub struct LoadgenArgs {
+    /// Where the monitor listens: ADDR:PORT.
+    #[arg(long)]
+    to: String,
+    /// Number of simulated peers.
+    #[arg(long, default_value_t = 1000)]
+    peers: u64,
+    /// Id of the first peer; the others follow consecutively.
+    #[arg(long, default_value_t = 1, value_parser = monitor::admission::parse_peer_id)]
+    first_id: u64,
+    /// Heartbeats per second per peer.
+    #[arg(long, default_value_t = 10.0)]
+    rate: f64,
+    /// Each heartbeat is sent up to this much late, uniformly (under half the interval).
+    #[arg(long, default_value = "0ms", value_parser = parse_duration)]
+    jitter: Duration,
+    /// How long to send.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Fraction of the peers (the lowest ids) that stop sending at --after.
+    #[arg(long, default_value_t = 0.0)]
+    kill: f64,
+    /// When the --kill fraction stops.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    after: Duration,
+    /// Sender epoch of every simulated peer (default: seconds since the Unix epoch).
+    #[arg(long)]
+    incarnation: Option<u32>,
+}
+
+pub fn loadgen(args: LoadgenArgs) -> anyhow::Result<ExitCode> {
+    let to: SocketAddr = args
+        .to
+        .to_socket_addrs()
+        .with_context(|| format!("--to {:?}: expected ADDR:PORT", args.to))?
+        .next()
+        .with_context(|| format!("--to {:?} resolves to no address", args.to))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, stop.clone()).context("installing a signal handler")?;
+    }
+    let config = LoadgenConfig {
+        to,
+        peers: args.peers,
+        first_id: args.first_id,
+        rate_hz: args.rate,
+        jitter: args.jitter,
+        duration: args.duration,
+        kill_fraction: args.kill,
+        kill_after: args.after,
+        incarnation: args
+            .incarnation
+            .unwrap_or_else(super::send::default_incarnation),
+    };
+    let report = loadgen::run(&config, &stop)?;
+    // One JSON line on stdout: what was sent, for whoever checks the other end.
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(ExitCode::SUCCESS)
+}

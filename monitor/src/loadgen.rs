@@ -1,0 +1,254 @@
+//! A load generator: many simulated peers from one process, for benchmarks and soak tests.
+//!
+//! Heartbeat n (counting over all peers) is due at n / (peers x rate): peer n mod peers, with
+//! sequence number n / peers. So every peer sends exactly every 1/rate seconds, the peers are
+//! spread evenly over the period, and the stream is as smooth as a real fleet. Packets go out in
+//! sendmmsg batches from one connected socket.
+
+use std::{
+    cmp::Reverse,
+    collections::BinaryHeap,
+    io,
+    net::{SocketAddr, UdpSocket},
+    os::fd::AsRawFd,
+    sync::atomic::{AtomicBool, Ordering},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use monitor_common::wire::{HEADER_LEN, HeartbeatHeader};
+use serde::{Deserialize, Serialize};
+
+/// Packets per sendmmsg call.
+pub const BATCH: usize = 256;
+
+#[derive(Debug, Clone)]
+pub struct LoadgenConfig {
+    pub to: SocketAddr,
+    pub peers: u64,
+    pub first_id: u64,
+    /// Heartbeats per second per peer.
+    pub rate_hz: f64,
+    /// Each heartbeat is sent up to this much late, uniformly (must be under half the interval).
+    pub jitter: Duration,
+    pub duration: Duration,
+    /// The first `kill_fraction x peers` peers stop sending at `kill_after`.
+    pub kill_fraction: f64,
+    pub kill_after: Duration,
+    pub incarnation: u32,
+}
+
+/// What was sent: what a benchmark compares with what the monitor counted.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LoadgenReport {
+    pub peers: u64,
+    pub first_id: u64,
+    pub rate_hz: f64,
+    /// Heartbeats the kernel accepted for sending.
+    pub sent: u64,
+    /// Heartbeats a send call refused (not counted in `sent`).
+    pub send_errors: u64,
+    pub duration_s: f64,
+    /// `sent / duration_s`.
+    pub achieved_pps: f64,
+    /// Peers that stopped: ids first_id .. first_id + killed.
+    pub killed: u64,
+    /// Unix time (ms) of the kill, if any peer was killed.
+    pub killed_at_unix_ms: Option<f64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadgenError {
+    #[error("--peers must be at least 1")]
+    NoPeers,
+    #[error("--rate must be a positive number")]
+    Rate,
+    #[error("--jitter must be under half the interval ({0:?})")]
+    Jitter(Duration),
+    #[error("--kill must be a fraction between 0 and 1")]
+    Kill,
+    #[error("sending to {to}: {source}")]
+    Io { to: SocketAddr, source: io::Error },
+}
+
+struct Batch {
+    packets: Vec<[u8; HEADER_LEN]>,
+}
+
+impl Batch {
+    /// Sends every packet; returns (sent, refused).
+    fn flush(&mut self, fd: i32) -> (u64, u64) {
+        let mut iovecs: Vec<libc::iovec> = self
+            .packets
+            .iter_mut()
+            .map(|p| libc::iovec {
+                iov_base: p.as_mut_ptr().cast(),
+                iov_len: HEADER_LEN,
+            })
+            .collect();
+        let mut headers: Vec<libc::mmsghdr> = iovecs
+            .iter_mut()
+            .map(|iov| {
+                // SAFETY: an all-zero msghdr is valid (no name, no control data).
+                let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
+                h.msg_hdr.msg_iov = iov;
+                h.msg_hdr.msg_iovlen = 1;
+                h
+            })
+            .collect();
+        let (mut sent, mut refused, mut done) = (0u64, 0u64, 0usize);
+        while done < headers.len() {
+            let left = &mut headers[done..];
+            // SAFETY: headers and the iovecs/packets they point at outlive the call.
+            let n = unsafe { libc::sendmmsg(fd, left.as_mut_ptr(), left.len() as u32, 0) };
+            if n < 0 {
+                // The first packet of the rest was refused (ENOBUFS, ECONNREFUSED...): skip it.
+                refused += 1;
+                done += 1;
+            } else {
+                sent += n as u64;
+                done += n as usize;
+            }
+        }
+        self.packets.clear();
+        (sent, refused)
+    }
+}
+
+pub fn run(config: &LoadgenConfig, stop: &AtomicBool) -> Result<LoadgenReport, LoadgenError> {
+    if config.peers == 0 {
+        return Err(LoadgenError::NoPeers);
+    }
+    if !(config.rate_hz.is_finite() && config.rate_hz > 0.0) {
+        return Err(LoadgenError::Rate);
+    }
+    let interval = Duration::from_secs_f64(1.0 / config.rate_hz);
+    if config.jitter * 2 >= interval {
+        return Err(LoadgenError::Jitter(interval));
+    }
+    if !(0.0..=1.0).contains(&config.kill_fraction) {
+        return Err(LoadgenError::Kill);
+    }
+    let io_err = |source| LoadgenError::Io {
+        to: config.to,
+        source,
+    };
+    let bind: SocketAddr = if config.to.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    }
+    .parse()
+    .expect("literal");
+    let socket = UdpSocket::bind(bind).map_err(io_err)?;
+    socket.connect(config.to).map_err(io_err)?;
+    let fd = socket.as_raw_fd();
+    let sndbuf: libc::c_int = 8 << 20;
+    // SAFETY: setting an int socket option on our own socket. Best effort.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&raw const sndbuf).cast(),
+            size_of::<libc::c_int>() as u32,
+        )
+    };
+
+    let total_rate = config.peers as f64 * config.rate_hz;
+    let killed = (config.kill_fraction * config.peers as f64).round() as u64;
+    let kill_at_n = (config.kill_after.as_secs_f64() * total_rate) as u64;
+    let jitter_ns = config.jitter.as_nanos() as u64;
+    let mut rng = fastrand::Rng::new();
+    let mut pending: BinaryHeap<Reverse<(u64, u64)>> = BinaryHeap::new();
+    let mut batch = Batch {
+        packets: Vec::with_capacity(BATCH),
+    };
+    let (mut sent, mut refused) = (0u64, 0u64);
+    let mut next_n = 0u64;
+    let mut killed_at = None;
+    let start = Instant::now();
+
+    let push = |batch: &mut Batch, n: u64| {
+        let header = HeartbeatHeader::new(
+            config.first_id + n % config.peers,
+            config.incarnation,
+            n / config.peers,
+        );
+        batch.packets.push(header.to_bytes());
+    };
+
+    while !stop.load(Ordering::Relaxed) {
+        let elapsed = start.elapsed();
+        if elapsed >= config.duration {
+            break;
+        }
+        let elapsed_ns = elapsed.as_nanos() as u64;
+        let due = (elapsed.as_secs_f64() * total_rate) as u64;
+        while next_n < due {
+            let n = next_n;
+            next_n += 1;
+            if killed > 0 && n >= kill_at_n {
+                if killed_at.is_none() {
+                    killed_at = Some(unix_ms());
+                }
+                if n % config.peers < killed {
+                    continue;
+                }
+            }
+            if jitter_ns == 0 {
+                push(&mut batch, n);
+                if batch.packets.len() == BATCH {
+                    let (s, r) = batch.flush(fd);
+                    sent += s;
+                    refused += r;
+                }
+            } else {
+                let nominal = (n as f64 / total_rate * 1e9) as u64;
+                pending.push(Reverse((nominal + rng.u64(0..=jitter_ns), n)));
+            }
+        }
+        while let Some(&Reverse((at, n))) = pending.peek() {
+            if at > elapsed_ns {
+                break;
+            }
+            pending.pop();
+            push(&mut batch, n);
+            if batch.packets.len() == BATCH {
+                let (s, r) = batch.flush(fd);
+                sent += s;
+                refused += r;
+            }
+        }
+        if !batch.packets.is_empty() {
+            let (s, r) = batch.flush(fd);
+            sent += s;
+            refused += r;
+        }
+        // Caught up: sleep until about a batch is due (at most 1 ms, so the stream stays smooth).
+        let next_due = Duration::from_secs_f64((next_n as f64 + BATCH as f64 / 2.0) / total_rate);
+        let wait = next_due
+            .saturating_sub(start.elapsed())
+            .min(Duration::from_millis(1));
+        if !wait.is_zero() {
+            std::thread::sleep(wait);
+        }
+    }
+    let duration_s = start.elapsed().as_secs_f64();
+    Ok(LoadgenReport {
+        peers: config.peers,
+        first_id: config.first_id,
+        rate_hz: config.rate_hz,
+        sent,
+        send_errors: refused,
+        duration_s,
+        achieved_pps: sent as f64 / duration_s,
+        killed: if killed_at.is_some() { killed } else { 0 },
+        killed_at_unix_ms: killed_at,
+    })
+}
+
+fn unix_ms() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+}

@@ -1,0 +1,328 @@
+//! Measurements for `cargo xtask bench`, run by the `hbm-bench` binary (and, at small scale
+//! and for correctness only, by the smoke test). Each returns numbers; the xtask prints them.
+
+use std::{
+    collections::HashMap,
+    os::fd::AsFd,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use aya::{
+    maps::Array,
+    programs::{TestRun, TestRunOptions},
+};
+use monitor::{
+    agent::{Agent, AgentParts},
+    client::Client,
+    clock::monotonic_ns,
+    detector::{
+        levels::Levels, model::DetectorParams, tracker::DetectorConfig, window::IntervalWindow,
+    },
+    loaded::LoadedProgram,
+    program::{self, AttachMode},
+};
+use monitor_common::{
+    config::XdpConfig,
+    maps::{PEER_STATE_MAP, PeerSlot},
+    wire::HeartbeatHeader,
+};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::packet::Packet;
+
+/// p50 and p99 of a sample, in the sample's unit.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Percentiles {
+    pub count: usize,
+    pub p50: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl Percentiles {
+    pub fn of(mut values: Vec<f64>) -> Self {
+        values.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            if values.is_empty() {
+                f64::NAN
+            } else {
+                values[((values.len() as f64 - 1.0) * q).round() as usize]
+            }
+        };
+        Self {
+            count: values.len(),
+            p50: at(0.5),
+            p99: at(0.99),
+            max: at(1.0),
+        }
+    }
+}
+
+/// Average cost of one heartbeat through the XDP program, by BPF_PROG_TEST_RUN (the kernel
+/// times `repeat` runs of the same packet and reports the mean).
+pub fn prog_test_run_ns(repeat: u32) -> f64 {
+    let mut loaded = LoadedProgram::load(&XdpConfig::DEFAULT, 16).expect("load");
+    loaded
+        .registry
+        .admit(&loaded.table, 7, monotonic_ns())
+        .expect("admit");
+    let packet = Packet::heartbeat_v4(7, 1).build();
+    let xdp = program::xdp_mut(&mut loaded.ebpf).expect("xdp");
+    let result = xdp
+        .test_run(TestRunOptions {
+            data_in: Some(&packet),
+            repeat,
+            ..TestRunOptions::default()
+        })
+        .expect("BPF_PROG_TEST_RUN");
+    // The kernel reports the mean duration of one run.
+    result.duration.as_nanos() as f64
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SweepTimings {
+    pub peers: u32,
+    /// Reading every peer's record through the mmap, ms (median of runs).
+    pub mmap_read_ms: f64,
+    /// The agent's whole sweep (read, compare deadlines), ms (median of runs).
+    pub agent_sweep_ms: f64,
+    /// Reading the same array through aya's map iterator (a syscall per entry), ms.
+    pub aya_iter_ms: f64,
+    pub iter_over_mmap: f64,
+}
+
+fn median_ms(runs: usize, mut f: impl FnMut()) -> f64 {
+    let mut times: Vec<f64> = (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1000.0
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+/// A full pass over `peers` peers: mmap against aya's iterator, in the same process and run.
+pub fn sweep_timings(peers: u32) -> SweepTimings {
+    let loaded = LoadedProgram::load(&XdpConfig::DEFAULT, peers).expect("load");
+    let LoadedProgram {
+        ebpf,
+        table,
+        mut registry,
+        counters,
+        ..
+    } = loaded;
+    let now = monotonic_ns();
+    for id in 0..peers as u64 {
+        registry.admit(&table, id + 1, now).expect("admit");
+    }
+    let mmap_read_ms = median_ms(9, || {
+        let mut heartbeats = 0u64;
+        for slot in 0..peers {
+            heartbeats += table.record(slot).map_or(0, |r| r.heartbeats);
+        }
+        std::hint::black_box(heartbeats);
+    });
+    let aya_iter_ms = {
+        let array: Array<_, PeerSlot> =
+            Array::try_from(ebpf.map(PEER_STATE_MAP).expect("map")).expect("array");
+        median_ms(3, || {
+            let mut heartbeats = 0u64;
+            for slot in array.iter() {
+                heartbeats += slot.expect("read").record.heartbeats;
+            }
+            std::hint::black_box(heartbeats);
+        })
+    };
+    let mut ebpf = ebpf;
+    let program_fd = program::xdp_mut(&mut ebpf)
+        .expect("xdp")
+        .fd()
+        .expect("fd")
+        .as_fd()
+        .try_clone_to_owned()
+        .expect("dup");
+    let agent = Agent::new(AgentParts {
+        table,
+        registry,
+        counters,
+        program_fd,
+        detector: DetectorConfig::new(DetectorParams::DEFAULT, Levels::default()),
+        iface: "none".into(),
+        mode: AttachMode::Auto,
+        port: 0,
+    });
+    agent.sweep(monotonic_ns(), false); // first sweep builds the trackers
+    let agent_sweep_ms = median_ms(9, || agent.sweep(monotonic_ns(), false));
+    SweepTimings {
+        peers,
+        mmap_read_ms,
+        agent_sweep_ms,
+        aya_iter_ms,
+        iter_over_mmap: aya_iter_ms / mmap_read_ms,
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SocketLatency {
+    /// `peer` round trips, microseconds.
+    pub peer_us: Percentiles,
+    /// `suspects` round trips (default threshold), microseconds.
+    pub suspects_us: Percentiles,
+    pub suspects_returned: usize,
+}
+
+/// Round trips of `peer` (random admitted ids 1..=peers) and `suspects`, one client, in turn.
+pub fn socket_latency(socket: &Path, peers: u64, requests: usize) -> SocketLatency {
+    let mut client = Client::connect(socket).expect("connect");
+    let mut rng = fastrand::Rng::with_seed(7);
+    let time = |client: &mut Client, request: &Value| {
+        let line = request.to_string();
+        let t = Instant::now();
+        let reply = client.request_line(&line).expect("request");
+        (t.elapsed().as_secs_f64() * 1e6, reply)
+    };
+    let peer_us = (0..requests)
+        .map(|_| {
+            let (us, reply) = time(
+                &mut client,
+                &json!({"op": "peer", "id": rng.u64(1..=peers)}),
+            );
+            assert!(reply.starts_with("{\"ok\":true"), "{reply}");
+            us
+        })
+        .collect();
+    let mut returned = 0;
+    let suspects_us = (0..(requests / 10).max(10))
+        .map(|_| {
+            let (us, reply) = time(&mut client, &json!({"op": "suspects"}));
+            let v: Value = serde_json::from_str(&reply).expect("json");
+            returned = v["suspects"].as_array().map_or(0, Vec::len);
+            us
+        })
+        .collect();
+    SocketLatency {
+        peer_us: Percentiles::of(peer_us),
+        suspects_us: Percentiles::of(suspects_us),
+        suspects_returned: returned,
+    }
+}
+
+/// A subscriber that records, for every suspect event, how long after phi crossed its level
+/// the event reached it (ms), until `expected` events or `timeout`.
+pub struct EventProbe {
+    client: Client,
+}
+
+impl EventProbe {
+    pub fn subscribe(socket: &Path) -> Self {
+        let mut client = Client::connect(socket).expect("connect");
+        let reply = client
+            .request(&json!({"op": "subscribe"}))
+            .expect("subscribe");
+        assert_eq!(reply["ok"], json!(true));
+        Self { client }
+    }
+
+    pub fn collect(
+        mut self,
+        expected: usize,
+        timeout: Duration,
+    ) -> (Percentiles, HashMap<String, usize>) {
+        let deadline = Instant::now() + timeout;
+        let mut latencies = Vec::new();
+        let mut kinds: HashMap<String, usize> = HashMap::new();
+        while latencies.len() < expected {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            self.client.set_read_timeout(Some(left)).expect("timeout");
+            let Ok(line) = self.client.read_line() else {
+                break;
+            };
+            let received = unix_ms();
+            let event: Value = serde_json::from_str(&line).expect("event json");
+            *kinds
+                .entry(event["event"].as_str().unwrap_or("?").to_string())
+                .or_default() += 1;
+            if event["event"] == "suspect" {
+                latencies.push(received - event["crossed_at"].as_f64().expect("crossed_at"));
+            }
+        }
+        (Percentiles::of(latencies), kinds)
+    }
+}
+
+fn unix_ms() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ReceiverReport {
+    pub received: u64,
+    pub peers: usize,
+    /// CPU time of this process (user + system) while receiving, seconds.
+    pub cpu_s: f64,
+}
+
+/// The userspace alternative to the XDP path: a tokio UDP socket that parses each heartbeat
+/// with the same rules and feeds the same windowed statistics, for `duration` after the first
+/// packet (or until `idle` passes without one).
+pub fn udp_receiver(bind: &str, duration: Duration, idle: Duration) -> ReceiverReport {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let socket = tokio::net::UdpSocket::bind(bind).await.expect("bind");
+        let mut peers: HashMap<u64, (u64, IntervalWindow)> = HashMap::new();
+        let mut buf = [0u8; 2048];
+        let mut received = 0u64;
+        let cpu_before = cpu_seconds();
+        let mut end: Option<Instant> = None;
+        loop {
+            let wait = match end {
+                Some(end) => end.saturating_duration_since(Instant::now()).min(idle),
+                None => Duration::from_secs(60),
+            };
+            let Ok(Ok((n, _))) = tokio::time::timeout(wait, socket.recv_from(&mut buf)).await
+            else {
+                break;
+            };
+            end.get_or_insert_with(|| Instant::now() + duration);
+            let Ok(header) = HeartbeatHeader::decode(&buf[..n]) else {
+                continue;
+            };
+            received += 1;
+            let now = monotonic_ns();
+            let (last, window) = peers
+                .entry(header.peer_id())
+                .or_insert_with(|| (now, IntervalWindow::new(128, None)));
+            window.push(now.saturating_sub(*last) / 1000);
+            *last = now;
+            if end.is_some_and(|e| Instant::now() >= e) {
+                break;
+            }
+        }
+        ReceiverReport {
+            received,
+            peers: peers.len(),
+            cpu_s: cpu_seconds() - cpu_before,
+        }
+    })
+}
+
+/// User + system CPU time of this process, seconds.
+pub fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage writes into the struct we pass.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
