@@ -115,6 +115,11 @@ impl PeerRecord {
     }
 }
 
+// The kernel writes source addresses as two 8-byte words.
+const _: () = assert!(core::mem::offset_of!(PeerSlot, record) % 8 == 0);
+const _: () = assert!(core::mem::offset_of!(PeerRecord, src_addr) % 8 == 0);
+const _: () = assert!(core::mem::offset_of!(UnknownPeerReport, src_addr) % 8 == 0);
+
 /// What the XDP program decided, counted per CPU (one lookup per packet, no atomics).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]

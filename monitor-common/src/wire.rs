@@ -59,6 +59,32 @@ impl core::fmt::Display for WireError {
     }
 }
 
+/// The rules of [`HeartbeatHeader::validate`], on fields already decoded: the XDP program
+/// decodes them from one 8-byte load and applies exactly these checks.
+#[inline(always)]
+pub fn validate_fields(magic: u16, version: u8, flags: u8, payload_len: usize) -> Result<(), WireError> {
+    if payload_len != HEADER_LEN {
+        return Err(WireError::Length);
+    }
+    if magic != MAGIC {
+        return Err(WireError::Magic);
+    }
+    if version != VERSION {
+        return Err(WireError::Version);
+    }
+    if flags & !KNOWN_FLAGS != 0 {
+        return Err(WireError::Flags);
+    }
+    Ok(())
+}
+
+/// Splits the first 8 bytes of a header, read as one big-endian u64, into
+/// (magic, version, flags, incarnation).
+#[inline(always)]
+pub const fn split_first_word(word: u64) -> (u16, u8, u8, u32) {
+    ((word >> 48) as u16, (word >> 40) as u8, (word >> 32) as u8, word as u32)
+}
+
 /// The header exactly as it sits in the packet: byte arrays only, so it has alignment 1 and
 /// can be overlaid on packet memory at any offset.
 #[repr(C)]
@@ -93,19 +119,7 @@ impl HeartbeatHeader {
     /// the UDP header; the caller has already made sure that many bytes are readable.
     #[inline(always)]
     pub fn validate(&self, payload_len: usize) -> Result<(), WireError> {
-        if payload_len != HEADER_LEN {
-            return Err(WireError::Length);
-        }
-        if u16::from_be_bytes(self.magic) != MAGIC {
-            return Err(WireError::Magic);
-        }
-        if self.version != VERSION {
-            return Err(WireError::Version);
-        }
-        if self.flags & !KNOWN_FLAGS != 0 {
-            return Err(WireError::Flags);
-        }
-        Ok(())
+        validate_fields(u16::from_be_bytes(self.magic), self.version, self.flags, payload_len)
     }
 
     #[inline(always)]
@@ -162,6 +176,13 @@ impl HeartbeatHeader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn first_word_splits_into_the_leading_fields() {
+        let b = HeartbeatHeader::new(1, 0xdead_beef, 2).to_bytes();
+        let word = u64::from_be_bytes(b[0..8].try_into().unwrap());
+        assert_eq!(split_first_word(word), (MAGIC, VERSION, 0, 0xdead_beef));
+    }
 
     #[test]
     fn round_trip() {

@@ -6,9 +6,10 @@
 //! sequence counter. Everything that is not a valid heartbeat is passed untouched.
 #![no_std]
 #![no_main]
-#![feature(core_intrinsics)]
+#![feature(core_intrinsics, asm_experimental_arch)]
 #![allow(internal_features)]
 
+mod load;
 mod parse;
 mod record;
 

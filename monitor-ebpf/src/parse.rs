@@ -5,8 +5,10 @@ use core::mem::size_of;
 use aya_ebpf::programs::XdpContext;
 use monitor_common::{
     maps::{FAMILY_IPV4, FAMILY_IPV6},
-    wire::HeartbeatHeader,
+    wire::{HeartbeatHeader, split_first_word, validate_fields},
 };
+
+use crate::load;
 use network_types::{
     eth::{EthHdr, EtherType},
     ip::{IpProto, Ipv4Hdr, Ipv6Hdr},
@@ -14,13 +16,16 @@ use network_types::{
     vlan::VlanHdr,
 };
 
-/// A heartbeat that passed every check, with where it came from.
+/// A heartbeat that passed every check, decoded, with where it came from.
 pub struct Heartbeat {
-    pub header: *const HeartbeatHeader,
+    pub peer_id: u64,
+    pub seq: u64,
+    pub incarnation: u32,
     pub src_family: u16,
-    /// Source address; IPv4 in bytes 12..16 (IPv4-mapped layout).
-    pub src_addr: [u8; 16],
     pub src_port: u16,
+    /// Source address as the two native-endian words of its 16 bytes; IPv4 in the
+    /// IPv4-mapped IPv6 layout (::ffff:a.b.c.d).
+    pub src_words: [u64; 2],
 }
 
 pub enum Parsed {
@@ -72,7 +77,7 @@ fn parse_inner(ctx: &XdpContext, port: u16) -> Option<Parsed> {
         }
     }
 
-    let mut src_addr = [0u8; 16];
+    let src_words: [u64; 2];
     let src_family;
     if ether_type == ETH_P_IPV4 {
         let ip: *const Ipv4Hdr = ptr_at(ctx, offset)?;
@@ -89,9 +94,9 @@ fn parse_inner(ctx: &XdpContext, port: u16) -> Option<Parsed> {
         if ihl < Ipv4Hdr::LEN || ip.vihl >> 4 != 4 {
             return None;
         }
-        src_addr[10] = 0xff;
-        src_addr[11] = 0xff;
-        src_addr[12..16].copy_from_slice(&ip.src_addr);
+        // Bytes 8..16 of ::ffff:a.b.c.d are 00 00 ff ff a b c d.
+        let v4 = unsafe { load::u32_at(ip.src_addr.as_ptr()) };
+        src_words = [0, 0xffff_0000 | (v4 << 32)];
         src_family = FAMILY_IPV4;
         offset += ihl;
     } else if ether_type == ETH_P_IPV6 {
@@ -101,7 +106,8 @@ fn parse_inner(ctx: &XdpContext, port: u16) -> Option<Parsed> {
         if ip.next_hdr != IpProto::Udp as u8 {
             return None;
         }
-        src_addr = ip.src_addr;
+        let src = ip.src_addr.as_ptr();
+        src_words = unsafe { [load::u64_at(src), load::u64_at(src.add(8))] };
         src_family = FAMILY_IPV6;
         offset += Ipv6Hdr::LEN;
     } else {
@@ -122,13 +128,20 @@ fn parse_inner(ctx: &XdpContext, port: u16) -> Option<Parsed> {
         return Some(Parsed::Malformed);
     };
     let payload_len = (u16::from_be_bytes(udp.len) as usize).wrapping_sub(UdpHdr::LEN);
-    if unsafe { (*header).validate(payload_len) }.is_err() {
+    // Three 8-byte loads for the whole header (see `load`), decoded from network order.
+    let p = header.cast::<u8>();
+    let (first, peer_id, seq) =
+        unsafe { (load::u64_at(p), load::u64_at(p.add(8)), load::u64_at(p.add(16))) };
+    let (magic, version, flags, incarnation) = split_first_word(u64::from_be(first));
+    if validate_fields(magic, version, flags, payload_len).is_err() {
         return Some(Parsed::Malformed);
     }
     Some(Parsed::Heartbeat(Heartbeat {
-        header,
+        peer_id: u64::from_be(peer_id),
+        seq: u64::from_be(seq),
+        incarnation,
         src_family,
-        src_addr,
         src_port: u16::from_be_bytes(udp.src),
+        src_words,
     }))
 }
