@@ -62,7 +62,12 @@ impl core::fmt::Display for WireError {
 /// The rules of [`HeartbeatHeader::validate`], on fields already decoded: the XDP program
 /// decodes them from one 8-byte load and applies exactly these checks.
 #[inline(always)]
-pub fn validate_fields(magic: u16, version: u8, flags: u8, payload_len: usize) -> Result<(), WireError> {
+pub fn validate_fields(
+    magic: u16,
+    version: u8,
+    flags: u8,
+    payload_len: usize,
+) -> Result<(), WireError> {
     if payload_len != HEADER_LEN {
         return Err(WireError::Length);
     }
@@ -82,7 +87,12 @@ pub fn validate_fields(magic: u16, version: u8, flags: u8, payload_len: usize) -
 /// (magic, version, flags, incarnation).
 #[inline(always)]
 pub const fn split_first_word(word: u64) -> (u16, u8, u8, u32) {
-    ((word >> 48) as u16, (word >> 40) as u8, (word >> 32) as u8, word as u32)
+    (
+        (word >> 48) as u16,
+        (word >> 40) as u8,
+        (word >> 32) as u8,
+        word as u32,
+    )
 }
 
 /// The header exactly as it sits in the packet: byte arrays only, so it has alignment 1 and
@@ -119,7 +129,12 @@ impl HeartbeatHeader {
     /// the UDP header; the caller has already made sure that many bytes are readable.
     #[inline(always)]
     pub fn validate(&self, payload_len: usize) -> Result<(), WireError> {
-        validate_fields(u16::from_be_bytes(self.magic), self.version, self.flags, payload_len)
+        validate_fields(
+            u16::from_be_bytes(self.magic),
+            self.version,
+            self.flags,
+            payload_len,
+        )
     }
 
     #[inline(always)]

@@ -12,7 +12,9 @@ use core::arch::asm;
 #[inline(always)]
 pub unsafe fn u64_at(p: *const u8) -> u64 {
     let v: u64;
-    unsafe { asm!("{0} = *(u64 *)({1} + 0)", lateout(reg) v, in(reg) p, options(readonly, nostack, preserves_flags)) };
+    unsafe {
+        asm!("{0} = *(u64 *)({1} + 0)", lateout(reg) v, in(reg) p, options(readonly, nostack, preserves_flags))
+    };
     v
 }
 
@@ -20,6 +22,8 @@ pub unsafe fn u64_at(p: *const u8) -> u64 {
 #[inline(always)]
 pub unsafe fn u32_at(p: *const u8) -> u64 {
     let v: u64;
-    unsafe { asm!("{0} = *(u32 *)({1} + 0)", lateout(reg) v, in(reg) p, options(readonly, nostack, preserves_flags)) };
+    unsafe {
+        asm!("{0} = *(u32 *)({1} + 0)", lateout(reg) v, in(reg) p, options(readonly, nostack, preserves_flags))
+    };
     v
 }

@@ -130,8 +130,13 @@ fn parse_inner(ctx: &XdpContext, port: u16) -> Option<Parsed> {
     let payload_len = (u16::from_be_bytes(udp.len) as usize).wrapping_sub(UdpHdr::LEN);
     // Three 8-byte loads for the whole header (see `load`), decoded from network order.
     let p = header.cast::<u8>();
-    let (first, peer_id, seq) =
-        unsafe { (load::u64_at(p), load::u64_at(p.add(8)), load::u64_at(p.add(16))) };
+    let (first, peer_id, seq) = unsafe {
+        (
+            load::u64_at(p),
+            load::u64_at(p.add(8)),
+            load::u64_at(p.add(16)),
+        )
+    };
     let (magic, version, flags, incarnation) = split_first_word(u64::from_be(first));
     if validate_fields(magic, version, flags, payload_len).is_err() {
         return Some(Parsed::Malformed);

@@ -3,6 +3,7 @@
 
 mod build;
 mod demo;
+mod lab;
 mod setup;
 mod test;
 mod workspace;
