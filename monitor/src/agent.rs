@@ -27,7 +27,7 @@ use crate::{
     counters::CounterTotals,
     detector::{
         levels::Levels,
-        model::{DetectorParams, Model},
+        model::{DetectorParams, Estimate, Model},
         tracker::{DetectorConfig, Event, PeerTracker},
     },
     loaded::LoadedProgram,
@@ -157,35 +157,62 @@ impl Agent {
 
     /// Every admitted peer, sorted by id.
     pub fn peers(&self) -> Vec<PeerView> {
-        self.collect(|_, _| true)
+        self.collect()
     }
 
     /// Peers with phi >= threshold, sorted by id. The silence at which phi reaches the
     /// threshold is found once per request, so most peers cost a compare, not an erfc.
+    ///
+    /// A peer unchanged since the last sweep is judged from the sweep's cached estimate and one
+    /// word read from the mmap; only candidates get their record copied and phi computed.
     pub fn suspects(&self, threshold: f64) -> Vec<PeerView> {
         let crossing = self.detector.params.level_silences(&[threshold]);
-        self.collect(|record, now| {
-            let estimate = self.detector.estimate(record);
-            let silence_ms = now.saturating_sub(record.last_arrival_ns) as f64 / 1e6;
-            // A hair of slack for the bisection; the exact phi decides below.
-            silence_ms >= crossing.silence_ms(0, &estimate) * (1.0 - 1e-9)
-        })
-        .into_iter()
-        .filter(|p| p.phi >= threshold)
-        .collect()
+        // A hair of slack for the bisection; the exact phi decides at the end.
+        let beyond = |last_ns: u64, estimate: &Estimate, now: u64| {
+            now.saturating_sub(last_ns) as f64 / 1e6
+                >= crossing.silence_ms(0, estimate) * (1.0 - 1e-9)
+        };
+        let now = monotonic_ns();
+        let registry = self.registry.read().expect("registry lock");
+        let trackers = self.trackers.lock().expect("trackers lock");
+        let mut suspects = Vec::new();
+        for (id, slot) in registry.iter() {
+            let tracker = trackers[slot as usize].as_ref().filter(|t| t.peer_id == id);
+            if let Some(t) = tracker.filter(|t| t.heartbeats() == self.table.heartbeats(slot)) {
+                let (last, estimate) = t.last_heard();
+                if !beyond(last, estimate, now) {
+                    continue;
+                }
+            }
+            let Some(record) = self.table.record(slot).filter(|r| r.peer_id == id) else {
+                continue;
+            };
+            if !beyond(
+                record.last_arrival_ns,
+                &self.detector.estimate(&record),
+                now,
+            ) {
+                continue;
+            }
+            let view = PeerView::new(&record, now, &self.detector, tracker.map(|t| t.qos(now)));
+            if view.phi >= threshold {
+                suspects.push(view);
+            }
+        }
+        drop(trackers);
+        drop(registry);
+        suspects.sort_unstable_by_key(|p| p.id);
+        suspects
     }
 
-    fn collect(
-        &self,
-        wanted: impl Fn(&monitor_common::maps::PeerRecord, u64) -> bool,
-    ) -> Vec<PeerView> {
+    fn collect(&self) -> Vec<PeerView> {
         let now = monotonic_ns();
         let registry = self.registry.read().expect("registry lock");
         let trackers = self.trackers.lock().expect("trackers lock");
         let mut peers: Vec<PeerView> = registry
             .iter()
             .filter_map(|(id, slot)| Some((id, slot, self.table.record(slot)?)))
-            .filter(|(id, _, record)| record.peer_id == *id && wanted(record, now))
+            .filter(|(id, _, record)| record.peer_id == *id)
             .map(|(id, slot, record)| {
                 let qos = trackers[slot as usize]
                     .as_ref()

@@ -183,7 +183,9 @@ pub fn run(config: &LoadgenConfig, stop: &AtomicBool) -> Result<LoadgenReport, L
             break;
         }
         let elapsed_ns = elapsed.as_nanos() as u64;
-        let due = (elapsed.as_secs_f64() * total_rate) as u64;
+        // At most a few batches per pass, so time and the stop flag are checked often even when
+        // the generator cannot keep up with the rate asked of it.
+        let due = ((elapsed.as_secs_f64() * total_rate) as u64).min(next_n + 4 * BATCH as u64);
         while next_n < due {
             let n = next_n;
             next_n += 1;

@@ -227,9 +227,12 @@ impl EventProbe {
         Self { client }
     }
 
+    /// Collects until `expected` suspect events about ids in `ids` (others are counted by kind
+    /// but not timed), or `timeout`.
     pub fn collect(
         mut self,
         expected: usize,
+        ids: std::ops::Range<u64>,
         timeout: Duration,
     ) -> (Percentiles, HashMap<String, usize>) {
         let deadline = Instant::now() + timeout;
@@ -249,7 +252,9 @@ impl EventProbe {
             *kinds
                 .entry(event["event"].as_str().unwrap_or("?").to_string())
                 .or_default() += 1;
-            if event["event"] == "suspect" {
+            if event["event"] == "suspect"
+                && event["id"].as_u64().is_some_and(|id| ids.contains(&id))
+            {
                 latencies.push(received - event["crossed_at"].as_f64().expect("crossed_at"));
             }
         }

@@ -29,6 +29,14 @@ pub fn monitor_bin() -> PathBuf {
     bin
 }
 
+/// The `hbm-bench` probe binary: $HBM_BENCH_BIN, else the one cargo built beside this test.
+pub fn bench_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("HBM_BENCH_BIN") {
+        return path.into();
+    }
+    monitor_bin().with_file_name("hbm-bench")
+}
+
 /// Fails loudly, rather than skipping, when the tests cannot do what they claim.
 pub fn require_root() {
     // SAFETY: geteuid has no preconditions.

@@ -1,6 +1,7 @@
 //! Project tasks: `cargo xtask setup | build | test | demo`. One module per task; every task
 //! runs whatever part of `setup` is missing first, so a fresh machine needs no hand steps.
 
+mod bench;
 mod build;
 mod demo;
 mod lab;
@@ -30,6 +31,8 @@ enum Task {
     Test(test::TestArgs),
     /// Watch heartbeats cross a veth pair between two namespaces, then stop a peer.
     Demo(demo::DemoArgs),
+    /// Measure kernel cost, ingest, sweeps, socket and event latency, CPU and memory at scale.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -38,5 +41,6 @@ fn main() -> anyhow::Result<()> {
         Task::Build(args) => build::run(&args),
         Task::Test(args) => test::run(&args),
         Task::Demo(args) => demo::run(&args),
+        Task::Bench(args) => bench::run(&args),
     }
 }

@@ -6,7 +6,7 @@ use monitor_common::maps::PeerRecord;
 use serde::Serialize;
 
 use super::{
-    levels::{Levels, MAX_LEVELS},
+    levels::Levels,
     model::{DetectorParams, Estimate, LevelSilences},
     qos::{QosCounter, QosReport},
     window::WindowSums,
@@ -79,47 +79,58 @@ impl DetectorConfig {
     }
 }
 
-/// One peer's sweep state.
+/// One peer's sweep state: one cache line of hot fields (the sweep touches it for every peer
+/// every sweep); the QoS bookkeeping, touched on transitions and queries only, lives behind a
+/// pointer.
 #[derive(Debug, Clone)]
 pub struct PeerTracker {
     pub peer_id: u64,
-    admitted_ns: u64,
     heartbeats: u64,
     last_arrival_ns: u64,
+    /// Monotonic time at which phi reaches the next level not yet crossed; u64::MAX for never.
+    next_deadline_ns: u64,
     estimate: Estimate,
-    /// Monotonic time at which phi reaches each level; u64::MAX for never.
-    deadlines_ns: [u64; MAX_LEVELS],
     /// Levels crossed since the peer was last heard (0..=levels).
-    crossed: usize,
-    qos: QosCounter,
+    crossed: u8,
+    qos: Box<PeerQos>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct PeerQos {
+    admitted_ns: u64,
+    counter: QosCounter,
 }
 
 impl PeerTracker {
     pub fn new(record: &PeerRecord, config: &DetectorConfig) -> Self {
         let mut tracker = Self {
             peer_id: record.peer_id,
-            admitted_ns: record.last_arrival_ns,
             heartbeats: record.heartbeats,
             last_arrival_ns: record.last_arrival_ns,
+            next_deadline_ns: u64::MAX,
             estimate: config.estimate(record),
-            deadlines_ns: [u64::MAX; MAX_LEVELS],
             crossed: 0,
-            qos: QosCounter::default(),
+            qos: Box::new(PeerQos {
+                admitted_ns: record.last_arrival_ns,
+                counter: QosCounter::default(),
+            }),
         };
-        tracker.recompute(config);
+        tracker.next_deadline_ns = tracker.deadline(config);
         tracker
     }
 
-    fn recompute(&mut self, config: &DetectorConfig) {
-        for i in 0..config.silences.len() {
-            let silence_ns = config.silences.silence_ms(i, &self.estimate) * 1e6;
-            let deadline = if silence_ns.is_finite() {
-                self.last_arrival_ns
-                    .saturating_add(silence_ns.max(0.0) as u64)
-            } else {
-                u64::MAX
-            };
-            self.deadlines_ns[i] = deadline;
+    /// When phi reaches the first level not yet crossed (a multiply-add, see LevelSilences).
+    fn deadline(&self, config: &DetectorConfig) -> u64 {
+        let level = self.crossed as usize;
+        if level >= config.silences.len() {
+            return u64::MAX;
+        }
+        let silence_ns = config.silences.silence_ms(level, &self.estimate) * 1e6;
+        if silence_ns.is_finite() {
+            self.last_arrival_ns
+                .saturating_add(silence_ns.max(0.0) as u64)
+        } else {
+            u64::MAX
         }
     }
 
@@ -127,6 +138,11 @@ impl PeerTracker {
     /// this before it reads the whole record.
     pub fn heartbeats(&self) -> u64 {
         self.heartbeats
+    }
+
+    /// Arrival of the last heartbeat seen, and the estimate made from the window then.
+    pub fn last_heard(&self) -> (u64, &Estimate) {
+        (self.last_arrival_ns, &self.estimate)
     }
 
     /// One sweep with a fresh record: notices a new heartbeat (recovery, new deadlines), then
@@ -154,23 +170,24 @@ impl PeerTracker {
         emit: &mut impl FnMut(Event),
     ) {
         let levels = config.levels.as_slice();
-        if self.crossed > 0 {
+        let crossed = self.crossed as usize;
+        if crossed > 0 {
             emit(Event::Recover {
                 id: self.peer_id,
-                level: levels[self.crossed - 1],
+                level: levels[crossed - 1],
                 silence_ms: record.last_arrival_ns.saturating_sub(self.last_arrival_ns) as f64
                     / 1e6,
                 at: wall_ms as u64,
             });
-            if self.crossed == levels.len() {
-                self.qos.trust(record.last_arrival_ns);
+            if crossed == levels.len() {
+                self.qos.counter.trust(record.last_arrival_ns);
             }
         }
         self.crossed = 0;
         self.heartbeats = record.heartbeats;
         self.last_arrival_ns = record.last_arrival_ns;
         self.estimate = config.estimate(record);
-        self.recompute(config);
+        self.next_deadline_ns = self.deadline(config);
     }
 
     /// Raises every level whose deadline has passed, lowest first. With `hold`, none (the
@@ -187,27 +204,30 @@ impl PeerTracker {
         if hold {
             return;
         }
-        while self.crossed < levels.len() && now_ns >= self.deadlines_ns[self.crossed] {
+        while now_ns >= self.next_deadline_ns {
             let silence_ms = now_ns.saturating_sub(self.last_arrival_ns) as f64 / 1e6;
-            let late_ms = (now_ns - self.deadlines_ns[self.crossed]) as f64 / 1e6;
+            let late_ms = (now_ns - self.next_deadline_ns) as f64 / 1e6;
             emit(Event::Suspect {
                 id: self.peer_id,
-                level: levels[self.crossed],
+                level: levels[self.crossed as usize],
                 phi: config.params.phi(&self.estimate, silence_ms),
                 silence_ms,
                 at: wall_ms as u64,
                 crossed_at: wall_ms - late_ms,
             });
             self.crossed += 1;
-            if self.crossed == levels.len() {
-                self.qos.suspect(now_ns);
+            self.next_deadline_ns = self.deadline(config);
+            if self.crossed as usize == levels.len() {
+                self.qos.counter.suspect(now_ns);
             }
         }
     }
 
     /// QoS at the highest level since admission.
     pub fn qos(&self, now_ns: u64) -> QosReport {
-        self.qos.report(now_ns.saturating_sub(self.admitted_ns))
+        self.qos
+            .counter
+            .report(now_ns.saturating_sub(self.qos.admitted_ns))
     }
 }
 
@@ -323,6 +343,11 @@ mod tests {
             t.observe(&record, &cfg, ms * MS, 0.0, false, &mut |_| n += 1);
         }
         assert_eq!(n, 2);
+    }
+
+    #[test]
+    fn the_hot_state_of_a_peer_fits_one_cache_line() {
+        assert!(std::mem::size_of::<Option<PeerTracker>>() <= 64);
     }
 
     #[test]

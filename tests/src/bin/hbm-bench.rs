@@ -40,6 +40,11 @@ enum Probe {
         socket: PathBuf,
         #[arg(long)]
         expected: usize,
+        /// Time only events about ids FIRST..LAST (exclusive), e.g. the killed peers.
+        #[arg(long, default_value_t = 0)]
+        first_id: u64,
+        #[arg(long, default_value_t = u64::MAX)]
+        last_id: u64,
         #[arg(long, default_value_t = 60)]
         timeout_s: u64,
     },
@@ -66,12 +71,15 @@ fn main() {
         Probe::Events {
             socket,
             expected,
+            first_id,
+            last_id,
             timeout_s,
         } => {
             let probe = bench::EventProbe::subscribe(&socket);
             // Tell the caller we are subscribed before any kill happens.
             println!("{{\"subscribed\":true}}");
-            let (latency, kinds) = probe.collect(expected, Duration::from_secs(timeout_s));
+            let (latency, kinds) =
+                probe.collect(expected, first_id..last_id, Duration::from_secs(timeout_s));
             serde_json::json!({ "latency_ms": latency, "events": kinds })
         }
         Probe::Receiver { bind, duration_s } => serde_json::to_value(bench::udp_receiver(

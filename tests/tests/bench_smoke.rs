@@ -1,0 +1,174 @@
+//! A short run of the benchmark's machinery, for correctness only: the load generator's counts
+//! match what the kernel recorded, killed peers are all detected through every level, and each
+//! probe returns a measurement. No timing is asserted (the machines are shared and noisy).
+
+use std::{
+    collections::HashMap,
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use integration_tests::{
+    agent_process::{AgentProcess, TempDir},
+    bench, monitor_bin,
+    netns::NetnsPair,
+    require_root,
+};
+use serde_json::{Value, json};
+
+fn loadgen(pair: &NetnsPair, port: u16, args: &[&str]) -> Value {
+    let out = NetnsPair::command_in(&pair.ns_b, &monitor_bin())
+        .args(["loadgen", "--to", &format!("{}:{port}", pair.addr_a)])
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn loadgen");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).expect("loadgen report")
+}
+
+#[test]
+fn loadgen_counts_match_the_kernel_and_every_killed_peer_is_detected() {
+    require_root();
+    let pair = NetnsPair::new(40);
+    let dir = TempDir::new("hbmsmoke");
+    let peers = dir.0.join("peers");
+    std::fs::write(
+        &peers,
+        (1..=500).map(|id| format!("{id}\n")).collect::<String>(),
+    )
+    .unwrap();
+    let agent = AgentProcess::start(
+        &pair,
+        &[
+            "--peers",
+            &peers.display().to_string(),
+            "--sweep-interval",
+            "20ms",
+        ],
+    );
+    let mut watcher = agent.client();
+    assert_eq!(
+        watcher.request(&json!({"op": "subscribe"})).unwrap()["ok"],
+        json!(true)
+    );
+
+    let report = loadgen(
+        &pair,
+        7946,
+        &[
+            "--peers",
+            "500",
+            "--rate",
+            "10",
+            "--duration",
+            "2s",
+            "--kill",
+            "0.1",
+            "--after",
+            "1s",
+        ],
+    );
+    assert_eq!(report["peers"], json!(500));
+    assert_eq!(report["killed"], json!(50));
+    assert_eq!(report["send_errors"], json!(0));
+    let sent = report["sent"].as_u64().unwrap();
+    assert!(sent > 0);
+    std::thread::sleep(Duration::from_millis(300));
+    let stats = &agent.ask(json!({"op": "stats"}))["stats"];
+    assert_eq!(
+        stats["kernel"]["heartbeats"].as_u64().unwrap(),
+        sent,
+        "every heartbeat sent is recorded: {stats}"
+    );
+    assert_eq!(stats["kernel"]["unknown_peer"], json!(0));
+
+    // Every killed peer (ids 1..=50) climbs to the top level.
+    let mut top: HashMap<u64, Vec<f64>> = HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while (1..=50).any(|id| !top.get(&id).is_some_and(|l| l.contains(&8.0))) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            !left.is_zero(),
+            "killed peers never reached level 8: {top:?}"
+        );
+        watcher.set_read_timeout(Some(left)).unwrap();
+        let event: Value = serde_json::from_str(&watcher.read_line().unwrap()).unwrap();
+        if event["event"] == "suspect" {
+            top.entry(event["id"].as_u64().unwrap())
+                .or_default()
+                .push(event["level"].as_f64().unwrap());
+        }
+    }
+    for id in 1..=50u64 {
+        let levels = &top[&id];
+        let first_climb: Vec<f64> = levels
+            .iter()
+            .copied()
+            .skip_while(|&l| l != 1.0)
+            .take(3)
+            .collect();
+        assert_eq!(first_climb, vec![1.0, 3.0, 8.0], "peer {id}: {levels:?}");
+    }
+
+    // The socket probe gets an ok reply for every request it times.
+    let latency = bench::socket_latency(&agent.socket, 500, 50);
+    assert_eq!(latency.peer_us.count, 50);
+    assert_eq!(latency.suspects_us.count, 10);
+}
+
+#[test]
+fn the_userspace_receiver_counts_what_loadgen_sent() {
+    require_root();
+    let pair = NetnsPair::new(41);
+    // Port 7947: no XDP program on this pair, the datagrams reach the socket.
+    let receiver = std::thread::spawn({
+        let ns = pair.ns_a.clone();
+        let addr = format!("{}:7947", pair.addr_a);
+        move || {
+            let out = NetnsPair::command_in(&ns, &integration_tests::bench_bin())
+                .args(["receiver", "--bind", &addr, "--duration-s", "2"])
+                .output()
+                .expect("spawn hbm-bench");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            serde_json::from_str::<Value>(
+                String::from_utf8_lossy(&out.stdout).lines().last().unwrap(),
+            )
+            .unwrap()
+        }
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let report = loadgen(
+        &pair,
+        7947,
+        &["--peers", "100", "--rate", "10", "--duration", "1s"],
+    );
+    let received = receiver.join().unwrap();
+    assert_eq!(
+        received["received"], report["sent"],
+        "{received} vs {report}"
+    );
+    assert_eq!(received["peers"], json!(100));
+}
+
+#[test]
+fn in_process_probes_return_measurements() {
+    require_root();
+    assert!(bench::prog_test_run_ns(1000) > 0.0);
+    let sweep = bench::sweep_timings(1000);
+    assert_eq!(sweep.peers, 1000);
+    assert!(
+        sweep.mmap_read_ms.is_finite()
+            && sweep.aya_iter_ms.is_finite()
+            && sweep.agent_sweep_ms.is_finite()
+    );
+}

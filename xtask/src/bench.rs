@@ -1,0 +1,616 @@
+//! `cargo xtask bench`: builds in release, makes its own namespaces, runs the agent and the
+//! load generator, and prints one table (appended, with date, kernel and command, to
+//! BENCHMARKS.md). Ratios are measured within one run; nothing here asserts a timing.
+
+use std::{
+    fmt::Write as _,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use serde_json::Value;
+
+use crate::{
+    build,
+    lab::{Interrupt, NetPair, Process, TempDir, wait_for_socket},
+    setup, workspace,
+};
+
+const NET: NetPair = NetPair {
+    ns_monitor: "hbm-bench-mon",
+    ns_peers: "hbm-bench-gen",
+    if_monitor: "hbmbench0",
+    if_peers: "hbmbench1",
+    addr_monitor: "10.214.0.1",
+    addr_peers: "10.214.0.2",
+};
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Peer counts to measure at.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000,50000,200000")]
+    scales: Vec<u64>,
+    /// Seconds of steady load per scale (CPU share and memory are measured over it).
+    #[arg(long, default_value_t = 30)]
+    seconds: u64,
+    /// A short run (3 s per step, scales 1000 and 50000) to check the benchmark itself.
+    #[arg(long)]
+    quick: bool,
+    /// Do not append the results to BENCHMARKS.md.
+    #[arg(long)]
+    no_record: bool,
+}
+
+/// Heartbeats per second per peer in the scale runs.
+const RATE_HZ: f64 = 10.0;
+/// Fraction of peers killed near the end of each scale run, for event latency.
+const KILL_FRACTION: f64 = 0.01;
+
+struct Tools {
+    monitor: PathBuf,
+    probe: PathBuf,
+}
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    setup::ensure()?;
+    workspace::require_root("bench")?;
+    workspace::run(workspace::cargo().args([
+        "build",
+        "--release",
+        "--package",
+        "monitor",
+        "--package",
+        "integration-tests",
+        "--bin",
+        "monitor",
+        "--bin",
+        "hbm-bench",
+    ]))?;
+    let tools = Tools {
+        monitor: build::monitor_bin(true),
+        probe: workspace::root().join("target/release/hbm-bench"),
+    };
+    let (scales, seconds) = if args.quick {
+        (vec![1000, 50_000], 3)
+    } else {
+        (args.scales.clone(), args.seconds.max(5))
+    };
+    let interrupt = Interrupt::install()?;
+    let _stats = BpfStats::enable()?;
+    let net = NET.create()?;
+    let dir = TempDir::create("hbm-bench")?;
+
+    println!("==> kernel cost through BPF_PROG_TEST_RUN");
+    let test_run = probe_json(&tools.probe, &["kernel"])?;
+    let test_run_ns = test_run["ns_per_packet"].as_f64().unwrap_or(f64::NAN);
+
+    let mut rows = Vec::new();
+    for &peers in &scales {
+        interrupt.check()?;
+        println!("==> {peers} peers x {RATE_HZ} Hz for {seconds} s");
+        rows.push(scale_run(&tools, &net, &dir.0, peers, seconds, &interrupt)?);
+    }
+
+    let ingest_peers = scales
+        .iter()
+        .copied()
+        .filter(|&p| p <= 50_000)
+        .max()
+        .unwrap_or(1000);
+    println!("==> ingest ceiling at {ingest_peers} peers");
+    let ingest = ingest_run(
+        &tools,
+        &net,
+        &dir.0,
+        ingest_peers,
+        if args.quick { 2 } else { 3 },
+    )?;
+
+    println!("==> XDP path against a userspace UDP receiver, same stream");
+    let paths = path_comparison(
+        &tools,
+        &net,
+        &dir.0,
+        ingest_peers,
+        if args.quick { 3 } else { 10 },
+    )?;
+
+    let table = render(test_run_ns, &rows, &ingest, &paths);
+    println!("\n{table}");
+    if !args.no_record {
+        record(&table, args)?;
+    }
+    Ok(())
+}
+
+/// Turns on kernel.bpf_stats_enabled for the run and restores it after.
+struct BpfStats(String);
+
+impl BpfStats {
+    fn enable() -> Result<Self> {
+        let path = "/proc/sys/kernel/bpf_stats_enabled";
+        let old = std::fs::read_to_string(path).context("reading kernel.bpf_stats_enabled")?;
+        std::fs::write(path, "1").context("enabling kernel.bpf_stats_enabled")?;
+        Ok(Self(old.trim().to_string()))
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", &self.0);
+    }
+}
+
+fn probe_json(probe: &Path, args: &[&str]) -> Result<Value> {
+    let out = workspace::output(Command::new(probe).args(args))?;
+    let last = out.lines().last().context("probe printed nothing")?;
+    serde_json::from_str(last).with_context(|| format!("probe output {last:?}"))
+}
+
+struct Agent {
+    process: Process,
+    socket: PathBuf,
+    monitor: PathBuf,
+}
+
+impl Agent {
+    fn start(tools: &Tools, net: &NetPair, dir: &Path, peers: u64) -> Result<Self> {
+        let peers_file = dir.join(format!("peers-{peers}"));
+        let mut text = String::with_capacity(peers as usize * 7);
+        for id in 1..=peers {
+            let _ = writeln!(text, "{id}");
+        }
+        std::fs::write(&peers_file, text)?;
+        let socket = dir.join(format!("agent-{peers}.sock"));
+        let process = Process::spawn(
+            NetPair::in_ns(net.ns_monitor, &tools.monitor)
+                .args(["run", "--iface", net.if_monitor, "--socket"])
+                .arg(&socket)
+                .arg("--peers")
+                .arg(&peers_file)
+                .args(["--capacity", &peers.max(1024).to_string()])
+                .env("RUST_LOG", "warn"),
+        )?;
+        wait_for_socket(&tools.monitor, &socket, &process)?;
+        Ok(Self {
+            process,
+            socket,
+            monitor: tools.monitor.clone(),
+        })
+    }
+
+    fn stats(&self) -> Result<Value> {
+        let out = workspace::output(
+            Command::new(&self.monitor)
+                .args(["query", "--json", "--socket"])
+                .arg(&self.socket)
+                .arg("stats"),
+        )?;
+        let v: Value = serde_json::from_str(out.trim())?;
+        Ok(v["stats"].clone())
+    }
+}
+
+fn loadgen(
+    tools: &Tools,
+    net: &NetPair,
+    peers: u64,
+    rate: f64,
+    seconds: f64,
+    kill: Option<f64>,
+) -> Result<Process> {
+    let mut cmd = NetPair::in_ns(net.ns_peers, &tools.monitor);
+    cmd.args([
+        "loadgen",
+        "--to",
+        &net.target(),
+        "--peers",
+        &peers.to_string(),
+    ])
+    .args(["--rate", &rate.to_string(), "--duration", &ms(seconds)])
+    .stdout(Stdio::piped());
+    if let Some(after) = kill {
+        cmd.args(["--kill", &KILL_FRACTION.to_string(), "--after", &ms(after)]);
+    }
+    Process::spawn(&mut cmd)
+}
+
+/// Seconds as a whole number of milliseconds, the way the CLI reads durations.
+fn ms(seconds: f64) -> String {
+    format!("{}ms", (seconds * 1000.0).round() as u64)
+}
+
+fn finish_json(process: Process) -> Result<Value> {
+    let out = process.finish()?;
+    let last = out.lines().last().context("no output")?;
+    Ok(serde_json::from_str(last)?)
+}
+
+/// User + system CPU seconds of a process.
+fn process_cpu_s(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the ")" that closes the command name: utime is the 12th, stime the 13th.
+    let rest = stat.rsplit_once(')').context("odd /proc stat")?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
+    Ok(ticks / clock_ticks())
+}
+
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64
+}
+
+/// Busy CPU seconds of the whole machine so far (all CPUs, everything but idle and iowait).
+fn system_busy_s() -> Result<f64> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let cpu: Vec<f64> = stat
+        .lines()
+        .next()
+        .context("empty /proc/stat")?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    let total: f64 = cpu.iter().take(8).sum();
+    Ok((total - cpu[3] - cpu[4]) / clock_ticks())
+}
+
+fn status_kib(pid: u32, key: &str) -> Result<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(key))
+        .with_context(|| format!("no {key}"))?;
+    Ok(line
+        .split_whitespace()
+        .nth(1)
+        .context("odd status")?
+        .parse()?)
+}
+
+/// Kernel memory of every BPF map the process holds an fd for (fdinfo `memlock`), bytes.
+fn map_memory_bytes(pid: u32) -> Result<f64> {
+    let mut total = 0.0;
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
+        let Ok(info) = std::fs::read_to_string(entry?.path()) else {
+            continue;
+        };
+        if !info.contains("map_type:") {
+            continue;
+        }
+        if let Some(line) = info.lines().find(|l| l.starts_with("memlock:")) {
+            total += line
+                .split_whitespace()
+                .nth(1)
+                .unwrap_or("0")
+                .parse::<f64>()
+                .unwrap_or(0.0);
+        }
+    }
+    Ok(total)
+}
+
+struct ScaleRow {
+    peers: u64,
+    requested_pps: f64,
+    achieved_pps: f64,
+    sent: u64,
+    recorded: u64,
+    kernel_ns: f64,
+    agent_cpu_pct: f64,
+    rss_mib: f64,
+    maps_mib: f64,
+    sweep: Value,
+    socket: Value,
+    events: Value,
+}
+
+fn scale_run(
+    tools: &Tools,
+    net: &NetPair,
+    dir: &Path,
+    peers: u64,
+    seconds: u64,
+    interrupt: &Interrupt,
+) -> Result<ScaleRow> {
+    let sweep = probe_json(&tools.probe, &["sweep", "--peers", &peers.to_string()])?;
+    let agent = Agent::start(tools, net, dir, peers)?;
+    let killed = ((peers as f64 * KILL_FRACTION).round() as u64).max(1);
+    let mut events = Process::spawn(
+        Command::new(&tools.probe)
+            .args(["events", "--socket"])
+            .arg(&agent.socket)
+            .args(["--expected", &(killed * 3).to_string()])
+            .args(["--first-id", "1", "--last-id", &(killed + 1).to_string()])
+            .args(["--timeout-s", &(seconds + 40).to_string()])
+            .stdout(Stdio::piped()),
+    )?;
+    let subscribed = events.read_line()?;
+    if !subscribed.contains("subscribed") {
+        bail!("event probe: {subscribed}");
+    }
+    // Timeline: 2 s to settle, `seconds` of steady load over which CPU is measured (nothing
+    // else touches the agent then), the socket probe, the kill, 4 s for the events to land.
+    let settle = 2.0;
+    let seconds_f = seconds as f64;
+    let probe_at = settle + seconds_f;
+    let kill_at = probe_at + 4.0;
+    let total = kill_at + 4.0;
+    let before = agent.stats()?;
+    let pid = agent.process.pid();
+    let generator = loadgen(tools, net, peers, RATE_HZ, total, Some(kill_at))?;
+    interrupt.pause(Duration::from_secs_f64(settle))?;
+    let (cpu0, t0) = (process_cpu_s(pid)?, Instant::now());
+    interrupt.pause(Duration::from_secs_f64(seconds_f))?;
+    let (cpu1, wall) = (process_cpu_s(pid)?, t0.elapsed().as_secs_f64());
+    let rss_mib = status_kib(pid, "RssAnon:")? / 1024.0;
+    let maps_mib = map_memory_bytes(pid)? / (1 << 20) as f64;
+    let socket = probe_json(
+        &tools.probe,
+        &[
+            "socket",
+            "--socket",
+            &agent.socket.display().to_string(),
+            "--peers",
+            &peers.to_string(),
+        ],
+    )?;
+    let sent = finish_json(generator)?;
+    // Let the last heartbeats land before counting.
+    std::thread::sleep(Duration::from_millis(200));
+    let after = agent.stats()?;
+    let events = finish_json(events)?;
+    agent.process.stop();
+
+    let delta = |key: &str| {
+        after["kernel"][key].as_u64().unwrap_or(0) - before["kernel"][key].as_u64().unwrap_or(0)
+    };
+    let runs = after["xdp"]["run_count"].as_f64().unwrap_or(0.0)
+        - before["xdp"]["run_count"].as_f64().unwrap_or(0.0);
+    let time = after["xdp"]["run_time_ns"].as_f64().unwrap_or(0.0)
+        - before["xdp"]["run_time_ns"].as_f64().unwrap_or(0.0);
+    Ok(ScaleRow {
+        peers,
+        requested_pps: peers as f64 * RATE_HZ,
+        achieved_pps: sent["achieved_pps"].as_f64().unwrap_or(0.0),
+        sent: sent["sent"].as_u64().unwrap_or(0),
+        recorded: delta("heartbeats"),
+        kernel_ns: if runs > 0.0 { time / runs } else { f64::NAN },
+        agent_cpu_pct: (cpu1 - cpu0) / wall * 100.0,
+        rss_mib,
+        maps_mib,
+        sweep,
+        socket,
+        events,
+    })
+}
+
+struct Ingest {
+    peers: u64,
+    /// (target pps, achieved pps, sent, recorded)
+    steps: Vec<(f64, f64, u64, u64)>,
+}
+
+fn ingest_run(
+    tools: &Tools,
+    net: &NetPair,
+    dir: &Path,
+    peers: u64,
+    seconds: u64,
+) -> Result<Ingest> {
+    let agent = Agent::start(tools, net, dir, peers)?;
+    let mut steps = Vec::new();
+    for target in [50_000.0, 100_000.0, 200_000.0, 300_000.0, 400_000.0, 1e9] {
+        let before = agent.stats()?["kernel"]["heartbeats"].as_u64().unwrap_or(0);
+        let sent = finish_json(loadgen(
+            tools,
+            net,
+            peers,
+            target / peers as f64,
+            seconds as f64,
+            None,
+        )?)?;
+        std::thread::sleep(Duration::from_millis(200));
+        let after = agent.stats()?["kernel"]["heartbeats"].as_u64().unwrap_or(0);
+        steps.push((
+            target,
+            sent["achieved_pps"].as_f64().unwrap_or(0.0),
+            sent["sent"].as_u64().unwrap_or(0),
+            after - before,
+        ));
+    }
+    agent.process.stop();
+    Ok(Ingest { peers, steps })
+}
+
+struct Paths {
+    pps: f64,
+    xdp: (u64, u64, f64, f64),
+    socket: (u64, u64, f64, f64),
+}
+
+/// The same stream into (a) the XDP path and the agent, (b) a userspace UDP receiver feeding
+/// the same statistics. Receive-side CPU: for XDP the program's own run time (bpf_stats) plus
+/// the agent's CPU; for the socket path the receiver process's CPU (its syscalls, copies,
+/// parsing, statistics). The kernel's softirq work before either is charged to the sender here
+/// (no IRQ time accounting) and is left out of both; the socket path's is the larger of the two,
+/// so the ratio is conservative. Machine-wide busy time is reported beside it.
+fn path_comparison(
+    tools: &Tools,
+    net: &NetPair,
+    dir: &Path,
+    peers: u64,
+    seconds: u64,
+) -> Result<Paths> {
+    let pps = 200_000.0_f64.min(peers as f64 * 10.0);
+    let rate = pps / peers as f64;
+
+    let agent = Agent::start(tools, net, dir, peers)?;
+    let before = agent.stats()?;
+    let pid = agent.process.pid();
+    let (cpu0, busy0) = (process_cpu_s(pid)?, system_busy_s()?);
+    let sent = finish_json(loadgen(tools, net, peers, rate, seconds as f64, None)?)?;
+    std::thread::sleep(Duration::from_millis(200));
+    let (cpu1, busy1) = (process_cpu_s(pid)?, system_busy_s()?);
+    let after = agent.stats()?;
+    agent.process.stop();
+    let runtime_s = (after["xdp"]["run_time_ns"].as_f64().unwrap_or(0.0)
+        - before["xdp"]["run_time_ns"].as_f64().unwrap_or(0.0))
+        / 1e9;
+    let xdp_recorded = after["kernel"]["heartbeats"].as_u64().unwrap_or(0)
+        - before["kernel"]["heartbeats"].as_u64().unwrap_or(0);
+    let xdp = (
+        sent["sent"].as_u64().unwrap_or(0),
+        xdp_recorded,
+        runtime_s + (cpu1 - cpu0),
+        busy1 - busy0,
+    );
+
+    let busy0 = system_busy_s()?;
+    let receiver = Process::spawn(
+        NetPair::in_ns(net.ns_monitor, &tools.probe)
+            .args([
+                "receiver",
+                "--bind",
+                &net.target(),
+                "--duration-s",
+                &seconds.to_string(),
+            ])
+            .stdout(Stdio::piped()),
+    )?;
+    std::thread::sleep(Duration::from_millis(300));
+    let sent = finish_json(loadgen(tools, net, peers, rate, seconds as f64, None)?)?;
+    let received = finish_json(receiver)?;
+    let busy1 = system_busy_s()?;
+    let socket = (
+        sent["sent"].as_u64().unwrap_or(0),
+        received["received"].as_u64().unwrap_or(0),
+        received["cpu_s"].as_f64().unwrap_or(f64::NAN),
+        busy1 - busy0,
+    );
+    Ok(Paths { pps, xdp, socket })
+}
+
+fn f(v: &Value, path: &[&str]) -> f64 {
+    path.iter()
+        .fold(v, |v, k| &v[*k])
+        .as_f64()
+        .unwrap_or(f64::NAN)
+}
+
+fn render(test_run_ns: f64, rows: &[ScaleRow], ingest: &Ingest, paths: &Paths) -> String {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "Kernel cost, BPF_PROG_TEST_RUN (1e6 runs of one IPv4 heartbeat): {test_run_ns:.0} ns per packet\n"
+    );
+    let _ = writeln!(
+        t,
+        "| peers | requested pps | sent pps | sent | recorded | lost | kernel ns/pkt (bpf_stats) | agent CPU % | agent RssAnon MiB | maps MiB | sweep mmap ms | sweep aya iter ms | iter/mmap | agent sweep ms | peer p50/p99 us | suspects p50/p99 us | event p50/p99 ms (n) |"
+    );
+    let _ = writeln!(
+        t,
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for r in rows {
+        let _ = writeln!(
+            t,
+            "| {} | {:.0} | {:.0} | {} | {} | {} | {:.0} | {:.2} | {:.1} | {:.1} | {:.3} | {:.1} | {:.0}x | {:.3} | {:.0} / {:.0} | {:.0} / {:.0} | {:.2} / {:.2} ({}) |",
+            r.peers,
+            r.requested_pps,
+            r.achieved_pps,
+            r.sent,
+            r.recorded,
+            r.sent as i64 - r.recorded as i64,
+            r.kernel_ns,
+            r.agent_cpu_pct,
+            r.rss_mib,
+            r.maps_mib,
+            f(&r.sweep, &["mmap_read_ms"]),
+            f(&r.sweep, &["aya_iter_ms"]),
+            f(&r.sweep, &["iter_over_mmap"]),
+            f(&r.sweep, &["agent_sweep_ms"]),
+            f(&r.socket, &["peer_us", "p50"]),
+            f(&r.socket, &["peer_us", "p99"]),
+            f(&r.socket, &["suspects_us", "p50"]),
+            f(&r.socket, &["suspects_us", "p99"]),
+            f(&r.events, &["latency_ms", "p50"]),
+            f(&r.events, &["latency_ms", "p99"]),
+            r.events["latency_ms"]["count"],
+        );
+    }
+    let _ = writeln!(
+        t,
+        "\nIngest at {} peers (3 s per step; lost = sent - recorded by the kernel):\n",
+        ingest.peers
+    );
+    let _ = writeln!(t, "| target pps | sent pps | sent | recorded | lost |");
+    let _ = writeln!(t, "|---:|---:|---:|---:|---:|");
+    for (target, achieved, sent, recorded) in &ingest.steps {
+        let target = if *target >= 1e9 {
+            "generator max".to_string()
+        } else {
+            format!("{target:.0}")
+        };
+        let _ = writeln!(
+            t,
+            "| {target} | {achieved:.0} | {sent} | {recorded} | {} |",
+            *sent as i64 - *recorded as i64
+        );
+    }
+    let per_m = |cpu: f64, n: u64| cpu / n.max(1) as f64 * 1e6;
+    let (xs, xr, xcpu, xbusy) = paths.xdp;
+    let (ss, sr, scpu, sbusy) = paths.socket;
+    let _ = writeln!(
+        t,
+        "\nThe same stream ({:.0} pps) into each receive path:\n",
+        paths.pps
+    );
+    let _ = writeln!(
+        t,
+        "| path | sent | received | receive-side CPU s per 1M | machine busy CPU s per 1M |"
+    );
+    let _ = writeln!(t, "|---|---:|---:|---:|---:|");
+    let _ = writeln!(
+        t,
+        "| XDP + agent | {xs} | {xr} | {:.3} | {:.3} |",
+        per_m(xcpu, xr),
+        per_m(xbusy, xs)
+    );
+    let _ = writeln!(
+        t,
+        "| UDP socket + same statistics | {ss} | {sr} | {:.3} | {:.3} |",
+        per_m(scpu, sr),
+        per_m(sbusy, ss)
+    );
+    let _ = writeln!(
+        t,
+        "\nReceive-side CPU per heartbeat, socket path over XDP path: {:.1}x",
+        per_m(scpu, sr) / per_m(xcpu, xr)
+    );
+    t
+}
+
+fn record(table: &str, args: &BenchArgs) -> Result<()> {
+    let path = workspace::root().join("BENCHMARKS.md");
+    let kernel = workspace::output(Command::new("uname").arg("-r"))?;
+    let date = workspace::output(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]))?;
+    let mut command = String::from("cargo xtask bench");
+    if args.quick {
+        command.push_str(" --quick");
+    }
+    let entry = format!(
+        "\n## {} (kernel {}), `{command}`\n\n{table}",
+        date.trim(),
+        kernel.trim()
+    );
+    let mut text = std::fs::read_to_string(&path).unwrap_or_else(|_| "# Benchmarks\n".into());
+    text.push_str(&entry);
+    std::fs::write(&path, text)?;
+    println!("appended to {}", path.display());
+    Ok(())
+}
