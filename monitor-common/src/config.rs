@@ -8,6 +8,8 @@ pub const CONFIG_SYMBOL: &str = "CONFIG";
 
 /// Heartbeats are passed up the stack after being recorded instead of being consumed.
 pub const XDP_FLAG_PASS_HEARTBEATS: u32 = 1 << 0;
+/// Only heartbeats with a valid SipHash tag (current or previous key in AUTH_KEYS) count.
+pub const XDP_FLAG_REQUIRE_AUTH: u32 = 1 << 1;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

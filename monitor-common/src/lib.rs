@@ -6,6 +6,7 @@
 //! feature adds `aya::Pod` so the agent can read and write these types through aya.
 #![no_std]
 
+pub mod auth;
 pub mod config;
 pub mod maps;
 pub mod wire;
@@ -15,6 +16,7 @@ mod pod {
     // SAFETY: every type below is `repr(C)`, `Copy`, has no padding that carries meaning and
     // is valid for any bit pattern (integers and byte arrays only).
     unsafe impl aya::Pod for crate::config::XdpConfig {}
+    unsafe impl aya::Pod for crate::auth::AuthKey {}
     unsafe impl aya::Pod for crate::maps::PeerSlot {}
     unsafe impl aya::Pod for crate::maps::Counters {}
     unsafe impl aya::Pod for crate::maps::UnknownPeerReport {}

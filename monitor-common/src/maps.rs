@@ -23,6 +23,8 @@ pub const PEER_STATE_MAP: &str = "PEER_STATE";
 pub const COUNTERS_MAP: &str = "COUNTERS";
 /// [`UnknownPeerReport`]s (RINGBUF), rate-limited in the kernel.
 pub const UNKNOWN_PEERS_MAP: &str = "UNKNOWN_PEERS";
+/// [`crate::auth::AuthKey`] slots (ARRAY of 2: current, previous), written by the agent.
+pub const AUTH_KEYS_MAP: &str = "AUTH_KEYS";
 /// Size of the unknown-peer ring buffer in bytes.
 pub const UNKNOWN_PEERS_BYTES: u32 = 64 * 1024;
 

@@ -20,6 +20,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use monitor_common::{
+    auth::{AuthKey, KEY_SLOTS},
     config::{XDP_FLAG_PASS_HEARTBEATS, XdpConfig},
     maps::{BPF_F_MMAPABLE, Counters, DEFAULT_CAPACITY, PeerSlot, UNKNOWN_PEERS_BYTES},
 };
@@ -41,6 +42,9 @@ static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
 static UNKNOWN_PEERS: RingBuf = RingBuf::with_byte_size(UNKNOWN_PEERS_BYTES, 0);
+
+#[map]
+static AUTH_KEYS: Array<AuthKey> = Array::with_max_entries(KEY_SLOTS, 0);
 
 #[inline(always)]
 fn config() -> XdpConfig {

@@ -21,6 +21,10 @@ pub struct Heartbeat {
     pub peer_id: u64,
     pub seq: u64,
     pub incarnation: u32,
+    pub flags: u8,
+    /// Bytes 0..24 as three little-endian words (SipHash's message words) and the tag.
+    pub authenticated: [u64; 3],
+    pub tag: u64,
     pub src_family: u16,
     pub src_port: u16,
     /// Source address as the two native-endian words of its 16 bytes; IPv4 in the
@@ -130,11 +134,12 @@ fn parse_inner(ctx: &XdpContext, port: u16) -> Option<Parsed> {
     let payload_len = (u16::from_be_bytes(udp.len) as usize).wrapping_sub(UdpHdr::LEN);
     // Three 8-byte loads for the whole header (see `load`), decoded from network order.
     let p = header.cast::<u8>();
-    let (first, peer_id, seq) = unsafe {
+    let (first, peer_id, seq, tag) = unsafe {
         (
             load::u64_at(p),
             load::u64_at(p.add(8)),
             load::u64_at(p.add(16)),
+            load::u64_at(p.add(24)),
         )
     };
     let (magic, version, flags, incarnation) = split_first_word(u64::from_be(first));
@@ -145,6 +150,10 @@ fn parse_inner(ctx: &XdpContext, port: u16) -> Option<Parsed> {
         peer_id: u64::from_be(peer_id),
         seq: u64::from_be(seq),
         incarnation,
+        flags,
+        // Native loads on a little-endian target are SipHash's little-endian words.
+        authenticated: [first, peer_id, seq],
+        tag,
         src_family,
         src_port: u16::from_be_bytes(udp.src),
         src_words,

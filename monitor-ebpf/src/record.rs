@@ -6,11 +6,13 @@ use core::intrinsics::{AtomicOrdering, atomic_cxchg};
 
 use aya_ebpf::helpers::bpf_ktime_get_ns;
 use monitor_common::{
-    config::XdpConfig,
+    auth::{KEY_CURRENT, KEY_PREVIOUS, siphash24_24},
+    config::{XDP_FLAG_REQUIRE_AUTH, XdpConfig},
     maps::{Counters, MAX_INTERVAL_US, MAX_WINDOW, PeerSlot, UnknownPeerReport},
+    wire::FLAG_AUTH,
 };
 
-use crate::{PEER_INDEX, PEER_STATE, UNKNOWN_PEERS, parse::Heartbeat};
+use crate::{AUTH_KEYS, PEER_INDEX, PEER_STATE, UNKNOWN_PEERS, parse::Heartbeat};
 
 const RING_MASK: u32 = (MAX_WINDOW as u32) - 1;
 const NS_PER_SEC: u64 = 1_000_000_000;
@@ -18,12 +20,25 @@ const NS_PER_SEC: u64 = 1_000_000_000;
 #[inline(always)]
 pub fn record(hb: &Heartbeat, config: &XdpConfig, counters: &mut Counters) {
     let peer_id = hb.peer_id;
-    let now = unsafe { bpf_ktime_get_ns() };
-
     let slot = match unsafe { PEER_INDEX.get(&peer_id) } {
         Some(&index) => PEER_STATE.get_ptr_mut(index),
         None => None,
     };
+    if config.flags & XDP_FLAG_REQUIRE_AUTH != 0 && !authentic(hb) {
+        // Forged, replayed under another key, or unsigned: never an arrival, never reported.
+        counters.auth_failures += 1;
+        if let Some(slot) = slot {
+            let slot = unsafe { &mut *slot };
+            if try_lock(&mut slot.lock) {
+                if slot.record.peer_id == peer_id {
+                    slot.record.auth_failures += 1;
+                }
+                unlock(&mut slot.lock);
+            }
+        }
+        return;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
     let Some(slot) = slot else {
         counters.unknown_peer += 1;
         report_unknown(hb, peer_id, now, config, counters);
@@ -117,6 +132,24 @@ fn unlock(lock: &mut u64) {
     unsafe {
         atomic_xadd::<u64, u64, { AtomicOrdering::Release }>(lock, 1);
     }
+}
+
+/// Whether the tag is SipHash-2-4 of bytes 0..24 under the current key, or under the previous
+/// one while a rotation's grace period lasts.
+#[inline(always)]
+fn authentic(hb: &Heartbeat) -> bool {
+    if hb.flags & FLAG_AUTH == 0 {
+        return false;
+    }
+    for slot in [KEY_CURRENT, KEY_PREVIOUS] {
+        if let Some(key) = AUTH_KEYS.get(slot)
+            && key.valid != 0
+            && siphash24_24(key.k0, key.k1, hb.authenticated) == hb.tag
+        {
+            return true;
+        }
+    }
+    false
 }
 
 /// Two 8-byte stores instead of sixteen 1-byte ones. Every `src_addr` field sits at an offset

@@ -15,7 +15,7 @@ use std::{
 use anyhow::{Context, Result};
 use aya::maps::{MapData, PerCpuArray};
 use monitor_common::{
-    config::{XDP_FLAG_PASS_HEARTBEATS, XdpConfig},
+    config::{XDP_FLAG_PASS_HEARTBEATS, XDP_FLAG_REQUIRE_AUTH, XdpConfig},
     maps::{Counters, MAX_INTERVAL_US},
 };
 use serde_json::json;
@@ -23,6 +23,7 @@ use tokio::sync::broadcast;
 
 use crate::{
     admission::{self, consume_reports},
+    auth_key::read_key_file,
     clock::monotonic_ns,
     counters::CounterTotals,
     detector::{
@@ -30,6 +31,7 @@ use crate::{
         model::{DetectorParams, Estimate, Model},
         tracker::{DetectorConfig, Event, PeerTracker},
     },
+    keyring::KeyRing,
     loaded::LoadedProgram,
     peer_table::PeerTable,
     peer_view::PeerView,
@@ -58,6 +60,10 @@ pub struct AgentConfig {
     pub detector: DetectorParams,
     pub levels: Levels,
     pub sweep_interval: Duration,
+    /// Require heartbeats signed with the key in this file (re-read on SIGHUP).
+    pub auth_key_file: Option<PathBuf>,
+    /// How long the previous key stays valid after a rotation.
+    pub auth_grace: Duration,
     /// A sweep that comes this much later than the previous one means the agent itself was
     /// not scheduled; new suspicions are held for as long as the stall lasted.
     pub stall_bound: Duration,
@@ -373,7 +379,7 @@ async fn sweep_loop(agent: Arc<Agent>, interval: Duration, stall_bound: Duration
     }
 }
 
-fn xdp_config(config: &AgentConfig) -> XdpConfig {
+fn xdp_config(config: &AgentConfig, require_auth: bool) -> XdpConfig {
     let max_interval_us = config.detector.max_interval_ms.map_or(0, |ms| {
         ((ms * 1000.0) as u64).clamp(1, MAX_INTERVAL_US) as u32
     });
@@ -382,6 +388,10 @@ fn xdp_config(config: &AgentConfig) -> XdpConfig {
         window: config.detector.window,
         flags: if config.pass_heartbeats {
             XDP_FLAG_PASS_HEARTBEATS
+        } else {
+            0
+        } | if require_auth {
+            XDP_FLAG_REQUIRE_AUTH
         } else {
             0
         },
@@ -407,13 +417,27 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     }
     // Bind first: a socket already in use is the cheapest error to report.
     let (listener, _socket_guard) = server::bind(&config.socket)?;
+    // Read the key before anything is loaded: a bad key file stops the start cleanly.
+    let key = config
+        .auth_key_file
+        .as_deref()
+        .map(read_key_file)
+        .transpose()?;
     let LoadedProgram {
         mut ebpf,
         table,
         mut registry,
         counters,
         unknown_reports,
-    } = LoadedProgram::load(&xdp_config(&config), config.capacity)?;
+        auth_keys,
+    } = LoadedProgram::load(&xdp_config(&config, key.is_some()), config.capacity)?;
+    let keyring = match (key, &config.auth_key_file) {
+        (Some(key), Some(path)) => Some(Arc::new(
+            KeyRing::new(auth_keys, key, path.clone(), config.auth_grace)
+                .context("installing the auth key")?,
+        )),
+        _ => None,
+    };
     let now = monotonic_ns();
     for &id in &peers {
         registry.admit(&table, id, now)?;
@@ -468,7 +492,24 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         })
     };
 
+    let reload_keys = async {
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .expect("SIGHUP handler");
+        loop {
+            hup.recv().await;
+            match &keyring {
+                Some(ring) => {
+                    if let Err(e) = ring.rotate() {
+                        log::error!("{e:#}; keeping the current keys");
+                    }
+                }
+                None => log::info!("SIGHUP: no --auth-key-file to reload"),
+            }
+        }
+    };
+
     tokio::select! {
+        () = reload_keys => {}
         r = server::serve(listener, agent.clone()) => r.context("serving the socket")?,
         r = reports => r.context("reading unknown-peer reports")?,
         () = sweep_loop(agent.clone(), config.sweep_interval, config.stall_bound) => {}

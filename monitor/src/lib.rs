@@ -4,10 +4,12 @@
 
 pub mod admission;
 pub mod agent;
+pub mod auth_key;
 pub mod client;
 pub mod clock;
 pub mod counters;
 pub mod detector;
+pub mod keyring;
 pub mod loaded;
 pub mod loadgen;
 pub mod peer_table;

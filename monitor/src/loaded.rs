@@ -5,11 +5,14 @@ use std::os::fd::AsFd;
 
 use aya::{
     Ebpf,
-    maps::{HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray, RingBuf},
+    maps::{Array, HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray, RingBuf},
 };
 use monitor_common::{
+    auth::AuthKey,
     config::XdpConfig,
-    maps::{COUNTERS_MAP, Counters, PEER_INDEX_MAP, PEER_STATE_MAP, UNKNOWN_PEERS_MAP},
+    maps::{
+        AUTH_KEYS_MAP, COUNTERS_MAP, Counters, PEER_INDEX_MAP, PEER_STATE_MAP, UNKNOWN_PEERS_MAP,
+    },
 };
 
 use crate::{
@@ -40,6 +43,7 @@ pub struct LoadedProgram {
     pub registry: Registry,
     pub counters: PerCpuArray<MapData, Counters>,
     pub unknown_reports: RingBuf<MapData>,
+    pub auth_keys: Array<MapData, AuthKey>,
 }
 
 impl LoadedProgram {
@@ -53,12 +57,14 @@ impl LoadedProgram {
         let index = take(&mut ebpf, PEER_INDEX_MAP, BpfHashMap::try_from)?;
         let counters = take(&mut ebpf, COUNTERS_MAP, PerCpuArray::try_from)?;
         let unknown_reports = take(&mut ebpf, UNKNOWN_PEERS_MAP, RingBuf::try_from)?;
+        let auth_keys = take(&mut ebpf, AUTH_KEYS_MAP, Array::try_from)?;
         Ok(Self {
             ebpf,
             table,
             registry: Registry::new(index, capacity),
             counters,
             unknown_reports,
+            auth_keys,
         })
     }
 }

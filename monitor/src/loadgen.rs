@@ -35,6 +35,8 @@ pub struct LoadgenConfig {
     pub kill_fraction: f64,
     pub kill_after: Duration,
     pub incarnation: u32,
+    /// Sign every heartbeat with this key.
+    pub key: Option<monitor_common::auth::AuthKey>,
 }
 
 /// What was sent: what a benchmark compares with what the monitor counted.
@@ -169,11 +171,14 @@ pub fn run(config: &LoadgenConfig, stop: &AtomicBool) -> Result<LoadgenReport, L
     let start = Instant::now();
 
     let push = |batch: &mut Batch, n: u64| {
-        let header = HeartbeatHeader::new(
+        let mut header = HeartbeatHeader::new(
             config.first_id + n % config.peers,
             config.incarnation,
             n / config.peers,
         );
+        if let Some(key) = &config.key {
+            crate::auth_key::sign(&mut header, key);
+        }
         batch.packets.push(header.to_bytes());
     };
 

@@ -19,6 +19,8 @@ pub struct SenderConfig {
     pub count: Option<u64>,
     pub incarnation: u32,
     pub first_seq: u64,
+    /// Sign every heartbeat with this key.
+    pub key: Option<monitor_common::auth::AuthKey>,
 }
 
 /// Sends heartbeats on a fixed schedule (start + k * interval, plus jitter), so sleeping late
@@ -40,7 +42,11 @@ pub fn run(config: &SenderConfig, mut keep_going: impl FnMut() -> bool) -> io::R
         if let Some(wait) = due.checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
         }
-        let header = HeartbeatHeader::new(config.id, config.incarnation, config.first_seq + sent);
+        let mut header =
+            HeartbeatHeader::new(config.id, config.incarnation, config.first_seq + sent);
+        if let Some(key) = &config.key {
+            crate::auth_key::sign(&mut header, key);
+        }
         match socket.send(&header.to_bytes()) {
             Ok(_) => {}
             // A transient error (no route yet, ICMP feedback) must not kill a heartbeat sender.

@@ -506,3 +506,105 @@ fn a_forgotten_peer_is_unknown_and_its_slot_is_left_alone() {
     fx.run(&Packet::heartbeat_v4(99, 1).build());
     assert_eq!(fx.record(99).heartbeats, 1);
 }
+
+mod authentication {
+    use monitor::auth_key::sign;
+    use monitor_common::{
+        auth::{AuthKey, KEY_CURRENT, KEY_PREVIOUS},
+        config::XDP_FLAG_REQUIRE_AUTH,
+    };
+
+    use super::*;
+
+    const KEY: AuthKey = AuthKey::from_bytes([0x11; 16]);
+    const OLD: AuthKey = AuthKey::from_bytes([0x22; 16]);
+
+    fn fixture(peers: &[u64]) -> Fixture {
+        let mut fx = Fixture::new(
+            XdpConfig {
+                flags: XDP_FLAG_REQUIRE_AUTH,
+                ..XdpConfig::DEFAULT
+            },
+            peers,
+        );
+        fx.loaded.auth_keys.set(KEY_CURRENT, KEY, 0).unwrap();
+        fx
+    }
+
+    fn signed(id: u64, seq: u64, key: &AuthKey) -> Vec<u8> {
+        let mut h = HeartbeatHeader::new(id, 1, seq);
+        sign(&mut h, key);
+        Packet::heartbeat_v4(id, seq).with_header(h).build()
+    }
+
+    #[test]
+    fn a_signed_heartbeat_is_recorded() {
+        let mut fx = fixture(&[PEER]);
+        assert_eq!(fx.run(&signed(PEER, 1, &KEY)), XDP_DROP);
+        assert_eq!(fx.counters(), only(|c| c.heartbeats = 1));
+        assert_eq!(fx.record(PEER).heartbeats, 1);
+    }
+
+    #[test]
+    fn unsigned_forged_and_tampered_heartbeats_are_failures_not_arrivals() {
+        let mut fx = fixture(&[PEER]);
+        let unsigned = Packet::heartbeat_v4(PEER, 1).build();
+        let forged = signed(PEER, 2, &AuthKey::from_bytes([0x33; 16]));
+        let mut tampered = signed(PEER, 3, &KEY);
+        let seq_byte = tampered.len() - 32 + 23; // last byte of the sequence number
+        tampered[seq_byte] ^= 1;
+        let mut bad_tag = signed(PEER, 4, &KEY);
+        let last = bad_tag.len() - 1;
+        bad_tag[last] ^= 0x80;
+        for (name, packet) in [
+            ("unsigned", unsigned),
+            ("forged", forged),
+            ("tampered", tampered),
+            ("bad tag", bad_tag),
+        ] {
+            assert_eq!(fx.run(&packet), XDP_DROP, "{name}");
+        }
+        assert_eq!(fx.counters(), only(|c| c.auth_failures = 4));
+        let r = fx.record(PEER);
+        assert_eq!((r.heartbeats, r.auth_failures), (0, 4));
+    }
+
+    #[test]
+    fn a_forged_unknown_peer_is_not_reported() {
+        let mut fx = fixture(&[]);
+        fx.run(&signed(500, 1, &OLD));
+        assert_eq!(fx.counters(), only(|c| c.auth_failures = 1));
+        assert!(
+            fx.unknown_reports().is_empty(),
+            "a forged id must not reach admission"
+        );
+        fx.run(&signed(501, 1, &KEY));
+        assert_eq!(
+            fx.unknown_reports().len(),
+            1,
+            "a genuine unknown peer is reported"
+        );
+    }
+
+    #[test]
+    fn the_previous_key_is_accepted_during_a_rotation_only() {
+        let mut fx = fixture(&[PEER]);
+        assert_eq!(fx.run(&signed(PEER, 1, &OLD)), XDP_DROP);
+        assert_eq!(fx.record(PEER).heartbeats, 0, "OLD is not a key yet");
+        fx.loaded.auth_keys.set(KEY_PREVIOUS, OLD, 0).unwrap();
+        fx.run(&signed(PEER, 2, &OLD));
+        fx.run(&signed(PEER, 3, &KEY));
+        assert_eq!(
+            fx.record(PEER).heartbeats,
+            2,
+            "both keys during the grace period"
+        );
+        fx.loaded
+            .auth_keys
+            .set(KEY_PREVIOUS, AuthKey::default(), 0)
+            .unwrap();
+        fx.run(&signed(PEER, 4, &OLD));
+        assert_eq!(fx.record(PEER).heartbeats, 2, "the old key expired");
+        assert_eq!(fx.counters().auth_failures, 2);
+    }
+}

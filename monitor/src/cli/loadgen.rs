@@ -40,6 +40,9 @@ pub struct LoadgenArgs {
     /// Sender epoch of every simulated peer (default: seconds since the Unix epoch).
     #[arg(long)]
     incarnation: Option<u32>,
+    /// Sign heartbeats with the 128-bit key in this file (32 hex digits, mode 0600).
+    #[arg(long)]
+    auth_key_file: Option<std::path::PathBuf>,
 }
 
 pub fn loadgen(args: LoadgenArgs) -> anyhow::Result<ExitCode> {
@@ -65,6 +68,11 @@ pub fn loadgen(args: LoadgenArgs) -> anyhow::Result<ExitCode> {
         incarnation: args
             .incarnation
             .unwrap_or_else(super::send::default_incarnation),
+        key: args
+            .auth_key_file
+            .as_deref()
+            .map(monitor::auth_key::read_key_file)
+            .transpose()?,
     };
     let report = loadgen::run(&config, &stop)?;
     // One JSON line on stdout: what was sent, for whoever checks the other end.

@@ -48,6 +48,13 @@ pub struct RunArgs {
     /// Pass heartbeats on to the network stack after recording them (default: consume them).
     #[arg(long)]
     pass_heartbeats: bool,
+    /// Require heartbeats signed with the 128-bit key in this file (32 hex digits, mode 0600).
+    /// SIGHUP re-reads it: the new key is current, the old one accepted for --auth-grace.
+    #[arg(long, help_heading = "Security")]
+    auth_key_file: Option<PathBuf>,
+    /// How long the previous key stays valid after a rotation.
+    #[arg(long, default_value = "60s", value_parser = parse_duration, help_heading = "Security")]
+    auth_grace: Duration,
     /// Unknown-peer reports each CPU may send the agent per second (caps the cost of floods).
     #[arg(long, default_value_t = 1000)]
     unknown_report_rate: u32,
@@ -136,6 +143,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         detector,
         levels: args.levels,
         sweep_interval: args.sweep_interval,
+        auth_key_file: args.auth_key_file,
+        auth_grace: args.auth_grace,
         stall_bound: args.stall_bound,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -34,6 +34,9 @@ pub struct SendArgs {
     /// Sender epoch; must grow across restarts (default: seconds since the Unix epoch).
     #[arg(long)]
     incarnation: Option<u32>,
+    /// Sign heartbeats with the 128-bit key in this file (32 hex digits, mode 0600).
+    #[arg(long)]
+    auth_key_file: Option<std::path::PathBuf>,
 }
 
 /// Seconds since the Unix epoch: grows across restarts (more than a second apart).
@@ -71,6 +74,11 @@ pub fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
         count: args.count,
         incarnation,
         first_seq: 0,
+        key: args
+            .auth_key_file
+            .as_deref()
+            .map(monitor::auth_key::read_key_file)
+            .transpose()?,
     };
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {

@@ -1,0 +1,128 @@
+//! Reading the heartbeat authentication key from a file, and signing heartbeats with it.
+
+use std::{fs, io, os::unix::fs::PermissionsExt, path::Path};
+
+use monitor_common::{
+    auth::{AUTHENTICATED_LEN, AuthKey, tag},
+    wire::{FLAG_AUTH, HEADER_LEN, HeartbeatHeader},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum KeyFileError {
+    #[error("reading auth key file {path}: {source}")]
+    Read { path: String, source: io::Error },
+    #[error(
+        "auth key file {path} is accessible to group or others (mode {mode:04o}); \
+         `chmod 600 {path}` and keep it that way"
+    )]
+    Mode { path: String, mode: u32 },
+    #[error("auth key file {path} must hold exactly 32 hexadecimal digits (a 128-bit key)")]
+    Format { path: String },
+}
+
+/// Reads a 128-bit key written as 32 hex digits (surrounding whitespace ignored). The file
+/// must not be accessible to group or others. The key itself never appears in an error.
+pub fn read_key_file(path: &Path) -> Result<AuthKey, KeyFileError> {
+    let shown = path.display().to_string();
+    let read_err = |source| KeyFileError::Read {
+        path: shown.clone(),
+        source,
+    };
+    let mode = fs::metadata(path).map_err(read_err)?.permissions().mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(KeyFileError::Mode { path: shown, mode });
+    }
+    let text = fs::read_to_string(path).map_err(read_err)?;
+    parse_key(text.trim()).ok_or(KeyFileError::Format { path: shown })
+}
+
+/// 32 hex digits -> key.
+pub fn parse_key(hex: &str) -> Option<AuthKey> {
+    if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut bytes = [0u8; 16];
+    for (i, byte) in bytes.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(AuthKey::from_bytes(bytes))
+}
+
+/// Sets the auth flag and the tag of `header` (the flag is covered by the tag).
+pub fn sign(header: &mut HeartbeatHeader, key: &AuthKey) {
+    header.flags |= FLAG_AUTH;
+    let bytes: [u8; HEADER_LEN] = header.to_bytes();
+    let authenticated: &[u8; AUTHENTICATED_LEN] =
+        bytes[..AUTHENTICATED_LEN].try_into().expect("24 bytes");
+    header.tag = tag(key, authenticated).to_le_bytes();
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    fn key_file(contents: &str, mode: u32) -> tempfile_path::TempPath {
+        let path = tempfile_path::TempPath::new();
+        let mut f = fs::File::create(&path.0).unwrap();
+        f.write_all(contents.as_bytes()).unwrap();
+        fs::set_permissions(&path.0, fs::Permissions::from_mode(mode)).unwrap();
+        path
+    }
+
+    mod tempfile_path {
+        pub struct TempPath(pub std::path::PathBuf);
+        impl TempPath {
+            pub fn new() -> Self {
+                use std::sync::atomic::{AtomicU32, Ordering};
+                static N: AtomicU32 = AtomicU32::new(0);
+                let n = N.fetch_add(1, Ordering::Relaxed);
+                Self(std::env::temp_dir().join(format!("hbm-key-{}-{n}", std::process::id())))
+            }
+        }
+        impl Drop for TempPath {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_file(&self.0);
+            }
+        }
+    }
+
+    #[test]
+    fn reads_a_private_hex_key() {
+        let f = key_file("000102030405060708090a0b0c0d0e0f\n", 0o600);
+        let key = read_key_file(&f.0).unwrap();
+        assert_eq!(key, AuthKey::from_bytes(core::array::from_fn(|i| i as u8)));
+    }
+
+    #[test]
+    fn refuses_a_readable_file_and_never_shows_the_key() {
+        let secret = "00112233445566778899aabbccddeeff";
+        let f = key_file(secret, 0o644);
+        let err = read_key_file(&f.0).unwrap_err().to_string();
+        assert!(err.contains("0644") && err.contains("chmod 600"), "{err}");
+        assert!(!err.contains(secret));
+        let f = key_file("not a key", 0o600);
+        let err = read_key_file(&f.0).unwrap_err().to_string();
+        assert!(err.contains("32 hexadecimal digits"), "{err}");
+        assert!(parse_key("0011").is_none());
+        assert!(parse_key("zz112233445566778899aabbccddeeff").is_none());
+    }
+
+    #[test]
+    fn a_signed_header_carries_the_tag_of_its_first_24_bytes() {
+        let key = AuthKey::from_bytes([7; 16]);
+        let mut h = HeartbeatHeader::new(5, 1, 9);
+        sign(&mut h, &key);
+        assert_eq!(h.flags & FLAG_AUTH, FLAG_AUTH);
+        let b = h.to_bytes();
+        assert_eq!(
+            u64::from_le_bytes(h.tag),
+            tag(&key, b[..24].try_into().unwrap())
+        );
+        // Any change to the covered bytes changes the tag.
+        let mut other = HeartbeatHeader::new(5, 1, 10);
+        sign(&mut other, &key);
+        assert_ne!(other.tag, h.tag);
+    }
+}
