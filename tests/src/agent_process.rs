@@ -86,6 +86,10 @@ impl AgentProcess {
         reply
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn socket(&self) -> &Path {
         &self.socket
     }

@@ -1,0 +1,197 @@
+//! Hostile and careless input end to end: forged heartbeats against an agent that requires
+//! authentication, key rotation without detaching, key files others can read.
+
+use std::{os::unix::fs::PermissionsExt, process::Stdio, time::Duration};
+
+use integration_tests::{
+    agent_process::{AgentProcess, TempDir, run_ok, sender},
+    monitor_bin,
+    netns::NetnsPair,
+    require_root,
+};
+use serde_json::json;
+
+fn key_file(dir: &TempDir, name: &str, hex: &str, mode: u32) -> String {
+    let path = dir.0.join(name);
+    std::fs::write(&path, format!("{hex}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+    path.display().to_string()
+}
+
+const KEY_A: &str = "000102030405060708090a0b0c0d0e0f";
+const KEY_B: &str = "f0e0d0c0b0a090807060504030201000";
+
+#[test]
+fn only_signed_heartbeats_count_and_keys_rotate_without_detaching() {
+    require_root();
+    let pair = NetnsPair::new(50);
+    let dir = TempDir::new("hbmauth");
+    let agent_key = key_file(&dir, "agent.key", KEY_A, 0o600);
+    let key_a = key_file(&dir, "a.key", KEY_A, 0o600);
+    let key_b = key_file(&dir, "b.key", KEY_B, 0o600);
+    let peers = dir.0.join("peers");
+    std::fs::write(&peers, "1\n2\n").unwrap();
+    let agent = AgentProcess::start(
+        &pair,
+        &[
+            "--peers",
+            &peers.display().to_string(),
+            "--auth-key-file",
+            &agent_key,
+            "--auth-grace",
+            "2s",
+        ],
+    );
+
+    run_ok(sender(
+        &pair,
+        1,
+        "10ms",
+        &[
+            "--count",
+            "20",
+            "--auth-key-file",
+            &key_a,
+            "--incarnation",
+            "1",
+        ],
+    ));
+    run_ok(sender(
+        &pair,
+        2,
+        "10ms",
+        &[
+            "--count",
+            "20",
+            "--auth-key-file",
+            &key_b,
+            "--incarnation",
+            "1",
+        ],
+    ));
+    run_ok(sender(
+        &pair,
+        2,
+        "10ms",
+        &["--count", "5", "--incarnation", "9"],
+    ));
+    let peer = |id: u64| agent.ask(json!({"op": "peer", "id": id}))["peer"].clone();
+    assert_eq!(peer(1)["heartbeats"], json!(20));
+    assert_eq!(
+        peer(2)["heartbeats"],
+        json!(0),
+        "wrong key and unsigned heartbeats never count"
+    );
+    let stats = &agent.ask(json!({"op": "stats"}))["stats"];
+    assert_eq!(stats["kernel"]["auth_failures"], json!(25), "{stats}");
+    assert_eq!(stats["kernel"]["heartbeats"], json!(20));
+
+    // Rotate to B: both keys work during the grace period, only B after it.
+    std::fs::write(&agent_key, format!("{KEY_B}\n")).unwrap();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(agent.pid() as i32, libc::SIGHUP) };
+    std::thread::sleep(Duration::from_millis(300));
+    run_ok(sender(
+        &pair,
+        1,
+        "10ms",
+        &[
+            "--count",
+            "10",
+            "--auth-key-file",
+            &key_a,
+            "--incarnation",
+            "2",
+        ],
+    ));
+    run_ok(sender(
+        &pair,
+        2,
+        "10ms",
+        &[
+            "--count",
+            "10",
+            "--auth-key-file",
+            &key_b,
+            "--incarnation",
+            "2",
+        ],
+    ));
+    assert_eq!(
+        peer(1)["heartbeats"],
+        json!(30),
+        "the old key still counts during the grace period"
+    );
+    assert_eq!(peer(2)["heartbeats"], json!(10));
+    std::thread::sleep(Duration::from_millis(2500));
+    run_ok(sender(
+        &pair,
+        1,
+        "10ms",
+        &[
+            "--count",
+            "10",
+            "--auth-key-file",
+            &key_a,
+            "--incarnation",
+            "3",
+        ],
+    ));
+    assert_eq!(
+        peer(1)["heartbeats"],
+        json!(30),
+        "the old key expired with the grace period"
+    );
+
+    // A bad key file on reload changes nothing.
+    std::fs::write(&agent_key, "garbage\n").unwrap();
+    unsafe { libc::kill(agent.pid() as i32, libc::SIGHUP) };
+    std::thread::sleep(Duration::from_millis(300));
+    run_ok(sender(
+        &pair,
+        2,
+        "10ms",
+        &[
+            "--count",
+            "5",
+            "--auth-key-file",
+            &key_b,
+            "--incarnation",
+            "3",
+        ],
+    ));
+    assert_eq!(peer(2)["heartbeats"], json!(15), "still on key B");
+}
+
+#[test]
+fn a_key_file_others_can_read_is_refused() {
+    require_root();
+    let pair = NetnsPair::new(51);
+    let dir = TempDir::new("hbmauth");
+    let readable = key_file(&dir, "open.key", KEY_A, 0o644);
+    let out = NetnsPair::command_in(&pair.ns_a, &monitor_bin())
+        .args(["run", "--iface", &pair.iface_a, "--socket"])
+        .arg(dir.0.join("s.sock"))
+        .args(["--auth-key-file", &readable])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("chmod 600") && !err.contains(KEY_A), "{err}");
+    let out = std::process::Command::new(monitor_bin())
+        .args([
+            "send",
+            "--to",
+            "127.0.0.1:9",
+            "--id",
+            "1",
+            "--count",
+            "1",
+            "--auth-key-file",
+            &readable,
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the sender refuses it too");
+}
