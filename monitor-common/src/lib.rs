@@ -17,6 +17,7 @@ mod pod {
     // is valid for any bit pattern (integers and byte arrays only).
     unsafe impl aya::Pod for crate::config::XdpConfig {}
     unsafe impl aya::Pod for crate::auth::AuthKey {}
+    unsafe impl aya::Pod for crate::maps::PinnedMeta {}
     unsafe impl aya::Pod for crate::maps::PeerSlot {}
     unsafe impl aya::Pod for crate::maps::Counters {}
     unsafe impl aya::Pod for crate::maps::UnknownPeerReport {}

@@ -25,6 +25,8 @@ pub const COUNTERS_MAP: &str = "COUNTERS";
 pub const UNKNOWN_PEERS_MAP: &str = "UNKNOWN_PEERS";
 /// [`crate::auth::AuthKey`] slots (ARRAY of 2: current, previous), written by the agent.
 pub const AUTH_KEYS_MAP: &str = "AUTH_KEYS";
+/// One [`PinnedMeta`] (ARRAY of 1), written by the agent, read when it adopts pinned state.
+pub const META_MAP: &str = "META";
 /// Size of the unknown-peer ring buffer in bytes.
 pub const UNKNOWN_PEERS_BYTES: u32 = 64 * 1024;
 
@@ -121,6 +123,29 @@ impl PeerRecord {
 const _: () = assert!(core::mem::offset_of!(PeerSlot, record) % 8 == 0);
 const _: () = assert!(core::mem::offset_of!(PeerRecord, src_addr) % 8 == 0);
 const _: () = assert!(core::mem::offset_of!(UnknownPeerReport, src_addr) % 8 == 0);
+
+/// Version of everything a restarted agent reads from pinned maps: bump it whenever a map's
+/// layout or meaning changes, so an agent never misreads state pinned by another build.
+pub const LAYOUT_VERSION: u32 = 1;
+/// "HBMPIN\0\0".
+pub const META_MAGIC: u64 = u64::from_le_bytes(*b"HBMPIN\0\0");
+
+/// What pinned state is: which layout, and the load-time settings the running program has.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PinnedMeta {
+    pub magic: u64,
+    pub layout_version: u32,
+    /// size_of::<PeerSlot>() of the build that pinned it.
+    pub slot_size: u32,
+    pub capacity: u32,
+    pub window: u32,
+    pub port: u16,
+    pub _pad: u16,
+    pub flags: u32,
+    pub max_interval_us: u32,
+    pub _pad2: u32,
+}
 
 /// What the XDP program decided, counted per CPU (one lookup per packet, no atomics).
 #[repr(C)]

@@ -22,7 +22,7 @@ use aya_ebpf::{
 use monitor_common::{
     auth::{AuthKey, KEY_SLOTS},
     config::{XDP_FLAG_PASS_HEARTBEATS, XdpConfig},
-    maps::{BPF_F_MMAPABLE, Counters, DEFAULT_CAPACITY, PeerSlot, UNKNOWN_PEERS_BYTES},
+    maps::{BPF_F_MMAPABLE, Counters, DEFAULT_CAPACITY, PeerSlot, PinnedMeta, UNKNOWN_PEERS_BYTES},
 };
 
 use crate::parse::Parsed;
@@ -45,6 +45,10 @@ static UNKNOWN_PEERS: RingBuf = RingBuf::with_byte_size(UNKNOWN_PEERS_BYTES, 0);
 
 #[map]
 static AUTH_KEYS: Array<AuthKey> = Array::with_max_entries(KEY_SLOTS, 0);
+
+/// Written and read by the agent only (what pinned state is); the program never touches it.
+#[map]
+static META: Array<PinnedMeta> = Array::with_max_entries(1, 0);
 
 #[inline(always)]
 fn config() -> XdpConfig {

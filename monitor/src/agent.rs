@@ -16,7 +16,7 @@ use anyhow::{Context, Result};
 use aya::maps::{MapData, PerCpuArray};
 use monitor_common::{
     config::{XDP_FLAG_PASS_HEARTBEATS, XDP_FLAG_REQUIRE_AUTH, XdpConfig},
-    maps::{Counters, MAX_INTERVAL_US},
+    maps::{Counters, LAYOUT_VERSION, MAX_INTERVAL_US, META_MAGIC, PeerSlot, PinnedMeta},
 };
 use serde_json::json;
 use tokio::sync::broadcast;
@@ -35,6 +35,7 @@ use crate::{
     loaded::LoadedProgram,
     peer_table::PeerTable,
     peer_view::PeerView,
+    pinning,
     program::{self, AttachMode},
     protocol::{AgentStats, Request, error_reply, ok_reply},
     registry::{AdmitError, ForgetError, Registry},
@@ -64,6 +65,8 @@ pub struct AgentConfig {
     pub auth_key_file: Option<PathBuf>,
     /// How long the previous key stays valid after a rotation.
     pub auth_grace: Duration,
+    /// Pin the program and maps here, and adopt what is pinned here at start.
+    pub pin_path: Option<PathBuf>,
     /// A sweep that comes this much later than the previous one means the agent itself was
     /// not scheduled; new suspicions are held for as long as the stall lasted.
     pub stall_bound: Duration,
@@ -79,7 +82,7 @@ pub struct Agent {
     counters: PerCpuArray<MapData, Counters>,
     events: broadcast::Sender<Event>,
     iface: String,
-    mode: AttachMode,
+    mode: String,
     port: u16,
     started: Instant,
     sweeps: AtomicU64,
@@ -104,7 +107,8 @@ pub struct AgentParts {
     pub program_fd: OwnedFd,
     pub detector: DetectorConfig,
     pub iface: String,
-    pub mode: AttachMode,
+    /// How the program is attached: native, skb, or adopted.
+    pub mode: String,
     pub port: u16,
 }
 
@@ -239,7 +243,7 @@ impl Agent {
         let registry = self.registry.read().expect("registry lock");
         Ok(AgentStats {
             iface: self.iface.clone(),
-            xdp_mode: self.mode.to_string(),
+            xdp_mode: self.mode.clone(),
             port: self.port,
             window: self.detector.params.window,
             model: self.detector.params.model.name().into(),
@@ -423,14 +427,33 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         .as_deref()
         .map(read_key_file)
         .transpose()?;
-    let LoadedProgram {
-        mut ebpf,
+    let xdp = xdp_config(&config, key.is_some());
+    let expected = PinnedMeta {
+        magic: META_MAGIC,
+        layout_version: LAYOUT_VERSION,
+        slot_size: size_of::<PeerSlot>() as u32,
+        capacity: config.capacity,
+        window: xdp.window,
+        port: xdp.port,
+        flags: xdp.flags,
+        max_interval_us: xdp.max_interval_us,
+        ..PinnedMeta::default()
+    };
+    let kernel = match &config.pin_path {
+        Some(dir) if pinning::has_state(dir) => adopt(dir, &expected)?,
+        _ => load_and_attach(&config, &xdp, expected)?,
+    };
+    let Kernel {
         table,
         mut registry,
         counters,
         unknown_reports,
         auth_keys,
-    } = LoadedProgram::load(&xdp_config(&config, key.is_some()), config.capacity)?;
+        program_fd,
+        mode,
+        ebpf,
+        pinned,
+    } = kernel;
     let keyring = match (key, &config.auth_key_file) {
         (Some(key), Some(path)) => Some(Arc::new(
             KeyRing::new(auth_keys, key, path.clone(), config.auth_grace)
@@ -440,10 +463,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     };
     let now = monotonic_ns();
     for &id in &peers {
-        registry.admit(&table, id, now)?;
+        match registry.admit(&table, id, now) {
+            // Adopted state already watches it, window and all.
+            Ok(_) | Err(AdmitError::Exists(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
     }
 
-    let (_link, mode) = program::attach(&mut ebpf, &config.iface, config.mode)?;
     let detector = DetectorConfig::new(config.detector.clone(), config.levels.clone());
     log::info!(
         "watching UDP port {} on {} ({} mode): {} peers from file, capacity {}, {} model, levels {}, socket {}",
@@ -463,12 +489,6 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         );
     }
 
-    let program_fd = program::xdp_mut(&mut ebpf)?
-        .fd()
-        .context("the XDP program has no fd")?
-        .as_fd()
-        .try_clone_to_owned()
-        .context("duplicating the program fd")?;
     let agent = Arc::new(Agent::new(AgentParts {
         table,
         registry,
@@ -515,7 +535,99 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         () = sweep_loop(agent.clone(), config.sweep_interval, config.stall_bound) => {}
         () = shutdown => log::info!("shutting down: detaching from {}", config.iface),
     }
-    // Dropping `ebpf` detaches the program; `_socket_guard` removes the socket file.
-    drop(ebpf);
+    match &pinned {
+        Some(dir) => log::info!(
+            "the program stays attached and recording, pinned at {}; `monitor detach --iface {}` removes it",
+            dir.display(),
+            config.iface
+        ),
+        // Dropping `ebpf` (with its link) detaches the program.
+        None => drop(ebpf),
+    }
+    // `_socket_guard` removes the socket file.
     Ok(())
+}
+
+/// What the agent runs on: a freshly loaded program or adopted pinned state.
+struct Kernel {
+    table: PeerTable,
+    registry: Registry,
+    counters: PerCpuArray<MapData, Counters>,
+    unknown_reports: aya::maps::RingBuf<MapData>,
+    auth_keys: aya::maps::Array<MapData, monitor_common::auth::AuthKey>,
+    program_fd: OwnedFd,
+    /// "native", "skb", or "adopted".
+    mode: String,
+    /// Owns the program when it was loaded here; dropping it detaches an unpinned program.
+    ebpf: Option<aya::Ebpf>,
+    /// Where the state is pinned, if it is.
+    pinned: Option<PathBuf>,
+}
+
+fn adopt(dir: &std::path::Path, expected: &PinnedMeta) -> Result<Kernel> {
+    let a = pinning::adopt(dir, expected)?;
+    log::info!(
+        "adopted the program pinned at {}: {} peers, their windows kept",
+        dir.display(),
+        a.registry.len()
+    );
+    // The pin holds the attachment; the handle is not needed.
+    drop(a.link);
+    Ok(Kernel {
+        table: a.table,
+        registry: a.registry,
+        counters: a.counters,
+        unknown_reports: a.unknown_reports,
+        auth_keys: a.auth_keys,
+        program_fd: a.program_fd,
+        mode: "adopted".into(),
+        ebpf: None,
+        pinned: Some(dir.into()),
+    })
+}
+
+fn load_and_attach(config: &AgentConfig, xdp: &XdpConfig, meta: PinnedMeta) -> Result<Kernel> {
+    if let Some(dir) = &config.pin_path {
+        pinning::prepare(dir)?;
+    }
+    let loaded = LoadedProgram::load_pinned(xdp, config.capacity, config.pin_path.as_deref());
+    let result = (|| {
+        let LoadedProgram {
+            mut ebpf,
+            table,
+            registry,
+            counters,
+            unknown_reports,
+            auth_keys,
+            meta: mut meta_map,
+        } = loaded?;
+        let (link, mode) = program::attach(&mut ebpf, &config.iface, config.mode)?;
+        let program_fd = program::xdp_mut(&mut ebpf)?
+            .fd()
+            .context("the XDP program has no fd")?
+            .as_fd()
+            .try_clone_to_owned()
+            .context("duplicating the program fd")?;
+        if let Some(dir) = &config.pin_path {
+            pinning::pin_program(dir, &mut ebpf, link, meta, &mut meta_map)?;
+        }
+        Ok(Kernel {
+            table,
+            registry,
+            counters,
+            unknown_reports,
+            auth_keys,
+            program_fd,
+            mode: mode.to_string(),
+            ebpf: Some(ebpf),
+            pinned: config.pin_path.clone(),
+        })
+    })();
+    if result.is_err()
+        && let Some(dir) = &config.pin_path
+    {
+        // Half-pinned state is worse than none: the next start would try to adopt it.
+        let _ = pinning::remove(dir);
+    }
+    result
 }

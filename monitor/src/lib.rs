@@ -14,6 +14,7 @@ pub mod loaded;
 pub mod loadgen;
 pub mod peer_table;
 pub mod peer_view;
+pub mod pinning;
 pub mod program;
 pub mod protocol;
 pub mod registry;

@@ -11,7 +11,8 @@ use monitor_common::{
     auth::AuthKey,
     config::XdpConfig,
     maps::{
-        AUTH_KEYS_MAP, COUNTERS_MAP, Counters, PEER_INDEX_MAP, PEER_STATE_MAP, UNKNOWN_PEERS_MAP,
+        AUTH_KEYS_MAP, COUNTERS_MAP, Counters, META_MAP, PEER_INDEX_MAP, PEER_STATE_MAP,
+        PinnedMeta, UNKNOWN_PEERS_MAP,
     },
 };
 
@@ -34,6 +35,8 @@ pub enum LoadedError {
     },
     #[error(transparent)]
     Table(#[from] PeerTableError),
+    #[error(transparent)]
+    Pin(#[from] crate::pinning::PinError),
 }
 
 pub struct LoadedProgram {
@@ -44,12 +47,25 @@ pub struct LoadedProgram {
     pub counters: PerCpuArray<MapData, Counters>,
     pub unknown_reports: RingBuf<MapData>,
     pub auth_keys: Array<MapData, AuthKey>,
+    pub meta: Array<MapData, PinnedMeta>,
 }
 
 impl LoadedProgram {
     /// Loads and verifies the program with `capacity` slots and maps its peer table.
     pub fn load(config: &XdpConfig, capacity: u32) -> Result<Self, LoadedError> {
+        Self::load_pinned(config, capacity, None)
+    }
+
+    /// As `load`, and pins every map under `pin_dir` if given (see `pinning`).
+    pub fn load_pinned(
+        config: &XdpConfig,
+        capacity: u32,
+        pin_dir: Option<&std::path::Path>,
+    ) -> Result<Self, LoadedError> {
         let mut ebpf = program::load(config, capacity)?;
+        if let Some(dir) = pin_dir {
+            crate::pinning::pin_maps(dir, &ebpf)?;
+        }
         let table = match ebpf.map(PEER_STATE_MAP) {
             Some(Map::Array(data)) => PeerTable::map(data.fd().as_fd(), capacity)?,
             _ => return Err(LoadedError::MissingMap(PEER_STATE_MAP)),
@@ -58,6 +74,7 @@ impl LoadedProgram {
         let counters = take(&mut ebpf, COUNTERS_MAP, PerCpuArray::try_from)?;
         let unknown_reports = take(&mut ebpf, UNKNOWN_PEERS_MAP, RingBuf::try_from)?;
         let auth_keys = take(&mut ebpf, AUTH_KEYS_MAP, Array::try_from)?;
+        let meta = take(&mut ebpf, META_MAP, Array::try_from)?;
         Ok(Self {
             ebpf,
             table,
@@ -65,6 +82,7 @@ impl LoadedProgram {
             counters,
             unknown_reports,
             auth_keys,
+            meta,
         })
     }
 }

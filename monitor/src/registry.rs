@@ -49,6 +49,27 @@ impl Registry {
         }
     }
 
+    /// The registry of pinned state: every (id, slot) already in the kernel's index.
+    pub fn adopt(
+        index: BpfHashMap<MapData, u64, u32>,
+        capacity: u32,
+        peers: &[(u64, u32)],
+    ) -> Self {
+        let mut registry = Self::new(index, capacity);
+        let used = peers.iter().map(|&(_, slot)| slot + 1).max().unwrap_or(0);
+        registry.owners = vec![None; used as usize];
+        for &(id, slot) in peers {
+            registry.slots.insert(id, slot);
+            registry.owners[slot as usize] = Some(id);
+        }
+        registry.next_unused = used;
+        registry.free = (0..used)
+            .filter(|&s| registry.owners[s as usize].is_none())
+            .rev()
+            .collect();
+        registry
+    }
+
     pub fn len(&self) -> usize {
         self.slots.len()
     }

@@ -94,7 +94,7 @@ impl AgentProcess {
         &self.socket
     }
 
-    /// Sends SIGTERM and waits for a clean exit.
+    /// Sends SIGTERM and waits for it to exit (`drop` instead kills with SIGKILL).
     pub fn stop(mut self) -> std::process::ExitStatus {
         // SAFETY: signalling our own child by pid.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };

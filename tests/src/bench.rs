@@ -20,7 +20,7 @@ use monitor::{
         levels::Levels, model::DetectorParams, tracker::DetectorConfig, window::IntervalWindow,
     },
     loaded::LoadedProgram,
-    program::{self, AttachMode},
+    program,
 };
 use monitor_common::{
     config::XdpConfig,
@@ -152,7 +152,7 @@ pub fn sweep_timings(peers: u32) -> SweepTimings {
         program_fd,
         detector: DetectorConfig::new(DetectorParams::DEFAULT, Levels::default()),
         iface: "none".into(),
-        mode: AttachMode::Auto,
+        mode: "none".into(),
         port: 0,
     });
     agent.sweep(monotonic_ns(), false); // first sweep builds the trackers

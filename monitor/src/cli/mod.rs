@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+mod detach;
 mod loadgen;
 mod query;
 mod replay;
@@ -27,6 +28,8 @@ pub struct Cli {
 enum Command {
     /// Load the XDP program on an interface and serve the socket until SIGINT/SIGTERM.
     Run(run::RunArgs),
+    /// Detach a program left running by `monitor run --persist` and remove its pins.
+    Detach(detach::DetachArgs),
     /// Send heartbeats to a monitor (run this on each peer).
     Send(send::SendArgs),
     /// Ask a running agent about its peers.
@@ -43,6 +46,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run(args) => run::run(args),
         Command::Send(args) => send::send(args),
+        Command::Detach(args) => detach::detach(args),
         Command::Query(args) => query::query(args),
         Command::Watch(args) => watch::watch(args),
         Command::Loadgen(args) => loadgen::loadgen(args),

@@ -52,6 +52,14 @@ pub struct RunArgs {
     /// SIGHUP re-reads it: the new key is current, the old one accepted for --auth-grace.
     #[arg(long, help_heading = "Security")]
     auth_key_file: Option<PathBuf>,
+    /// Keep the program attached and recording when the agent stops or dies: pin it and its
+    /// maps (under /sys/fs/bpf/heartbeat-monitor/IFACE unless --pin-path says), and adopt
+    /// what is pinned there at start, windows and all. `monitor detach` removes it.
+    #[arg(long, help_heading = "Restarts")]
+    persist: bool,
+    /// Where to pin (implies --persist); must be on a bpf filesystem.
+    #[arg(long, help_heading = "Restarts")]
+    pin_path: Option<PathBuf>,
     /// How long the previous key stays valid after a rotation.
     #[arg(long, default_value = "60s", value_parser = parse_duration, help_heading = "Security")]
     auth_grace: Duration,
@@ -130,6 +138,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         max_interval_ms: args.max_interval_ms,
         timeout_ms: args.timeout_ms,
     };
+    let pin_path = match (args.pin_path, args.persist) {
+        (Some(path), _) => Some(path),
+        (None, true) => Some(monitor::pinning::default_pin_path(&args.iface)),
+        (None, false) => None,
+    };
     let config = AgentConfig {
         iface: args.iface,
         port: args.port,
@@ -145,6 +158,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         sweep_interval: args.sweep_interval,
         auth_key_file: args.auth_key_file,
         auth_grace: args.auth_grace,
+        pin_path,
         stall_bound: args.stall_bound,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -1,0 +1,187 @@
+//! Restarts without loss: with --pin-path the program keeps recording while no agent runs, even
+//! after SIGKILL; the next agent adopts the pinned state with its windows, raises no false
+//! suspicion, and refuses pinned state it would misread.
+
+use std::{process::Stdio, time::Duration};
+
+use aya::maps::{Array, Map, MapData};
+use integration_tests::{
+    agent_process::{AgentProcess, TempDir, sender, spawn},
+    monitor_bin,
+    netns::NetnsPair,
+    require_root,
+};
+use monitor_common::maps::{META_MAP, PinnedMeta};
+use serde_json::{Value, json};
+
+/// A bpf filesystem mounted on a fresh directory (`ip netns exec` remounts /sys, so tests
+/// cannot rely on /sys/fs/bpf), unmounted on drop.
+struct Bpffs(TempDir);
+
+impl Bpffs {
+    fn mount() -> Self {
+        let dir = TempDir::new("hbmbpffs");
+        let status = std::process::Command::new("mount")
+            .args(["-t", "bpf", "bpf"])
+            .arg(&dir.0)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount -t bpf");
+        Self(dir)
+    }
+}
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0.0).status();
+    }
+}
+
+fn xdp_attached(pair: &NetnsPair) -> bool {
+    let out = std::process::Command::new("ip")
+        .args(["-n", &pair.ns_a, "link", "show", &pair.iface_a])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).contains("xdp")
+}
+
+#[test]
+fn a_killed_agent_is_replaced_without_losing_windows_or_raising_suspicion() {
+    require_root();
+    let pair = NetnsPair::new(60);
+    let fs = Bpffs::mount();
+    let pins = fs.0.0.join("agent");
+    let pins_arg = pins.display().to_string();
+    let dir = TempDir::new("hbmpeers");
+    let peers = dir.0.join("peers");
+    std::fs::write(&peers, "7\n").unwrap();
+    let args = [
+        "--peers",
+        peers.to_str().unwrap(),
+        "--pin-path",
+        &pins_arg,
+        "--sweep-interval",
+        "10ms",
+    ];
+
+    let first = AgentProcess::start(&pair, &args);
+    let _send = spawn(sender(&pair, 7, "10ms", &["--incarnation", "1"]));
+    std::thread::sleep(Duration::from_millis(1800));
+    let before = first.ask(json!({"op": "peer", "id": 7}))["peer"].clone();
+    assert_eq!(
+        before["samples"],
+        json!(128),
+        "window full before the kill: {before}"
+    );
+    drop(first); // SIGKILL: no chance to clean up
+    std::thread::sleep(Duration::from_millis(800));
+    assert!(xdp_attached(&pair), "the program must survive its agent");
+
+    let second = AgentProcess::start(&pair, &args);
+    let mut watcher = second.client();
+    assert_eq!(
+        watcher.request(&json!({"op": "subscribe"})).unwrap()["ok"],
+        json!(true)
+    );
+    let after = second.ask(json!({"op": "peer", "id": 7}))["peer"].clone();
+    let (h0, h1) = (
+        before["heartbeats"].as_u64().unwrap(),
+        after["heartbeats"].as_u64().unwrap(),
+    );
+    assert!(
+        h1 >= h0 + 50,
+        "the kernel kept recording while no agent ran: {h0} -> {h1}"
+    );
+    assert_eq!(after["samples"], json!(128), "the window survived: {after}");
+    assert_eq!(after["lost"], json!(0), "{after}");
+    let mean = after["mean_ms"].as_f64().unwrap();
+    assert!((8.0..=13.0).contains(&mean), "{after}");
+    let stats = &second.ask(json!({"op": "stats"}))["stats"];
+    assert_eq!(stats["xdp_mode"], json!("adopted"));
+    assert_eq!(stats["peers"], json!(1));
+
+    // No burst of false suspicion: a second of events holds nothing about the live peer.
+    watcher
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .unwrap();
+    while let Ok(line) = watcher.read_line() {
+        let event: Value = serde_json::from_str(&line).unwrap();
+        assert_ne!(
+            event["event"],
+            json!("suspect"),
+            "false suspicion after adoption: {event}"
+        );
+    }
+
+    // A clean stop leaves it attached too; removal is explicit.
+    assert!(second.stop().success());
+    assert!(xdp_attached(&pair));
+    let out = std::process::Command::new(monitor_bin())
+        .args(["detach", "--iface", &pair.iface_a, "--pin-path", &pins_arg])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!xdp_attached(&pair), "detach removes the program");
+    assert!(!pins.exists());
+    let again = std::process::Command::new(monitor_bin())
+        .args(["detach", "--iface", &pair.iface_a, "--pin-path", &pins_arg])
+        .output()
+        .unwrap();
+    assert!(
+        !again.status.success(),
+        "nothing left to detach is an error"
+    );
+}
+
+#[test]
+fn pinned_state_of_another_layout_or_other_settings_is_refused() {
+    require_root();
+    let pair = NetnsPair::new(61);
+    let fs = Bpffs::mount();
+    let pins = fs.0.0.join("agent");
+    let pins_arg = pins.display().to_string();
+    let agent = AgentProcess::start(&pair, &["--pin-path", &pins_arg]);
+    assert!(agent.stop().success());
+
+    let run = |extra: &[&str]| {
+        let dir = TempDir::new("hbmsock");
+        let out = NetnsPair::command_in(&pair.ns_a, &monitor_bin())
+            .args(["run", "--iface", &pair.iface_a, "--socket"])
+            .arg(dir.0.join("s.sock"))
+            .args(["--pin-path", &pins_arg])
+            .args(extra)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{extra:?} was accepted");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run(&["--port", "9000"]);
+    assert!(
+        err.contains("port = 7946") && err.contains("--port 9000"),
+        "{err}"
+    );
+
+    // Pretend a future build pinned it.
+    let map = Map::from_map_data(MapData::from_pin(pins.join(META_MAP)).unwrap()).unwrap();
+    let mut meta: Array<MapData, PinnedMeta> = map.try_into().unwrap();
+    let mut value = meta.get(&0, 0).unwrap();
+    value.layout_version = 999;
+    meta.set(0, value, 0).unwrap();
+    let err = run(&[]);
+    assert!(
+        err.contains("layout v999") && err.contains("monitor detach"),
+        "{err}"
+    );
+    assert!(xdp_attached(&pair), "refusing touches nothing");
+
+    let out = std::process::Command::new(monitor_bin())
+        .args(["detach", "--iface", &pair.iface_a, "--pin-path", &pins_arg])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+}
