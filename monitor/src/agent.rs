@@ -22,6 +22,7 @@ use serde_json::json;
 use tokio::sync::broadcast;
 
 use crate::{
+    access::{self, AccessPolicy},
     admission::{self, consume_reports},
     auth_key::read_key_file,
     clock::monotonic_ns,
@@ -65,6 +66,8 @@ pub struct AgentConfig {
     pub auth_key_file: Option<PathBuf>,
     /// How long the previous key stays valid after a rotation.
     pub auth_grace: Duration,
+    /// Group allowed to use the socket besides root and the agent's user.
+    pub socket_group: Option<String>,
     /// Pin the program and maps here, and adopt what is pinned here at start.
     pub pin_path: Option<PathBuf>,
     /// A sweep that comes this much later than the previous one means the agent itself was
@@ -420,7 +423,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         );
     }
     // Bind first: a socket already in use is the cheapest error to report.
-    let (listener, _socket_guard) = server::bind(&config.socket)?;
+    let group = config
+        .socket_group
+        .as_deref()
+        .map(access::group_id)
+        .transpose()?;
+    let (listener, _socket_guard) = server::bind(&config.socket, group)?;
+    let policy = AccessPolicy::current(group);
     // Read the key before anything is loaded: a bad key file stops the start cleanly.
     let key = config
         .auth_key_file
@@ -530,7 +539,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
 
     tokio::select! {
         () = reload_keys => {}
-        r = server::serve(listener, agent.clone()) => r.context("serving the socket")?,
+        r = server::serve(listener, agent.clone(), policy) => r.context("serving the socket")?,
         r = reports => r.context("reading unknown-peer reports")?,
         () = sweep_loop(agent.clone(), config.sweep_interval, config.stall_bound) => {}
         () = shutdown => log::info!("shutting down: detaching from {}", config.iface),

@@ -2,6 +2,7 @@
 //! through an mmap, admitting peers, and serving the socket protocol. The `monitor` binary is
 //! a thin CLI over this.
 
+pub mod access;
 pub mod admission;
 pub mod agent;
 pub mod auth_key;

@@ -17,6 +17,7 @@ use tokio::{
 use tokio_util::codec::{Decoder, Encoder, Framed, LinesCodec, LinesCodecError};
 
 use crate::{
+    access::AccessPolicy,
     detector::tracker::Event,
     protocol::{MAX_REQUEST_BYTES, Request, error_reply, parse_request},
 };
@@ -45,8 +46,9 @@ impl Drop for SocketGuard {
     }
 }
 
-/// Binds `path`, replacing a stale socket file left by a dead agent but never a live one.
-pub fn bind(path: &Path) -> Result<(UnixListener, SocketGuard), BindError> {
+/// Binds `path` (mode 0660; group `group` if given), replacing a stale socket file left by a
+/// dead agent but never a live one.
+pub fn bind(path: &Path, group: Option<u32>) -> Result<(UnixListener, SocketGuard), BindError> {
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
             return Err(BindError::NotASocket(path.into()));
@@ -66,6 +68,9 @@ pub fn bind(path: &Path) -> Result<(UnixListener, SocketGuard), BindError> {
     let listener = UnixListener::bind(path).map_err(bind_err)?;
     let guard = SocketGuard { path: path.into() };
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(bind_err)?;
+    if let Some(gid) = group {
+        std::os::unix::fs::chown(path, None, Some(gid)).map_err(bind_err)?;
+    }
     Ok((listener, guard))
 }
 
@@ -83,7 +88,11 @@ pub trait Handler: Send + Sync + 'static {
 }
 
 /// Accepts clients forever, each on its own task.
-pub async fn serve<H: Handler>(listener: UnixListener, handler: Arc<H>) -> io::Result<()> {
+pub async fn serve<H: Handler>(
+    listener: UnixListener,
+    handler: Arc<H>,
+    policy: AccessPolicy,
+) -> io::Result<()> {
     let slots = Arc::new(Semaphore::new(MAX_CLIENTS));
     loop {
         let permit = slots
@@ -100,6 +109,15 @@ pub async fn serve<H: Handler>(listener: UnixListener, handler: Arc<H>) -> io::R
                 continue;
             }
         };
+        let allowed = stream
+            .peer_cred()
+            .is_ok_and(|c| policy.allows(c.uid(), c.gid(), c.pid()));
+        if !allowed {
+            log::warn!("refused a socket client: not {}", policy.describe());
+            tokio::spawn(refuse(stream, policy));
+            drop(permit);
+            continue;
+        }
         let handler = handler.clone();
         tokio::spawn(async move {
             if let Err(e) = serve_client(stream, handler.as_ref()).await {
@@ -160,6 +178,16 @@ impl Encoder<String> for RequestCodec {
             other => io::Error::other(other),
         })
     }
+}
+
+/// Tells a client it may not ask, and hangs up.
+async fn refuse(stream: UnixStream, policy: AccessPolicy) {
+    let mut lines = Framed::new(stream, RequestCodec::new());
+    let reply = error_reply(format!(
+        "permission denied: this socket serves {}",
+        policy.describe()
+    ));
+    let _ = lines.send(reply.to_string()).await;
 }
 
 type Lines = Framed<UnixStream, RequestCodec>;

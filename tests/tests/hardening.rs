@@ -195,3 +195,76 @@ fn a_key_file_others_can_read_is_refused() {
         .unwrap();
     assert!(!out.status.success(), "the sender refuses it too");
 }
+
+#[test]
+fn the_socket_serves_root_the_agent_user_and_its_group_only() {
+    require_root();
+    let pair = NetnsPair::new(52);
+    let ask_as = |socket: &std::path::Path, uid: u32, gid: u32| {
+        std::process::Command::new("setpriv")
+            .args([
+                format!("--reuid={uid}"),
+                format!("--regid={gid}"),
+                "--clear-groups".into(),
+            ])
+            .arg(monitor_bin())
+            .args(["query", "--json", "--socket"])
+            .arg(socket)
+            .arg("stats")
+            .output()
+            .unwrap()
+    };
+    // Default: mode 0660 root:root, nobody else gets in.
+    let strict = AgentProcess::start(&pair, &[]);
+    let mode = std::fs::metadata(strict.socket())
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o660);
+    // The socket's directory must be reachable for the test to mean anything.
+    std::fs::set_permissions(
+        strict.socket().parent().unwrap(),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let out = ask_as(strict.socket(), 65534, 65534);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+        "{out:?}"
+    );
+    // Loosen the file's mode by hand: the agent's own credential check still refuses.
+    std::fs::set_permissions(strict.socket(), std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = ask_as(strict.socket(), 65534, 65534);
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("permission denied: this socket serves root or uid 0"),
+        "{out:?}"
+    );
+    assert_eq!(
+        strict.ask(json!({"op": "stats"}))["ok"],
+        json!(true),
+        "the agent serves on"
+    );
+    drop(strict);
+
+    // With --socket-group, members of the group may ask; others still may not.
+    let open = AgentProcess::start(&pair, &["--socket-group", "nogroup"]);
+    std::fs::set_permissions(
+        open.socket().parent().unwrap(),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let out = ask_as(open.socket(), 65534, 65534);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(reply["ok"], json!(true));
+    let out = ask_as(open.socket(), 4242, 4242);
+    assert!(!out.status.success(), "a stranger got in");
+}

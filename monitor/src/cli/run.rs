@@ -30,6 +30,10 @@ pub struct RunArgs {
     /// Path of the Unix socket that serves queries.
     #[arg(long, short, default_value = DEFAULT_SOCKET)]
     socket: PathBuf,
+    /// Group (name or gid) that may use the socket besides root and the agent's user; the
+    /// socket is mode 0660.
+    #[arg(long)]
+    socket_group: Option<String>,
     /// File listing peer ids to admit at start: one per line, decimal or 0x hex, # comments.
     #[arg(long)]
     peers: Option<PathBuf>,
@@ -159,6 +163,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         auth_key_file: args.auth_key_file,
         auth_grace: args.auth_grace,
         pin_path,
+        socket_group: args.socket_group,
         stall_bound: args.stall_bound,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
