@@ -121,3 +121,138 @@ mod tests {
         assert!(parse_peers("18446744073709551616").is_err());
     }
 }
+
+/// Who may be admitted on a first heartbeat (`--peers` files are always admitted).
+#[derive(Debug, Clone)]
+pub struct AdmissionPolicy {
+    pub auto: bool,
+    /// Only sources in these ranges (empty: any).
+    pub from: Vec<ipnet::IpNet>,
+    /// Admissions per second, with a burst of one second's worth.
+    pub rate_per_sec: u32,
+}
+
+/// Why a reported peer was not admitted, counted in `stats`.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct AdmissionCounters {
+    pub admitted: u64,
+    pub disabled: u64,
+    pub outside_ranges: u64,
+    pub rate_limited: u64,
+    pub full: u64,
+}
+
+/// The policy with its token bucket.
+#[derive(Debug)]
+pub struct Admission {
+    policy: AdmissionPolicy,
+    tokens: f64,
+    refilled: std::time::Instant,
+    pub counters: AdmissionCounters,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Admit,
+    Refuse,
+}
+
+impl Admission {
+    pub fn new(policy: AdmissionPolicy) -> Self {
+        Self {
+            tokens: policy.rate_per_sec as f64,
+            refilled: std::time::Instant::now(),
+            policy,
+            counters: AdmissionCounters::default(),
+        }
+    }
+
+    /// Whether a peer first heard from `source` may take a slot now.
+    pub fn decide(&mut self, source: Option<std::net::IpAddr>, now: std::time::Instant) -> Verdict {
+        if !self.policy.auto {
+            self.counters.disabled += 1;
+            return Verdict::Refuse;
+        }
+        if !self.policy.from.is_empty()
+            && !source.is_some_and(|ip| self.policy.from.iter().any(|net| net.contains(&ip)))
+        {
+            self.counters.outside_ranges += 1;
+            return Verdict::Refuse;
+        }
+        let rate = self.policy.rate_per_sec as f64;
+        self.tokens =
+            (self.tokens + now.duration_since(self.refilled).as_secs_f64() * rate).min(rate);
+        self.refilled = now;
+        if self.tokens < 1.0 {
+            self.counters.rate_limited += 1;
+            return Verdict::Refuse;
+        }
+        self.tokens -= 1.0;
+        Verdict::Admit
+    }
+}
+
+#[cfg(test)]
+mod policy_tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    fn admission(from: &[&str], rate: u32) -> Admission {
+        Admission::new(AdmissionPolicy {
+            auto: true,
+            from: from.iter().map(|c| c.parse().unwrap()).collect(),
+            rate_per_sec: rate,
+        })
+    }
+
+    #[test]
+    fn ranges_filter_sources() {
+        let mut a = admission(&["10.0.0.0/8", "fd00::/8"], 100);
+        let now = Instant::now();
+        assert_eq!(
+            a.decide(Some("10.1.2.3".parse().unwrap()), now),
+            Verdict::Admit
+        );
+        assert_eq!(
+            a.decide(Some("fd00::7".parse().unwrap()), now),
+            Verdict::Admit
+        );
+        assert_eq!(
+            a.decide(Some("192.0.2.1".parse().unwrap()), now),
+            Verdict::Refuse
+        );
+        assert_eq!(a.decide(None, now), Verdict::Refuse);
+        assert_eq!(a.counters.outside_ranges, 2);
+    }
+
+    #[test]
+    fn the_rate_is_a_token_bucket() {
+        let mut a = admission(&[], 10);
+        let t0 = Instant::now();
+        let admitted = (0..50)
+            .filter(|_| a.decide(None, t0) == Verdict::Admit)
+            .count();
+        assert_eq!(admitted, 10, "a burst of one second's worth");
+        assert_eq!(
+            a.decide(None, t0 + Duration::from_millis(100)),
+            Verdict::Admit
+        );
+        assert_eq!(
+            a.decide(None, t0 + Duration::from_millis(100)),
+            Verdict::Refuse
+        );
+        assert_eq!(a.counters.rate_limited, 41);
+    }
+
+    #[test]
+    fn disabled_admits_nobody() {
+        let mut a = Admission::new(AdmissionPolicy {
+            auto: false,
+            from: vec![],
+            rate_per_sec: 10,
+        });
+        assert_eq!(a.decide(None, Instant::now()), Verdict::Refuse);
+        assert_eq!(a.counters.disabled, 1);
+    }
+}

@@ -16,14 +16,17 @@ use anyhow::{Context, Result};
 use aya::maps::{MapData, PerCpuArray};
 use monitor_common::{
     config::{XDP_FLAG_PASS_HEARTBEATS, XDP_FLAG_REQUIRE_AUTH, XdpConfig},
-    maps::{Counters, LAYOUT_VERSION, MAX_INTERVAL_US, META_MAGIC, PeerSlot, PinnedMeta},
+    maps::{
+        Counters, LAYOUT_VERSION, MAX_INTERVAL_US, META_MAGIC, PeerSlot, PinnedMeta,
+        UnknownPeerReport,
+    },
 };
 use serde_json::json;
 use tokio::sync::broadcast;
 
 use crate::{
     access::{self, AccessPolicy},
-    admission::{self, consume_reports},
+    admission::{self, Admission, AdmissionPolicy, Verdict, consume_reports},
     auth_key::read_key_file,
     clock::monotonic_ns,
     counters::CounterTotals,
@@ -35,7 +38,7 @@ use crate::{
     keyring::KeyRing,
     loaded::LoadedProgram,
     peer_table::PeerTable,
-    peer_view::PeerView,
+    peer_view::{PeerView, ip_addr},
     pinning,
     program::{self, AttachMode},
     protocol::{AgentStats, Request, error_reply, ok_reply},
@@ -55,7 +58,8 @@ pub struct AgentConfig {
     pub peers_file: Option<PathBuf>,
     pub mode: AttachMode,
     pub capacity: u32,
-    pub auto_admit: bool,
+    /// Who is admitted on a first heartbeat.
+    pub admission: AdmissionPolicy,
     pub pass_heartbeats: bool,
     pub unknown_reports_per_sec: u32,
     /// The detector; its `window` is the kernel's window.
@@ -66,6 +70,8 @@ pub struct AgentConfig {
     pub auth_key_file: Option<PathBuf>,
     /// How long the previous key stays valid after a rotation.
     pub auth_grace: Duration,
+    /// Forget peers silent for longer than this (their slots are reused).
+    pub expire_after: Option<Duration>,
     /// Group allowed to use the socket besides root and the agent's user.
     pub socket_group: Option<String>,
     /// Pin the program and maps here, and adopt what is pinned here at start.
@@ -92,6 +98,8 @@ pub struct Agent {
     stalls: AtomicU64,
     events_sent: AtomicU64,
     program_fd: OwnedFd,
+    admission: Mutex<Admission>,
+    expire_after_ns: Option<u64>,
 }
 
 /// Unix time in ms, with sub-millisecond precision.
@@ -113,6 +121,9 @@ pub struct AgentParts {
     /// How the program is attached: native, skb, or adopted.
     pub mode: String,
     pub port: u16,
+    pub admission: AdmissionPolicy,
+    /// Forget peers silent for longer than this.
+    pub expire_after: Option<Duration>,
 }
 
 impl Agent {
@@ -134,6 +145,8 @@ impl Agent {
             stalls: AtomicU64::new(0),
             events_sent: AtomicU64::new(0),
             program_fd: parts.program_fd,
+            admission: Mutex::new(Admission::new(parts.admission)),
+            expire_after_ns: parts.expire_after.map(|d| d.as_nanos() as u64),
         }
     }
 
@@ -260,6 +273,7 @@ impl Agent {
             subscribers: self.events.receiver_count(),
             kernel,
             xdp: program::run_stats(self.program_fd.as_fd()).unwrap_or_default(),
+            admission: self.admission.lock().expect("admission lock").counters,
         })
     }
 
@@ -277,23 +291,51 @@ impl Agent {
     }
 
     pub fn forget(&self, id: u64) -> Result<(), ForgetError> {
+        self.forget_because(id, "request")
+    }
+
+    fn forget_because(&self, id: u64, reason: &str) -> Result<(), ForgetError> {
         let mut registry = self.registry.write().expect("registry lock");
         let slot = registry.forget(&self.table, id)?;
         self.trackers.lock().expect("trackers lock")[slot as usize] = None;
         drop(registry);
         self.publish(Event::Forget {
             id,
+            reason: reason.into(),
             at: wall_ms() as u64,
         });
         Ok(())
     }
 
-    fn on_unknown_peer(&self, id: u64) {
+    fn on_unknown_peer(&self, report: &UnknownPeerReport) {
+        let id = report.peer_id;
+        // Reports race with admission: the kernel may report a peer again before it sees the
+        // new index entry. Those cost no token.
+        if self
+            .registry
+            .read()
+            .expect("registry lock")
+            .slot_of(id)
+            .is_some()
+        {
+            return;
+        }
+        let source = ip_addr(report.src_family, &report.src_addr);
+        let mut admission = self.admission.lock().expect("admission lock");
+        if admission.decide(source, Instant::now()) == Verdict::Refuse {
+            log::debug!("not admitting peer {id} from {source:?}: admission policy");
+            return;
+        }
         match self.admit(id) {
-            Ok(slot) => log::info!("admitted peer {id} (slot {slot}) on its first heartbeat"),
-            // Reports race with admission: the kernel may report a peer twice before it sees
-            // the new index entry.
+            Ok(slot) => {
+                admission.counters.admitted += 1;
+                log::debug!("admitted peer {id} (slot {slot}) on its first heartbeat");
+            }
             Err(AdmitError::Exists(_)) => {}
+            Err(e @ AdmitError::Full(_)) => {
+                admission.counters.full += 1;
+                log::debug!("not admitting peer {id}: {e}");
+            }
             Err(e) => log::warn!("not admitting peer {id}: {e}"),
         }
     }
@@ -306,11 +348,18 @@ impl Agent {
         let registry = self.registry.read().expect("registry lock");
         let mut trackers = self.trackers.lock().expect("trackers lock");
         let mut emit = |e| self.publish(e);
+        let mut expired = Vec::new();
         for (id, slot) in registry.iter() {
             let tracker = &mut trackers[slot as usize];
             match tracker {
                 Some(t) if t.peer_id == id && t.heartbeats() == self.table.heartbeats(slot) => {
                     t.check_deadlines(&self.detector, now_ns, wall, hold, &mut emit);
+                    if self
+                        .expire_after_ns
+                        .is_some_and(|e| now_ns.saturating_sub(t.last_heard().0) > e)
+                    {
+                        expired.push(id);
+                    }
                 }
                 _ => {
                     let Some(record) = self.table.record(slot) else {
@@ -325,6 +374,14 @@ impl Agent {
                     let t = tracker.as_mut().expect("just set");
                     t.observe(&record, &self.detector, now_ns, wall, hold, &mut emit);
                 }
+            }
+        }
+        drop(trackers);
+        drop(registry);
+        for id in expired {
+            log::info!("forgetting peer {id}: silent longer than the expiry bound");
+            if let Err(e) = self.forget_because(id, "expired") {
+                log::warn!("expiring peer {id}: {e}");
             }
         }
         self.sweeps.fetch_add(1, Ordering::Relaxed);
@@ -507,17 +564,14 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         iface: config.iface.clone(),
         mode,
         port: config.port,
+        admission: config.admission.clone(),
+        expire_after: config.expire_after,
     }));
 
     let reports = {
         let agent = agent.clone();
-        let auto_admit = config.auto_admit;
         consume_reports(unknown_reports, move |report| {
-            if auto_admit {
-                agent.on_unknown_peer(report.peer_id);
-            } else {
-                log::debug!("heartbeat from unlisted peer {}", report.peer_id);
-            }
+            agent.on_unknown_peer(&report)
         })
     };
 

@@ -72,15 +72,19 @@ impl PeerView {
 }
 
 pub fn source_addr(record: &PeerRecord) -> Option<SocketAddr> {
-    let ip = match record.src_family {
-        FAMILY_IPV4 => {
-            let b = &record.src_addr;
-            IpAddr::from([b[12], b[13], b[14], b[15]])
-        }
-        FAMILY_IPV6 => IpAddr::V6(Ipv6Addr::from(record.src_addr)),
-        _ => return None,
-    };
-    Some(SocketAddr::new(ip, record.src_port))
+    Some(SocketAddr::new(
+        ip_addr(record.src_family, &record.src_addr)?,
+        record.src_port,
+    ))
+}
+
+/// An address as the kernel records it: a family and 16 bytes (IPv4 in the last four).
+pub fn ip_addr(family: u16, bytes: &[u8; 16]) -> Option<IpAddr> {
+    match family {
+        FAMILY_IPV4 => Some(IpAddr::from([bytes[12], bytes[13], bytes[14], bytes[15]])),
+        FAMILY_IPV6 => Some(IpAddr::V6(Ipv6Addr::from(*bytes))),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use crate::{counters::CounterTotals, peer_view::PeerView, program::RunStats};
+use crate::{
+    admission::AdmissionCounters, counters::CounterTotals, peer_view::PeerView, program::RunStats,
+};
 
 /// Longest request line the agent reads; longer lines get an error reply and are discarded.
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
@@ -76,6 +78,8 @@ pub struct AgentStats {
     pub kernel: CounterTotals,
     /// The kernel's accounting of the XDP program (zero unless kernel.bpf_stats_enabled=1).
     pub xdp: RunStats,
+    /// What became of first heartbeats from unknown peers.
+    pub admission: AdmissionCounters,
 }
 
 pub fn ok_reply(key: &str, value: impl Serialize) -> Value {

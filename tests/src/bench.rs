@@ -154,6 +154,12 @@ pub fn sweep_timings(peers: u32) -> SweepTimings {
         iface: "none".into(),
         mode: "none".into(),
         port: 0,
+        admission: monitor::admission::AdmissionPolicy {
+            auto: false,
+            from: vec![],
+            rate_per_sec: 1,
+        },
+        expire_after: None,
     });
     agent.sweep(monotonic_ns(), false); // first sweep builds the trackers
     let agent_sweep_ms = median_ms(9, || agent.sweep(monotonic_ns(), false));

@@ -268,3 +268,195 @@ fn the_socket_serves_root_the_agent_user_and_its_group_only() {
     let out = ask_as(open.socket(), 4242, 4242);
     assert!(!out.status.success(), "a stranger got in");
 }
+
+fn loadgen_in(pair: &NetnsPair, args: &[&str]) -> serde_json::Value {
+    let out = NetnsPair::command_in(&pair.ns_b, &monitor_bin())
+        .args(["loadgen", "--to", &format!("{}:7946", pair.addr_a)])
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn a_flood_of_forged_ids_leaves_admitted_peers_untouched_and_the_agent_responsive() {
+    require_root();
+    let pair = NetnsPair::new(53);
+    let dir = TempDir::new("hbmflood");
+    let peers = dir.0.join("peers");
+    std::fs::write(&peers, "1\n2\n").unwrap();
+    let agent = AgentProcess::start(
+        &pair,
+        &[
+            "--peers",
+            &peers.display().to_string(),
+            "--capacity",
+            "3000",
+            "--admit-rate",
+            "200",
+        ],
+    );
+    let _one =
+        integration_tests::agent_process::spawn(sender(&pair, 1, "20ms", &["--incarnation", "1"]));
+    let _two =
+        integration_tests::agent_process::spawn(sender(&pair, 2, "20ms", &["--incarnation", "1"]));
+    std::thread::sleep(Duration::from_millis(500));
+
+    // A million forged ids, each heard about once, for 4 s.
+    let flood = std::thread::spawn({
+        let (ns_b, target) = (pair.ns_b.clone(), format!("{}:7946", pair.addr_a));
+        move || {
+            let out = NetnsPair::command_in(&ns_b, &monitor_bin())
+                .args([
+                    "loadgen",
+                    "--to",
+                    &target,
+                    "--peers",
+                    "1000000",
+                    "--first-id",
+                    "1000000",
+                ])
+                .args(["--rate", "0.25", "--duration", "4s"])
+                .stdin(Stdio::null())
+                .output()
+                .unwrap();
+            serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+        }
+    });
+    // The agent answers throughout.
+    for _ in 0..15 {
+        std::thread::sleep(Duration::from_millis(250));
+        assert_eq!(agent.ask(json!({"op": "stats"}))["ok"], json!(true));
+    }
+    let sent = flood.join().unwrap()["sent"].as_u64().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let stats = agent.ask(json!({"op": "stats"}))["stats"].clone();
+    let kernel = &stats["kernel"];
+    assert!(kernel["unknown_peer"].as_u64().unwrap() >= sent, "{stats}");
+    // Reports reach the agent at the kernel's rate, and admissions at the agent's.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    assert!(
+        kernel["unknown_reported"].as_u64().unwrap() <= 1000 * cpus * 6,
+        "{stats}"
+    );
+    let admitted = stats["admission"]["admitted"].as_u64().unwrap();
+    assert!(admitted <= 200 * 6, "admission rate not enforced: {stats}");
+    assert!(
+        stats["admission"]["rate_limited"].as_u64().unwrap() > 0,
+        "{stats}"
+    );
+    assert_eq!(stats["peers"].as_u64().unwrap(), 2 + admitted);
+    for id in [1, 2] {
+        let p = &agent.ask(json!({"op": "peer", "id": id}))["peer"];
+        assert!(p["heartbeats"].as_u64().unwrap() >= 150, "{p}");
+        assert_eq!(
+            (
+                p["lost"].clone(),
+                p["duplicates"].clone(),
+                p["out_of_order"].clone()
+            ),
+            (json!(0), json!(0), json!(0)),
+            "{p}"
+        );
+        assert!(p["level"].is_null(), "a live peer was disturbed: {p}");
+    }
+}
+
+#[test]
+fn auto_admission_only_from_allowed_ranges() {
+    require_root();
+    let pair = NetnsPair::new(54);
+    let elsewhere = AgentProcess::start(&pair, &["--admit-from", "192.0.2.0/24,2001:db8::/32"]);
+    loadgen_in(
+        &pair,
+        &["--peers", "5", "--rate", "20", "--duration", "500ms"],
+    );
+    let stats = &elsewhere.ask(json!({"op": "stats"}))["stats"];
+    assert_eq!(stats["peers"], json!(0), "{stats}");
+    assert!(
+        stats["admission"]["outside_ranges"].as_u64().unwrap() >= 5,
+        "{stats}"
+    );
+    drop(elsewhere);
+    let here = AgentProcess::start(&pair, &["--admit-from", &format!("{}/32", pair.addr_b)]);
+    loadgen_in(
+        &pair,
+        &["--peers", "5", "--rate", "20", "--duration", "500ms"],
+    );
+    let stats = &here.ask(json!({"op": "stats"}))["stats"];
+    assert_eq!(stats["peers"], json!(5), "{stats}");
+    assert_eq!(stats["admission"]["admitted"], json!(5));
+}
+
+#[test]
+fn silent_peers_expire_and_their_slots_are_reused() {
+    require_root();
+    let pair = NetnsPair::new(55);
+    let dir = TempDir::new("hbmexpire");
+    let peers = dir.0.join("peers");
+    std::fs::write(&peers, "1\n2\n").unwrap();
+    let agent = AgentProcess::start(
+        &pair,
+        &[
+            "--peers",
+            &peers.display().to_string(),
+            "--expire-after",
+            "600ms",
+            "--sweep-interval",
+            "20ms",
+        ],
+    );
+    let mut watcher = agent.client();
+    assert_eq!(
+        watcher.request(&json!({"op": "subscribe"})).unwrap()["ok"],
+        json!(true)
+    );
+    let _live =
+        integration_tests::agent_process::spawn(sender(&pair, 1, "20ms", &["--incarnation", "1"]));
+    watcher
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let forget = loop {
+        let event: serde_json::Value = serde_json::from_str(&watcher.read_line().unwrap()).unwrap();
+        if event["event"] == "forget" {
+            break event;
+        }
+    };
+    assert_eq!(
+        (forget["id"].clone(), forget["reason"].clone()),
+        (json!(2), json!("expired"))
+    );
+    std::thread::sleep(Duration::from_millis(700));
+    let ids: Vec<u64> = agent.ask(json!({"op": "peers"}))["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ids, vec![1], "the live peer stays, the silent one is gone");
+    // The freed slot takes the next peer.
+    loadgen_in(
+        &pair,
+        &[
+            "--peers",
+            "1",
+            "--first-id",
+            "77",
+            "--rate",
+            "20",
+            "--duration",
+            "300ms",
+        ],
+    );
+    assert_eq!(
+        agent.ask(json!({"op": "stats"}))["stats"]["peers"],
+        json!(2)
+    );
+}

@@ -5,6 +5,7 @@ use std::time::Duration;
 use clap::Args;
 use monitor::{
     DEFAULT_SOCKET,
+    admission::AdmissionPolicy,
     agent::{self, AgentConfig},
     detector::{
         levels::Levels,
@@ -49,6 +50,16 @@ pub struct RunArgs {
     /// Do not admit peers on their first heartbeat; only those in --peers are watched.
     #[arg(long)]
     no_auto_admit: bool,
+    /// Admit on a first heartbeat only from these source ranges (CIDR, comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    admit_from: Vec<ipnet::IpNet>,
+    /// Forget a peer silent for longer than this, with a `forget` event, so its slot is
+    /// reused (default: never).
+    #[arg(long, value_parser = parse_duration)]
+    expire_after: Option<Duration>,
+    /// Admissions on a first heartbeat per second, at most (a burst of one second's worth).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    admit_rate: u32,
     /// Pass heartbeats on to the network stack after recording them (default: consume them).
     #[arg(long)]
     pass_heartbeats: bool,
@@ -154,7 +165,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         peers_file: args.peers,
         mode: args.xdp_mode,
         capacity: args.capacity,
-        auto_admit: !args.no_auto_admit,
+        admission: AdmissionPolicy {
+            auto: !args.no_auto_admit,
+            from: args.admit_from,
+            rate_per_sec: args.admit_rate,
+        },
         pass_heartbeats: args.pass_heartbeats,
         unknown_reports_per_sec: args.unknown_report_rate,
         detector,
@@ -164,6 +179,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         auth_grace: args.auth_grace,
         pin_path,
         socket_group: args.socket_group,
+        expire_after: args.expire_after,
         stall_bound: args.stall_bound,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

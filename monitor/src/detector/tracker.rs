@@ -42,6 +42,8 @@ pub enum Event {
     },
     Forget {
         id: u64,
+        /// "request" (the `forget` op) or "expired" (silent beyond --expire-after).
+        reason: String,
         at: u64,
     },
     /// This subscriber fell behind and missed `missed` events.
