@@ -4,6 +4,7 @@
 mod bench;
 mod build;
 mod demo;
+mod fuzz;
 mod lab;
 mod setup;
 mod test;
@@ -31,6 +32,8 @@ enum Task {
     Test(test::TestArgs),
     /// Watch heartbeats cross a veth pair between two namespaces, then stop a peer.
     Demo(demo::DemoArgs),
+    /// Fuzz the heartbeat and request parsers for a while (cargo-fuzz).
+    Fuzz(fuzz::FuzzArgs),
     /// Measure kernel cost, ingest, sweeps, socket and event latency, CPU and memory at scale.
     Bench(bench::BenchArgs),
 }
@@ -42,5 +45,6 @@ fn main() -> anyhow::Result<()> {
         Task::Test(args) => test::run(&args),
         Task::Demo(args) => demo::run(&args),
         Task::Bench(args) => bench::run(&args),
+        Task::Fuzz(args) => fuzz::run(&args),
     }
 }

@@ -24,6 +24,7 @@ pub fn run() -> Result<()> {
 pub fn ensure() -> Result<()> {
     ensure_nightly()?;
     ensure_bpf_linker()?;
+    ensure_cargo_fuzz()?;
     ensure_iproute2()
 }
 
@@ -135,6 +136,33 @@ fn find_libllvm(dir: &Path) -> Result<std::path::PathBuf> {
     bail!(
         "no libLLVM.so.* in {}: the nightly toolchain ships none",
         dir.display()
+    )
+}
+
+/// The cargo-fuzz release this project fuzzes with.
+const CARGO_FUZZ_VERSION: &str = "0.13.2";
+
+fn ensure_cargo_fuzz() -> Result<()> {
+    let bin = tools_dir().join("bin").join("cargo-fuzz");
+    let works = Command::new(&bin).arg("--version").output().is_ok_and(|o| {
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains(CARGO_FUZZ_VERSION)
+    });
+    if works {
+        return Ok(());
+    }
+    println!("setup: installing cargo-fuzz {CARGO_FUZZ_VERSION}");
+    workspace::run(
+        workspace::cargo()
+            .args([
+                "install",
+                "cargo-fuzz",
+                "--version",
+                CARGO_FUZZ_VERSION,
+                "--locked",
+                "--force",
+            ])
+            .arg("--root")
+            .arg(tools_dir()),
     )
 }
 
