@@ -34,6 +34,11 @@ pub struct LoadgenConfig {
     /// The first `kill_fraction x peers` peers stop sending at `kill_after`.
     pub kill_fraction: f64,
     pub kill_after: Duration,
+    /// This fraction of the peers (the highest ids) churn: split into `CHURN_GROUPS` groups,
+    /// group `e mod CHURN_GROUPS` is silent throughout period `e` of `churn_period`, then
+    /// comes back (same incarnation, sequence numbers skipping the silent stretch).
+    pub churn_fraction: f64,
+    pub churn_period: Duration,
     pub incarnation: u32,
     /// Sign every heartbeat with this key.
     pub key: Option<monitor_common::auth::AuthKey>,
@@ -56,6 +61,33 @@ pub struct LoadgenReport {
     pub killed: u64,
     /// Unix time (ms) of the kill, if any peer was killed.
     pub killed_at_unix_ms: Option<f64>,
+    /// The churn schedule, if any: what a checker needs to know who was silent when.
+    pub churn: Option<ChurnSchedule>,
+}
+
+/// Groups of churning peers: one group is silent in each period, in turn.
+pub const CHURN_GROUPS: u64 = 4;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ChurnSchedule {
+    /// Churning peers are ids first_churning_id .. first_churning_id + churners.
+    pub first_churning_id: u64,
+    pub churners: u64,
+    pub groups: u64,
+    pub period_s: f64,
+    /// Unix time (ms) of the schedule's time zero.
+    pub start_unix_ms: f64,
+}
+
+impl ChurnSchedule {
+    /// Whether peer `id` is silent at `t_s` seconds into the schedule.
+    pub fn silent(&self, id: u64, t_s: f64) -> bool {
+        if id < self.first_churning_id || id >= self.first_churning_id + self.churners {
+            return false;
+        }
+        let epoch = (t_s / self.period_s).floor() as u64;
+        (id - self.first_churning_id) % self.groups == epoch % self.groups
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +100,8 @@ pub enum LoadgenError {
     Jitter(Duration),
     #[error("--kill must be a fraction between 0 and 1")]
     Kill,
+    #[error("--churn must be a fraction between 0 and 1, with a non-zero --churn-period")]
+    Churn,
     #[error("sending to {to}: {source}")]
     Io { to: SocketAddr, source: io::Error },
 }
@@ -127,6 +161,11 @@ pub fn run(config: &LoadgenConfig, stop: &AtomicBool) -> Result<LoadgenReport, L
     if config.jitter * 2 >= interval {
         return Err(LoadgenError::Jitter(interval));
     }
+    if !(0.0..=1.0).contains(&config.churn_fraction)
+        || (config.churn_fraction > 0.0 && config.churn_period.is_zero())
+    {
+        return Err(LoadgenError::Churn);
+    }
     if !(0.0..=1.0).contains(&config.kill_fraction) {
         return Err(LoadgenError::Kill);
     }
@@ -169,6 +208,14 @@ pub fn run(config: &LoadgenConfig, stop: &AtomicBool) -> Result<LoadgenReport, L
     let mut next_n = 0u64;
     let mut killed_at = None;
     let start = Instant::now();
+    let churners = (config.churn_fraction * config.peers as f64).round() as u64;
+    let churn = (churners > 0).then(|| ChurnSchedule {
+        first_churning_id: config.first_id + config.peers - churners,
+        churners,
+        groups: CHURN_GROUPS,
+        period_s: config.churn_period.as_secs_f64(),
+        start_unix_ms: unix_ms(),
+    });
 
     let push = |batch: &mut Batch, n: u64| {
         let mut header = HeartbeatHeader::new(
@@ -194,6 +241,11 @@ pub fn run(config: &LoadgenConfig, stop: &AtomicBool) -> Result<LoadgenReport, L
         while next_n < due {
             let n = next_n;
             next_n += 1;
+            if let Some(churn) = &churn
+                && churn.silent(config.first_id + n % config.peers, n as f64 / total_rate)
+            {
+                continue;
+            }
             if killed > 0 && n >= kill_at_n {
                 if killed_at.is_none() {
                     killed_at = Some(unix_ms());
@@ -250,6 +302,7 @@ pub fn run(config: &LoadgenConfig, stop: &AtomicBool) -> Result<LoadgenReport, L
         duration_s,
         achieved_pps: sent as f64 / duration_s,
         killed: if killed_at.is_some() { killed } else { 0 },
+        churn,
         killed_at_unix_ms: killed_at,
     })
 }

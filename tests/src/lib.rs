@@ -6,6 +6,7 @@ pub mod bench;
 pub mod fixture;
 pub mod netns;
 pub mod packet;
+pub mod soak;
 
 use std::path::PathBuf;
 

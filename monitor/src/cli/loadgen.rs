@@ -34,6 +34,13 @@ pub struct LoadgenArgs {
     /// Fraction of the peers (the lowest ids) that stop sending at --after.
     #[arg(long, default_value_t = 0.0)]
     kill: f64,
+    /// Fraction of the peers (the highest ids) that churn: in each --churn-period one quarter
+    /// of them is silent, then comes back.
+    #[arg(long, default_value_t = 0.0)]
+    churn: f64,
+    /// Length of a churn period.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    churn_period: Duration,
     /// When the --kill fraction stops.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     after: Duration,
@@ -65,6 +72,8 @@ pub fn loadgen(args: LoadgenArgs) -> anyhow::Result<ExitCode> {
         duration: args.duration,
         kill_fraction: args.kill,
         kill_after: args.after,
+        churn_fraction: args.churn,
+        churn_period: args.churn_period,
         incarnation: args
             .incarnation
             .unwrap_or_else(super::send::default_incarnation),
