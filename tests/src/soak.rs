@@ -80,8 +80,8 @@ pub struct SoakVerdict {
     /// Silent periods of churning peers fully inside the checked window.
     pub deaths: u64,
     pub detected: u64,
-    /// A few undetected (peer, period start) pairs.
-    pub missed: Vec<(u64, f64)>,
+    /// A few undetected (peer, period start, period end, that peer's top-level crossings).
+    pub missed: Vec<(u64, f64, f64, Vec<f64>)>,
     /// Steady peers suspected at the top level inside the checked window.
     pub steady_suspected: Vec<u64>,
     pub recoveries: u64,
@@ -125,8 +125,13 @@ pub fn verify(report: &LoadgenReport, seen: &Seen, from_ms: f64, to_ms: f64) -> 
                 .is_some_and(|times| times.iter().any(|&t| t >= start && t <= end));
             if found {
                 detected += 1;
-            } else if missed.len() < 10 {
-                missed.push((id, start));
+            } else if missed.len() < 5 {
+                missed.push((
+                    id,
+                    start,
+                    end,
+                    seen.top.get(&id).cloned().unwrap_or_default(),
+                ));
             }
         }
         epoch += 1;

@@ -49,9 +49,9 @@ const RATE_HZ: f64 = 10.0;
 /// Fraction of peers killed near the end of each scale run, for event latency.
 const KILL_FRACTION: f64 = 0.01;
 
-struct Tools {
-    monitor: PathBuf,
-    probe: PathBuf,
+pub(crate) struct Tools {
+    pub monitor: PathBuf,
+    pub probe: PathBuf,
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
@@ -69,10 +69,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         "--bin",
         "hbm-bench",
     ]))?;
-    let tools = Tools {
-        monitor: build::monitor_bin(true),
-        probe: workspace::root().join("target/release/hbm-bench"),
-    };
+    let tools = Tools::build()?;
     let (scales, seconds) = if args.quick {
         (vec![1000, 50_000], 3)
     } else {
@@ -121,9 +118,38 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let table = render(test_run_ns, &rows, &ingest, &paths);
     println!("\n{table}");
     if !args.no_record {
-        record(&table, args)?;
+        record(
+            &table,
+            if args.quick {
+                "cargo xtask bench --quick"
+            } else {
+                "cargo xtask bench"
+            },
+        )?;
     }
     Ok(())
+}
+
+impl Tools {
+    /// Builds the agent and the probes in release.
+    pub fn build() -> Result<Self> {
+        workspace::run(workspace::cargo().args([
+            "build",
+            "--release",
+            "--package",
+            "monitor",
+            "--package",
+            "integration-tests",
+            "--bin",
+            "monitor",
+            "--bin",
+            "hbm-bench",
+        ]))?;
+        Ok(Self {
+            monitor: build::monitor_bin(true),
+            probe: workspace::root().join("target/release/hbm-bench"),
+        })
+    }
 }
 
 /// Turns on kernel.bpf_stats_enabled for the run and restores it after.
@@ -150,14 +176,20 @@ fn probe_json(probe: &Path, args: &[&str]) -> Result<Value> {
     serde_json::from_str(last).with_context(|| format!("probe output {last:?}"))
 }
 
-struct Agent {
-    process: Process,
-    socket: PathBuf,
+pub(crate) struct Agent {
+    pub process: Process,
+    pub socket: PathBuf,
     monitor: PathBuf,
 }
 
 impl Agent {
-    fn start(tools: &Tools, net: &NetPair, dir: &Path, peers: u64) -> Result<Self> {
+    pub fn start(
+        tools: &Tools,
+        net: &NetPair,
+        dir: &Path,
+        peers: u64,
+        extra: &[&str],
+    ) -> Result<Self> {
         let peers_file = dir.join(format!("peers-{peers}"));
         let mut text = String::with_capacity(peers as usize * 7);
         for id in 1..=peers {
@@ -172,6 +204,7 @@ impl Agent {
                 .arg("--peers")
                 .arg(&peers_file)
                 .args(["--capacity", &peers.max(1024).to_string()])
+                .args(extra)
                 .env("RUST_LOG", "warn"),
         )?;
         wait_for_socket(&tools.monitor, &socket, &process)?;
@@ -182,7 +215,7 @@ impl Agent {
         })
     }
 
-    fn stats(&self) -> Result<Value> {
+    pub fn stats(&self) -> Result<Value> {
         let out = workspace::output(
             Command::new(&self.monitor)
                 .args(["query", "--json", "--socket"])
@@ -259,7 +292,7 @@ fn system_busy_s() -> Result<f64> {
     Ok((total - cpu[3] - cpu[4]) / clock_ticks())
 }
 
-fn status_kib(pid: u32, key: &str) -> Result<f64> {
+pub(crate) fn status_kib(pid: u32, key: &str) -> Result<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let line = status
         .lines()
@@ -318,7 +351,7 @@ fn scale_run(
     interrupt: &Interrupt,
 ) -> Result<ScaleRow> {
     let sweep = probe_json(&tools.probe, &["sweep", "--peers", &peers.to_string()])?;
-    let agent = Agent::start(tools, net, dir, peers)?;
+    let agent = Agent::start(tools, net, dir, peers, &[])?;
     let killed = ((peers as f64 * KILL_FRACTION).round() as u64).max(1);
     let mut events = Process::spawn(
         Command::new(&tools.probe)
@@ -402,7 +435,7 @@ fn ingest_run(
     peers: u64,
     seconds: u64,
 ) -> Result<Ingest> {
-    let agent = Agent::start(tools, net, dir, peers)?;
+    let agent = Agent::start(tools, net, dir, peers, &[])?;
     let mut steps = Vec::new();
     for target in [50_000.0, 100_000.0, 200_000.0, 300_000.0, 400_000.0, 1e9] {
         let before = agent.stats()?["kernel"]["heartbeats"].as_u64().unwrap_or(0);
@@ -449,7 +482,7 @@ fn path_comparison(
     let pps = 200_000.0_f64.min(peers as f64 * 10.0);
     let rate = pps / peers as f64;
 
-    let agent = Agent::start(tools, net, dir, peers)?;
+    let agent = Agent::start(tools, net, dir, peers, &[])?;
     let before = agent.stats()?;
     let pid = agent.process.pid();
     let (cpu0, busy0) = (process_cpu_s(pid)?, system_busy_s()?);
@@ -595,14 +628,11 @@ fn render(test_run_ns: f64, rows: &[ScaleRow], ingest: &Ingest, paths: &Paths) -
     t
 }
 
-fn record(table: &str, args: &BenchArgs) -> Result<()> {
+/// Appends a dated section with `table` and the command that made it to BENCHMARKS.md.
+pub(crate) fn record(table: &str, command: &str) -> Result<()> {
     let path = workspace::root().join("BENCHMARKS.md");
     let kernel = workspace::output(Command::new("uname").arg("-r"))?;
     let date = workspace::output(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]))?;
-    let mut command = String::from("cargo xtask bench");
-    if args.quick {
-        command.push_str(" --quick");
-    }
     let entry = format!(
         "\n## {} (kernel {}), `{command}`\n\n{table}",
         date.trim(),

@@ -7,6 +7,7 @@ mod demo;
 mod fuzz;
 mod lab;
 mod setup;
+mod soak;
 mod test;
 mod workspace;
 
@@ -32,6 +33,8 @@ enum Task {
     Test(test::TestArgs),
     /// Watch heartbeats cross a veth pair between two namespaces, then stop a peer.
     Demo(demo::DemoArgs),
+    /// 50,000 peers for 10 minutes with churn; checks detection, false suspicion, leaks.
+    Soak(soak::SoakArgs),
     /// Fuzz the heartbeat and request parsers for a while (cargo-fuzz).
     Fuzz(fuzz::FuzzArgs),
     /// Measure kernel cost, ingest, sweeps, socket and event latency, CPU and memory at scale.
@@ -46,5 +49,6 @@ fn main() -> anyhow::Result<()> {
         Task::Demo(args) => demo::run(&args),
         Task::Bench(args) => bench::run(&args),
         Task::Fuzz(args) => fuzz::run(&args),
+        Task::Soak(args) => soak::run(&args),
     }
 }

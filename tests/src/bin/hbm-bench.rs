@@ -48,6 +48,28 @@ enum Probe {
         #[arg(long, default_value_t = 60)]
         timeout_s: u64,
     },
+    /// A soak: loadgen with churn from namespace NS against a running agent, watched and
+    /// checked (every silent period detected at phi 8, no steady peer suspected).
+    Soak {
+        #[arg(long)]
+        socket: PathBuf,
+        #[arg(long)]
+        monitor: PathBuf,
+        #[arg(long)]
+        ns: String,
+        #[arg(long)]
+        to: String,
+        #[arg(long)]
+        peers: u64,
+        #[arg(long, default_value_t = 2.0)]
+        rate: f64,
+        #[arg(long)]
+        seconds: u64,
+        #[arg(long, default_value_t = 0.01)]
+        churn: f64,
+        #[arg(long, default_value_t = 5)]
+        period_s: u64,
+    },
     /// A userspace UDP receiver feeding the same statistics, for comparison with XDP.
     Receiver {
         #[arg(long, default_value = "0.0.0.0:7946")]
@@ -82,6 +104,19 @@ fn main() {
                 probe.collect(expected, first_id..last_id, Duration::from_secs(timeout_s));
             serde_json::json!({ "latency_ms": latency, "events": kinds })
         }
+        Probe::Soak {
+            socket,
+            monitor,
+            ns,
+            to,
+            peers,
+            rate,
+            seconds,
+            churn,
+            period_s,
+        } => soak(
+            &socket, &monitor, &ns, &to, peers, rate, seconds, churn, period_s,
+        ),
         Probe::Receiver { bind, duration_s } => serde_json::to_value(bench::udp_receiver(
             &bind,
             Duration::from_secs(duration_s),
@@ -90,4 +125,65 @@ fn main() {
         .unwrap(),
     };
     println!("{out}");
+    if out["ok"] == serde_json::json!(false) {
+        std::process::exit(1);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn soak(
+    socket: &std::path::Path,
+    monitor: &std::path::Path,
+    ns: &str,
+    to: &str,
+    peers: u64,
+    rate: f64,
+    seconds: u64,
+    churn: f64,
+    period_s: u64,
+) -> serde_json::Value {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    };
+
+    use integration_tests::soak;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (seen, watcher) = soak::watch(socket, 8.0, stop.clone());
+    let started = soak::unix_ms();
+    let args: Vec<String> = vec![
+        "--to".into(),
+        to.into(),
+        "--peers".into(),
+        peers.to_string(),
+        "--rate".into(),
+        rate.to_string(),
+        "--duration".into(),
+        format!("{seconds}s"),
+        "--churn".into(),
+        churn.to_string(),
+        "--churn-period".into(),
+        format!("{period_s}s"),
+        "--incarnation".into(),
+        "1".into(),
+    ];
+    let report = soak::loadgen(monitor, ns, &args);
+    let ended = soak::unix_ms();
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    watcher.join().expect("watcher");
+    let verdict = soak::verify(
+        &report,
+        &seen.lock().expect("seen"),
+        started + 2.0 * period_s as f64 * 1000.0,
+        ended - 1000.0,
+    );
+    let stats = monitor::client::Client::connect(socket)
+        .and_then(|mut c| c.request(&serde_json::json!({"op": "stats"})))
+        .map(|v| v["stats"].clone())
+        .unwrap_or(serde_json::Value::Null);
+    let recorded = stats["kernel"]["heartbeats"].as_u64().unwrap_or(0);
+    let ok = verdict.ok() && stats["peers"].as_u64() == Some(peers) && recorded == report.sent;
+    serde_json::json!({ "ok": ok, "verdict": verdict, "sent": report.sent, "recorded": recorded,
+        "achieved_pps": report.achieved_pps, "peers": stats["peers"], "stats": stats })
 }
