@@ -143,6 +143,13 @@ pub fn sender_to(pair: &NetnsPair, to: &str, id: u64, interval: &str, extra: &[&
     cmd
 }
 
+/// `monitor loadgen` from the pair's `b` namespace to the agent's address and `port`; its report.
+pub fn loadgen(pair: &NetnsPair, port: u16, args: &[&str]) -> monitor::loadgen::LoadgenReport {
+    let mut all = vec!["--to".to_string(), format!("{}:{port}", pair.addr_a)];
+    all.extend(args.iter().map(|a| a.to_string()));
+    crate::soak::loadgen(&monitor_bin(), &pair.ns_b, &all)
+}
+
 /// Runs a command to completion, asserting success.
 pub fn run_ok(mut cmd: Command) {
     let out = cmd.output().expect("spawn");

@@ -17,19 +17,7 @@ use integration_tests::{
 use serde_json::{Value, json};
 
 fn loadgen(pair: &NetnsPair, port: u16, args: &[&str]) -> Value {
-    let out = NetnsPair::command_in(&pair.ns_b, &monitor_bin())
-        .args(["loadgen", "--to", &format!("{}:{port}", pair.addr_a)])
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .output()
-        .expect("spawn loadgen");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).expect("loadgen report")
+    serde_json::to_value(integration_tests::agent_process::loadgen(pair, port, args)).unwrap()
 }
 
 #[test]

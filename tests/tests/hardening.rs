@@ -270,19 +270,7 @@ fn the_socket_serves_root_the_agent_user_and_its_group_only() {
 }
 
 fn loadgen_in(pair: &NetnsPair, args: &[&str]) -> serde_json::Value {
-    let out = NetnsPair::command_in(&pair.ns_b, &monitor_bin())
-        .args(["loadgen", "--to", &format!("{}:7946", pair.addr_a)])
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    serde_json::to_value(integration_tests::agent_process::loadgen(pair, 7946, args)).unwrap()
 }
 
 #[test]
@@ -313,21 +301,20 @@ fn a_flood_of_forged_ids_leaves_admitted_peers_untouched_and_the_agent_responsiv
     let flood = std::thread::spawn({
         let (ns_b, target) = (pair.ns_b.clone(), format!("{}:7946", pair.addr_a));
         move || {
-            let out = NetnsPair::command_in(&ns_b, &monitor_bin())
-                .args([
-                    "loadgen",
-                    "--to",
-                    &target,
-                    "--peers",
-                    "1000000",
-                    "--first-id",
-                    "1000000",
-                ])
-                .args(["--rate", "0.25", "--duration", "4s"])
-                .stdin(Stdio::null())
-                .output()
-                .unwrap();
-            serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+            let args = [
+                "--to",
+                &target,
+                "--peers",
+                "1000000",
+                "--first-id",
+                "1000000",
+                "--rate",
+                "0.25",
+                "--duration",
+                "4s",
+            ];
+            let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+            integration_tests::soak::loadgen(&monitor_bin(), &ns_b, &args)
         }
     });
     // The agent answers throughout.
@@ -335,7 +322,7 @@ fn a_flood_of_forged_ids_leaves_admitted_peers_untouched_and_the_agent_responsiv
         std::thread::sleep(Duration::from_millis(250));
         assert_eq!(agent.ask(json!({"op": "stats"}))["ok"], json!(true));
     }
-    let sent = flood.join().unwrap()["sent"].as_u64().unwrap();
+    let sent = flood.join().unwrap().sent;
     std::thread::sleep(Duration::from_millis(300));
     let stats = agent.ask(json!({"op": "stats"}))["stats"].clone();
     let kernel = &stats["kernel"];

@@ -8,8 +8,7 @@ use std::{
 };
 
 use integration_tests::{
-    agent_process::{AgentProcess, TempDir},
-    monitor_bin,
+    agent_process::{AgentProcess, TempDir, loadgen},
     netns::NetnsPair,
     require_root, soak,
 };
@@ -44,26 +43,24 @@ fn churn_is_detected_and_steady_peers_are_never_suspected() {
     let stop = Arc::new(AtomicBool::new(false));
     let (seen, watcher) = soak::watch(agent.socket(), 8.0, stop.clone());
     let started = soak::unix_ms();
-    let args: Vec<String> = [
-        "--to",
-        &format!("{}:7946", pair.addr_a),
-        "--peers",
-        &peers.to_string(),
-        "--rate",
-        "10",
-        "--duration",
-        "20s",
-        "--churn",
-        "0.05",
-        "--churn-period",
-        "2s",
-        "--incarnation",
-        "1",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let report = soak::loadgen(&monitor_bin(), &pair.ns_b, &args);
+    let report = loadgen(
+        &pair,
+        7946,
+        &[
+            "--peers",
+            "2000",
+            "--rate",
+            "10",
+            "--duration",
+            "20s",
+            "--churn",
+            "0.05",
+            "--churn-period",
+            "2s",
+            "--incarnation",
+            "1",
+        ],
+    );
     let ended = soak::unix_ms();
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);

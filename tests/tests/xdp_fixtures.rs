@@ -174,6 +174,34 @@ fn bad_heartbeat_headers_are_malformed_and_passed() {
             ..Packet::heartbeat_v4(PEER, 1)
         },
     ));
+    let mut zero = Packet::heartbeat_v4(PEER, 1);
+    zero.udp_len = Some(0);
+    cases.push(("udp length zero", zero));
+    let mut header_only = Packet::heartbeat_v6(PEER, 1);
+    header_only.udp_len = Some(8);
+    cases.push(("udp length says no payload, 32 bytes follow", header_only));
+    let mut h = good;
+    h.version = 0xff;
+    cases.push(("version 255", Packet::heartbeat_v6(PEER, 1).with_header(h)));
+    let mut h = good;
+    h.flags = 0xff;
+    cases.push((
+        "every flag bit",
+        Packet::heartbeat_v4(PEER, 1).with_header(h),
+    ));
+    let mut h = good;
+    h.magic = [0x42, 0x48];
+    cases.push((
+        "magic byte-swapped",
+        Packet::heartbeat_v4(PEER, 1).with_header(h),
+    ));
+    cases.push((
+        "two bytes of magic only",
+        Packet {
+            payload: vec![0x48, 0x42],
+            ..Packet::heartbeat_v4(PEER, 1)
+        },
+    ));
     for (name, packet) in cases {
         let mut fx = Fixture::with_peers(&[PEER]);
         assert_eq!(fx.run(&packet.build()), XDP_PASS, "{name}");

@@ -57,18 +57,6 @@ pub(crate) struct Tools {
 pub fn run(args: &BenchArgs) -> Result<()> {
     setup::ensure()?;
     workspace::require_root("bench")?;
-    workspace::run(workspace::cargo().args([
-        "build",
-        "--release",
-        "--package",
-        "monitor",
-        "--package",
-        "integration-tests",
-        "--bin",
-        "monitor",
-        "--bin",
-        "hbm-bench",
-    ]))?;
     let tools = Tools::build()?;
     let (scales, seconds) = if args.quick {
         (vec![1000, 50_000], 3)

@@ -1,7 +1,12 @@
 //! Runs every test against the real kernel: unit tests, packet fixtures through
 //! BPF_PROG_TEST_RUN, and end-to-end tests across network namespaces.
 
-use anyhow::Result;
+use std::{
+    io::{BufRead, BufReader},
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context, Result, bail};
 use clap::Args;
 
 use crate::{build, fuzz, setup, workspace};
@@ -25,11 +30,50 @@ pub fn run(args: &TestArgs) -> Result<()> {
     cmd.arg("test")
         .env("MONITOR_BIN", build::monitor_bin(false))
         .args(&args.cargo_args);
-    workspace::run(&mut cmd)?;
+    let (passed, failed) = run_counting(&mut cmd)?;
     if args.fuzz_seconds > 0 && args.cargo_args.is_empty() {
         for target in fuzz::TARGETS {
             fuzz::fuzz(target, args.fuzz_seconds)?;
         }
     }
+    // One closing line for the whole run (cargo's own last line is a crate's doc-tests).
+    println!("tests: {passed} passed, {failed} failed");
     Ok(())
+}
+
+/// Runs `cargo test`, echoing its output, and sums its `test result:` lines.
+fn run_counting(cmd: &mut Command) -> Result<(u64, u64)> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {cmd:?}"))?;
+    let (mut passed, mut failed) = (0, 0);
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        let line = line?;
+        println!("{line}");
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            let count = |word: &str| {
+                rest.split(';')
+                    .find_map(|part| {
+                        part.trim().strip_suffix(word).map(|n| {
+                            n.trim()
+                                .rsplit(' ')
+                                .next()
+                                .unwrap_or("0")
+                                .parse::<u64>()
+                                .unwrap_or(0)
+                        })
+                    })
+                    .unwrap_or(0)
+            };
+            passed += count(" passed");
+            failed += count(" failed");
+        }
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        println!("tests: {passed} passed, {failed} failed");
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok((passed, failed))
 }

@@ -1,5 +1,4 @@
 use std::{
-    net::{SocketAddr, ToSocketAddrs},
     process::ExitCode,
     sync::{Arc, atomic::AtomicBool},
     time::Duration,
@@ -53,12 +52,7 @@ pub struct LoadgenArgs {
 }
 
 pub fn loadgen(args: LoadgenArgs) -> anyhow::Result<ExitCode> {
-    let to: SocketAddr = args
-        .to
-        .to_socket_addrs()
-        .with_context(|| format!("--to {:?}: expected ADDR:PORT", args.to))?
-        .next()
-        .with_context(|| format!("--to {:?} resolves to no address", args.to))?;
+    let to = super::resolve_target(&args.to)?;
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, stop.clone()).context("installing a signal handler")?;

@@ -54,6 +54,16 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// Resolves `--to ADDR:PORT` (a host name works too) to its first address.
+pub fn resolve_target(to: &str) -> anyhow::Result<std::net::SocketAddr> {
+    use anyhow::Context;
+    use std::net::ToSocketAddrs;
+    to.to_socket_addrs()
+        .with_context(|| format!("--to {to:?}: expected ADDR:PORT"))?
+        .next()
+        .with_context(|| format!("--to {to:?} resolves to no address"))
+}
+
 /// Parses durations such as `100ms`, `1.5s`, `2m`.
 pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     humantime::parse_duration(text).map_err(|e| format!("{e} (examples: 100ms, 1.5s, 2m)"))

@@ -1,5 +1,4 @@
 use std::{
-    net::{SocketAddr, ToSocketAddrs},
     process::ExitCode,
     sync::{
         Arc,
@@ -59,12 +58,7 @@ pub fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
     if args.jitter >= args.interval {
         anyhow::bail!("--jitter must be smaller than --interval");
     }
-    let to: SocketAddr = args
-        .to
-        .to_socket_addrs()
-        .with_context(|| format!("--to {:?}: expected ADDR:PORT", args.to))?
-        .next()
-        .with_context(|| format!("--to {:?} resolves to no address", args.to))?;
+    let to = super::resolve_target(&args.to)?;
     let incarnation = args.incarnation.unwrap_or_else(default_incarnation);
     let config = SenderConfig {
         to,
