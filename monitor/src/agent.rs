@@ -479,6 +479,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
             config.capacity
         );
     }
+    // Before the socket exists (see cli::run): SIGHUP must never meet its default action.
+    let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("installing the SIGHUP handler")?;
     // Bind first: a socket already in use is the cheapest error to report.
     let group = config
         .socket_group
@@ -575,9 +578,8 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         })
     };
 
-    let reload_keys = async {
-        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-            .expect("SIGHUP handler");
+    let reload_keys = async move {
+        let mut hup = hup;
         loop {
             hup.recv().await;
             match &keyring {
