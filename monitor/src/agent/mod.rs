@@ -1,85 +1,42 @@
-//! The running agent: owns the loaded program, the peer table, the registry and the per-peer
-//! trackers; sweeps for suspicions and answers socket requests.
+//! The running agent: owns the peer table, the registry and the per-peer trackers; sweeps for
+//! suspicions and answers socket requests. Starting it (loading or adopting the program,
+//! binding the socket, the tasks) is `run`'s job.
+
+mod run;
 
 use std::{
-    future::Future,
     os::fd::{AsFd, OwnedFd},
-    path::PathBuf,
     sync::{
-        Arc, Mutex, RwLock,
+        Mutex, RwLock,
         atomic::{AtomicU64, Ordering},
     },
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use anyhow::{Context, Result};
 use aya::maps::{MapData, PerCpuArray};
-use monitor_common::{
-    config::{XDP_FLAG_PASS_HEARTBEATS, XDP_FLAG_REQUIRE_AUTH, XdpConfig},
-    maps::{
-        Counters, LAYOUT_VERSION, MAX_INTERVAL_US, META_MAGIC, PeerSlot, PinnedMeta,
-        UnknownPeerReport,
-    },
-};
+use monitor_common::maps::{Counters, UnknownPeerReport};
 use serde_json::json;
 use tokio::sync::broadcast;
 
+pub use self::run::{AgentConfig, run};
 use crate::{
-    access::{self, AccessPolicy},
-    admission::{self, Admission, AdmissionPolicy, Verdict, consume_reports},
-    auth_key::read_key_file,
+    admission::{Admission, AdmissionPolicy, Verdict},
     clock::monotonic_ns,
     counters::CounterTotals,
     detector::{
-        levels::Levels,
-        model::{DetectorParams, Estimate, Model},
+        model::Estimate,
         tracker::{DetectorConfig, Event, PeerTracker},
     },
-    keyring::KeyRing,
-    loaded::LoadedProgram,
     peer_table::PeerTable,
     peer_view::{PeerView, ip_addr},
-    pinning,
-    program::{self, AttachMode},
+    program,
     protocol::{AgentStats, Request, error_reply, ok_reply},
     registry::{AdmitError, ForgetError, Registry},
-    server::{self, Handler, Response},
+    server::{Handler, Response},
 };
 
 /// Events buffered per subscriber before a slow one is told it missed some.
 pub const EVENT_BUFFER: usize = 65_536;
-
-/// Everything `monitor run` is told.
-#[derive(Debug, Clone)]
-pub struct AgentConfig {
-    pub iface: String,
-    pub port: u16,
-    pub socket: PathBuf,
-    pub peers_file: Option<PathBuf>,
-    pub mode: AttachMode,
-    pub capacity: u32,
-    /// Who is admitted on a first heartbeat.
-    pub admission: AdmissionPolicy,
-    pub pass_heartbeats: bool,
-    pub unknown_reports_per_sec: u32,
-    /// The detector; its `window` is the kernel's window.
-    pub detector: DetectorParams,
-    pub levels: Levels,
-    pub sweep_interval: Duration,
-    /// Require heartbeats signed with the key in this file (re-read on SIGHUP).
-    pub auth_key_file: Option<PathBuf>,
-    /// How long the previous key stays valid after a rotation.
-    pub auth_grace: Duration,
-    /// Forget peers silent for longer than this (their slots are reused).
-    pub expire_after: Option<Duration>,
-    /// Group allowed to use the socket besides root and the agent's user.
-    pub socket_group: Option<String>,
-    /// Pin the program and maps here, and adopt what is pinned here at start.
-    pub pin_path: Option<PathBuf>,
-    /// A sweep that comes this much later than the previous one means the agent itself was
-    /// not scheduled; new suspicions are held for as long as the stall lasted.
-    pub stall_bound: Duration,
-}
 
 /// State shared by the socket clients, the sweeper and the admission task.
 pub struct Agent {
@@ -418,281 +375,4 @@ impl Handler for Agent {
             },
         })
     }
-}
-
-/// Sweeps forever; detects its own stalls (Cassandra pauses convictions the same way).
-async fn sweep_loop(agent: Arc<Agent>, interval: Duration, stall_bound: Duration) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last = monotonic_ns();
-    let mut hold_until = 0u64;
-    loop {
-        ticker.tick().await;
-        let now = monotonic_ns();
-        let gap = now.saturating_sub(last);
-        last = now;
-        if gap > stall_bound.as_nanos() as u64 {
-            agent.stalls.fetch_add(1, Ordering::Relaxed);
-            hold_until = now + gap;
-            log::warn!(
-                "the agent was not scheduled for {:.0} ms; holding new suspicions for as long",
-                gap as f64 / 1e6
-            );
-        }
-        agent.sweep(now, now < hold_until);
-    }
-}
-
-fn xdp_config(config: &AgentConfig, require_auth: bool) -> XdpConfig {
-    let max_interval_us = config.detector.max_interval_ms.map_or(0, |ms| {
-        ((ms * 1000.0) as u64).clamp(1, MAX_INTERVAL_US) as u32
-    });
-    XdpConfig {
-        port: config.port,
-        window: config.detector.window,
-        flags: if config.pass_heartbeats {
-            XDP_FLAG_PASS_HEARTBEATS
-        } else {
-            0
-        } | if require_auth {
-            XDP_FLAG_REQUIRE_AUTH
-        } else {
-            0
-        },
-        unknown_reports_per_sec: config.unknown_reports_per_sec,
-        max_interval_us,
-        ..XdpConfig::DEFAULT
-    }
-}
-
-/// Loads, attaches and serves until `shutdown` completes; detaches and removes the socket on
-/// the way out.
-pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Result<()> {
-    let peers = match &config.peers_file {
-        Some(path) => admission::read_peers_file(path)?,
-        None => Vec::new(),
-    };
-    if peers.len() > config.capacity as usize {
-        anyhow::bail!(
-            "the peers file lists {} peers but --capacity is {}",
-            peers.len(),
-            config.capacity
-        );
-    }
-    // Before the socket exists (see cli::run): SIGHUP must never meet its default action.
-    let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        .context("installing the SIGHUP handler")?;
-    // Bind first: a socket already in use is the cheapest error to report.
-    let group = config
-        .socket_group
-        .as_deref()
-        .map(access::group_id)
-        .transpose()?;
-    let (listener, _socket_guard) = server::bind(&config.socket, group)?;
-    let policy = AccessPolicy::current(group);
-    // Read the key before anything is loaded: a bad key file stops the start cleanly.
-    let key = config
-        .auth_key_file
-        .as_deref()
-        .map(read_key_file)
-        .transpose()?;
-    let xdp = xdp_config(&config, key.is_some());
-    let expected = PinnedMeta {
-        magic: META_MAGIC,
-        layout_version: LAYOUT_VERSION,
-        slot_size: size_of::<PeerSlot>() as u32,
-        capacity: config.capacity,
-        window: xdp.window,
-        port: xdp.port,
-        flags: xdp.flags,
-        max_interval_us: xdp.max_interval_us,
-        ..PinnedMeta::default()
-    };
-    let kernel = match &config.pin_path {
-        Some(dir) if pinning::has_state(dir) => adopt(dir, &expected)?,
-        _ => load_and_attach(&config, &xdp, expected)?,
-    };
-    let Kernel {
-        table,
-        mut registry,
-        counters,
-        unknown_reports,
-        auth_keys,
-        program_fd,
-        mode,
-        ebpf,
-        pinned,
-    } = kernel;
-    let keyring = match (key, &config.auth_key_file) {
-        (Some(key), Some(path)) => Some(Arc::new(
-            KeyRing::new(auth_keys, key, path.clone(), config.auth_grace)
-                .context("installing the auth key")?,
-        )),
-        _ => None,
-    };
-    let now = monotonic_ns();
-    for &id in &peers {
-        match registry.admit(&table, id, now) {
-            // Adopted state already watches it, window and all.
-            Ok(_) | Err(AdmitError::Exists(_)) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-
-    let detector = DetectorConfig::new(config.detector.clone(), config.levels.clone());
-    log::info!(
-        "watching UDP port {} on {} ({} mode): {} peers from file, capacity {}, {} model, levels {}, socket {}",
-        config.port,
-        config.iface,
-        mode,
-        peers.len(),
-        config.capacity,
-        detector.params.model.name(),
-        detector.levels,
-        config.socket.display()
-    );
-    if detector.params.model == Model::Fixed {
-        log::info!(
-            "fixed model: every level is reached at the {} ms timeout",
-            detector.params.timeout_ms
-        );
-    }
-
-    let agent = Arc::new(Agent::new(AgentParts {
-        table,
-        registry,
-        counters,
-        program_fd,
-        detector,
-        iface: config.iface.clone(),
-        mode,
-        port: config.port,
-        admission: config.admission.clone(),
-        expire_after: config.expire_after,
-    }));
-
-    let reports = {
-        let agent = agent.clone();
-        consume_reports(unknown_reports, move |report| {
-            agent.on_unknown_peer(&report)
-        })
-    };
-
-    let reload_keys = async move {
-        let mut hup = hup;
-        loop {
-            hup.recv().await;
-            match &keyring {
-                Some(ring) => {
-                    if let Err(e) = ring.rotate() {
-                        log::error!("{e:#}; keeping the current keys");
-                    }
-                }
-                None => log::info!("SIGHUP: no --auth-key-file to reload"),
-            }
-        }
-    };
-
-    tokio::select! {
-        () = reload_keys => {}
-        r = server::serve(listener, agent.clone(), policy) => r.context("serving the socket")?,
-        r = reports => r.context("reading unknown-peer reports")?,
-        () = sweep_loop(agent.clone(), config.sweep_interval, config.stall_bound) => {}
-        () = shutdown => log::info!("shutting down: detaching from {}", config.iface),
-    }
-    match &pinned {
-        Some(dir) => log::info!(
-            "the program stays attached and recording, pinned at {}; `monitor detach --iface {}` removes it",
-            dir.display(),
-            config.iface
-        ),
-        // Dropping `ebpf` (with its link) detaches the program.
-        None => drop(ebpf),
-    }
-    // `_socket_guard` removes the socket file.
-    Ok(())
-}
-
-/// What the agent runs on: a freshly loaded program or adopted pinned state.
-struct Kernel {
-    table: PeerTable,
-    registry: Registry,
-    counters: PerCpuArray<MapData, Counters>,
-    unknown_reports: aya::maps::RingBuf<MapData>,
-    auth_keys: aya::maps::Array<MapData, monitor_common::auth::AuthKey>,
-    program_fd: OwnedFd,
-    /// "native", "skb", or "adopted".
-    mode: String,
-    /// Owns the program when it was loaded here; dropping it detaches an unpinned program.
-    ebpf: Option<aya::Ebpf>,
-    /// Where the state is pinned, if it is.
-    pinned: Option<PathBuf>,
-}
-
-fn adopt(dir: &std::path::Path, expected: &PinnedMeta) -> Result<Kernel> {
-    let a = pinning::adopt(dir, expected)?;
-    log::info!(
-        "adopted the program pinned at {}: {} peers, their windows kept",
-        dir.display(),
-        a.registry.len()
-    );
-    // The pin holds the attachment; the handle is not needed.
-    drop(a.link);
-    Ok(Kernel {
-        table: a.table,
-        registry: a.registry,
-        counters: a.counters,
-        unknown_reports: a.unknown_reports,
-        auth_keys: a.auth_keys,
-        program_fd: a.program_fd,
-        mode: "adopted".into(),
-        ebpf: None,
-        pinned: Some(dir.into()),
-    })
-}
-
-fn load_and_attach(config: &AgentConfig, xdp: &XdpConfig, meta: PinnedMeta) -> Result<Kernel> {
-    if let Some(dir) = &config.pin_path {
-        pinning::prepare(dir)?;
-    }
-    let loaded = LoadedProgram::load_pinned(xdp, config.capacity, config.pin_path.as_deref());
-    let result = (|| {
-        let LoadedProgram {
-            mut ebpf,
-            table,
-            registry,
-            counters,
-            unknown_reports,
-            auth_keys,
-            meta: mut meta_map,
-        } = loaded?;
-        let (link, mode) = program::attach(&mut ebpf, &config.iface, config.mode)?;
-        let program_fd = program::xdp_mut(&mut ebpf)?
-            .fd()
-            .context("the XDP program has no fd")?
-            .as_fd()
-            .try_clone_to_owned()
-            .context("duplicating the program fd")?;
-        if let Some(dir) = &config.pin_path {
-            pinning::pin_program(dir, &mut ebpf, link, meta, &mut meta_map)?;
-        }
-        Ok(Kernel {
-            table,
-            registry,
-            counters,
-            unknown_reports,
-            auth_keys,
-            program_fd,
-            mode: mode.to_string(),
-            ebpf: Some(ebpf),
-            pinned: config.pin_path.clone(),
-        })
-    })();
-    if result.is_err()
-        && let Some(dir) = &config.pin_path
-    {
-        // Half-pinned state is worse than none: the next start would try to adopt it.
-        let _ = pinning::remove(dir);
-    }
-    result
 }
