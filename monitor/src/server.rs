@@ -180,9 +180,11 @@ impl Encoder<String> for RequestCodec {
     }
 }
 
-/// Tells a client it may not ask, and hangs up.
+/// Tells a client it may not ask, and hangs up. Its first request is read (for a second at
+/// most) before the answer, so the client is not cut off mid-write and sees why.
 async fn refuse(stream: UnixStream, policy: AccessPolicy) {
     let mut lines = Framed::new(stream, RequestCodec::new());
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), lines.next()).await;
     let reply = error_reply(format!(
         "permission denied: this socket serves {}",
         policy.describe()
