@@ -28,6 +28,16 @@ impl TempDir {
     }
 }
 
+impl TempDir {
+    /// Writes a peers file (one id a line) in this directory; returns its path as an argument.
+    pub fn peers_file(&self, ids: impl IntoIterator<Item = u64>) -> String {
+        let path = self.0.join("peers");
+        let text: String = ids.into_iter().map(|id| format!("{id}\n")).collect();
+        std::fs::write(&path, format!("# test peers\n{text}")).expect("write peers file");
+        path.display().to_string()
+    }
+}
+
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
@@ -77,6 +87,16 @@ impl AgentProcess {
 
     pub fn client(&self) -> Client {
         Client::connect(&self.socket).expect("connect to agent")
+    }
+
+    /// A connection turned into the agent's event stream.
+    pub fn subscribe(&self) -> Client {
+        let mut client = self.client();
+        let reply = client
+            .request(&json!({"op": "subscribe"}))
+            .expect("subscribe");
+        assert_eq!(reply, json!({"ok": true, "subscribed": true}));
+        client
     }
 
     /// One request, expecting `"ok": true`.

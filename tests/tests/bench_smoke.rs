@@ -4,13 +4,12 @@
 
 use std::{
     collections::HashMap,
-    process::Stdio,
     time::{Duration, Instant},
 };
 
 use integration_tests::{
     agent_process::{AgentProcess, TempDir},
-    bench, monitor_bin,
+    bench,
     netns::NetnsPair,
     require_root,
 };
@@ -25,26 +24,9 @@ fn loadgen_counts_match_the_kernel_and_every_killed_peer_is_detected() {
     require_root();
     let pair = NetnsPair::new(40);
     let dir = TempDir::new("hbmsmoke");
-    let peers = dir.0.join("peers");
-    std::fs::write(
-        &peers,
-        (1..=500).map(|id| format!("{id}\n")).collect::<String>(),
-    )
-    .unwrap();
-    let agent = AgentProcess::start(
-        &pair,
-        &[
-            "--peers",
-            &peers.display().to_string(),
-            "--sweep-interval",
-            "20ms",
-        ],
-    );
-    let mut watcher = agent.client();
-    assert_eq!(
-        watcher.request(&json!({"op": "subscribe"})).unwrap()["ok"],
-        json!(true)
-    );
+    let peers = dir.peers_file(1..=500);
+    let agent = AgentProcess::start(&pair, &["--peers", &peers, "--sweep-interval", "20ms"]);
+    let mut watcher = agent.subscribe();
 
     let report = loadgen(
         &pair,

@@ -16,23 +16,6 @@ use integration_tests::{
 use monitor::client::Client;
 use serde_json::{Value, json};
 
-fn peers_file(dir: &TempDir, ids: &[u64]) -> String {
-    let path = dir.0.join("peers");
-    std::fs::write(
-        &path,
-        ids.iter().map(|id| format!("{id}\n")).collect::<String>(),
-    )
-    .unwrap();
-    path.display().to_string()
-}
-
-fn subscribe(agent: &AgentProcess) -> Client {
-    let mut client = agent.client();
-    let reply = client.request(&json!({"op": "subscribe"})).unwrap();
-    assert_eq!(reply, json!({"ok": true, "subscribed": true}));
-    client
-}
-
 /// Reads events until `done` says so, or fails after `within`.
 fn events_until(
     client: &mut Client,
@@ -62,14 +45,14 @@ fn a_stopped_sender_climbs_every_level_in_order_then_recovers() {
         &pair,
         &[
             "--peers",
-            &peers_file(&dir, &[5]),
+            &dir.peers_file([5]),
             "--levels",
             "1,3,8",
             "--sweep-interval",
             "10ms",
         ],
     );
-    let mut watcher = subscribe(&agent);
+    let mut watcher = agent.subscribe();
     let send = spawn(sender(&pair, 5, "20ms", &["--incarnation", "1"]));
     std::thread::sleep(Duration::from_millis(1500));
     let peer = &agent.ask(json!({"op": "peer", "id": 5}))["peer"];
@@ -150,12 +133,12 @@ fn silent_peers_are_suspected_and_can_be_forgotten() {
         &pair,
         &[
             "--peers",
-            &peers_file(&dir, &[1, 2]),
+            &dir.peers_file([1, 2]),
             "--sweep-interval",
             "10ms",
         ],
     );
-    let mut watcher = subscribe(&agent);
+    let mut watcher = agent.subscribe();
     let _send = spawn(sender(&pair, 1, "20ms", &["--incarnation", "1"]));
     // Peer 2 never speaks: its silence runs from admission against the bootstrap estimate
     // (mean 100 ms, deviation 25 ms), so it crosses phi 8 after about 240 ms.

@@ -16,13 +16,6 @@ use integration_tests::{
 };
 use serde_json::{Value, json};
 
-fn peers_file(dir: &TempDir, ids: &[u64]) -> String {
-    let path = dir.0.join("peers");
-    let text: String = ids.iter().map(|id| format!("{id}\n")).collect();
-    std::fs::write(&path, format!("# test peers\n{text}")).unwrap();
-    path.display().to_string()
-}
-
 fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("{v} is not a number"))
 }
@@ -32,7 +25,7 @@ fn heartbeats_cross_the_veth_and_match_what_was_sent() {
     require_root();
     let pair = NetnsPair::new(1);
     let dir = TempDir::new("hbmpeers");
-    let agent = AgentProcess::start(&pair, &["--peers", &peers_file(&dir, &[42])]);
+    let agent = AgentProcess::start(&pair, &["--peers", &dir.peers_file([42])]);
     run_ok(sender(&pair, 42, "20ms", &["--count", "60"]));
 
     let peer = &agent.ask(json!({"op": "peer", "id": 42}))["peer"];
@@ -70,7 +63,7 @@ fn ipv6_heartbeats_are_recorded() {
     require_root();
     let pair = NetnsPair::new(2);
     let dir = TempDir::new("hbmpeers");
-    let agent = AgentProcess::start(&pair, &["--peers", &peers_file(&dir, &[6])]);
+    let agent = AgentProcess::start(&pair, &["--peers", &dir.peers_file([6])]);
     run_ok(sender_to(
         &pair,
         &format!("[{}]:7946", pair.addr6_a),
@@ -277,7 +270,7 @@ fn query_cli_prints_a_table_and_raw_json() {
     require_root();
     let pair = NetnsPair::new(8);
     let dir = TempDir::new("hbmpeers");
-    let agent = AgentProcess::start(&pair, &["--peers", &peers_file(&dir, &[77])]);
+    let agent = AgentProcess::start(&pair, &["--peers", &dir.peers_file([77])]);
     let _sender = spawn(sender(&pair, 77, "10ms", &[]));
     std::thread::sleep(Duration::from_millis(200));
     let query = |args: &[&str]| {

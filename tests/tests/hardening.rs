@@ -29,13 +29,12 @@ fn only_signed_heartbeats_count_and_keys_rotate_without_detaching() {
     let agent_key = key_file(&dir, "agent.key", KEY_A, 0o600);
     let key_a = key_file(&dir, "a.key", KEY_A, 0o600);
     let key_b = key_file(&dir, "b.key", KEY_B, 0o600);
-    let peers = dir.0.join("peers");
-    std::fs::write(&peers, "1\n2\n").unwrap();
+    let peers = dir.peers_file([1, 2]);
     let agent = AgentProcess::start(
         &pair,
         &[
             "--peers",
-            &peers.display().to_string(),
+            &peers,
             "--auth-key-file",
             &agent_key,
             "--auth-grace",
@@ -278,13 +277,12 @@ fn a_flood_of_forged_ids_leaves_admitted_peers_untouched_and_the_agent_responsiv
     require_root();
     let pair = NetnsPair::new(53);
     let dir = TempDir::new("hbmflood");
-    let peers = dir.0.join("peers");
-    std::fs::write(&peers, "1\n2\n").unwrap();
+    let peers = dir.peers_file([1, 2]);
     let agent = AgentProcess::start(
         &pair,
         &[
             "--peers",
-            &peers.display().to_string(),
+            &peers,
             "--capacity",
             "3000",
             "--admit-rate",
@@ -387,24 +385,19 @@ fn silent_peers_expire_and_their_slots_are_reused() {
     require_root();
     let pair = NetnsPair::new(55);
     let dir = TempDir::new("hbmexpire");
-    let peers = dir.0.join("peers");
-    std::fs::write(&peers, "1\n2\n").unwrap();
+    let peers = dir.peers_file([1, 2]);
     let agent = AgentProcess::start(
         &pair,
         &[
             "--peers",
-            &peers.display().to_string(),
+            &peers,
             "--expire-after",
             "600ms",
             "--sweep-interval",
             "20ms",
         ],
     );
-    let mut watcher = agent.client();
-    assert_eq!(
-        watcher.request(&json!({"op": "subscribe"})).unwrap()["ok"],
-        json!(true)
-    );
+    let mut watcher = agent.subscribe();
     let _live =
         integration_tests::agent_process::spawn(sender(&pair, 1, "20ms", &["--incarnation", "1"]));
     watcher

@@ -53,11 +53,10 @@ fn a_killed_agent_is_replaced_without_losing_windows_or_raising_suspicion() {
     let pins = fs.0.0.join("agent");
     let pins_arg = pins.display().to_string();
     let dir = TempDir::new("hbmpeers");
-    let peers = dir.0.join("peers");
-    std::fs::write(&peers, "7\n").unwrap();
+    let peers = dir.peers_file([7]);
     let args = [
         "--peers",
-        peers.to_str().unwrap(),
+        &peers,
         "--pin-path",
         &pins_arg,
         "--sweep-interval",
@@ -78,11 +77,7 @@ fn a_killed_agent_is_replaced_without_losing_windows_or_raising_suspicion() {
     assert!(xdp_attached(&pair), "the program must survive its agent");
 
     let second = AgentProcess::start(&pair, &args);
-    let mut watcher = second.client();
-    assert_eq!(
-        watcher.request(&json!({"op": "subscribe"})).unwrap()["ok"],
-        json!(true)
-    );
+    let mut watcher = second.subscribe();
     let after = second.ask(json!({"op": "peer", "id": 7}))["peer"].clone();
     let (h0, h1) = (
         before["heartbeats"].as_u64().unwrap(),

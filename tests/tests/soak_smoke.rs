@@ -19,18 +19,13 @@ fn churn_is_detected_and_steady_peers_are_never_suspected() {
     require_root();
     let pair = NetnsPair::new(70);
     let dir = TempDir::new("hbmsoak");
-    let peers_file = dir.0.join("peers");
     let peers = 2000u64;
-    std::fs::write(
-        &peers_file,
-        (1..=peers).map(|id| format!("{id}\n")).collect::<String>(),
-    )
-    .unwrap();
+    let peers_file = dir.peers_file(1..=peers);
     let agent = AgentProcess::start(
         &pair,
         &[
             "--peers",
-            peers_file.to_str().unwrap(),
+            &peers_file,
             "--capacity",
             "2000",
             "--sweep-interval",
