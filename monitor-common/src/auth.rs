@@ -48,7 +48,8 @@ pub const KEY_SLOTS: u32 = 2;
 
 #[inline(always)]
 const fn rotl(x: u64, b: u32) -> u64 {
-    (x << b) | (x >> (64 - b))
+    // BPF has no rotate instruction; LLVM lowers this to two shifts and an or.
+    x.rotate_left(b)
 }
 
 #[inline(always)]

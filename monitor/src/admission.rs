@@ -84,7 +84,7 @@ pub async fn consume_reports(
     // SAFETY: the RingBuf owns its map fd and keeps it open, unchanged, for as long as the
     // AsyncFd owns the RingBuf.
     let mut fd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
-        .map_err(|e| std::io::Error::from(e))?;
+        .map_err(std::io::Error::from)?;
     loop {
         let mut guard = fd.readable_mut().await?;
         let ring = guard.get_inner_mut();

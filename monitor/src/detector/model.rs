@@ -268,7 +268,7 @@ mod tests {
     fn exponential_matches_cassandra() {
         // Cassandra: phi = PHI_FACTOR * t / mean, PHI_FACTOR = 1 / ln 10.
         let p = params(Model::Exponential);
-        assert!((p.phi(&est(1000.0, 0.0), 2302.585_092_994_046) - 1.0).abs() < 1e-12);
+        assert!((p.phi(&est(1000.0, 0.0), 2_302.585_092_994_046) - 1.0).abs() < 1e-12);
         assert_eq!(p.phi(&est(1000.0, 0.0), 0.0), 0.0);
     }
 
