@@ -34,6 +34,8 @@ pub struct PeerView {
     pub lost: u64,
     pub duplicates: u64,
     pub out_of_order: u64,
+    /// Heartbeats for this id whose authentication failed (with --auth-key-file).
+    pub auth_failures: u64,
     /// Detector quality at the highest level since admission (see docs/tuning.md).
     pub qos: Option<QosReport>,
 }
@@ -66,6 +68,7 @@ impl PeerView {
             lost: record.lost,
             duplicates: record.duplicates,
             out_of_order: record.out_of_order,
+            auth_failures: record.auth_failures,
             qos,
         }
     }

@@ -77,6 +77,11 @@ fn only_signed_heartbeats_count_and_keys_rotate_without_detaching() {
     let peer = |id: u64| agent.ask(json!({"op": "peer", "id": id}))["peer"].clone();
     assert_eq!(peer(1)["heartbeats"], json!(20));
     assert_eq!(
+        peer(2)["auth_failures"],
+        json!(25),
+        "counted against the peer too"
+    );
+    assert_eq!(
         peer(2)["heartbeats"],
         json!(0),
         "wrong key and unsigned heartbeats never count"
