@@ -254,3 +254,62 @@ fn replay_compares_a_fixed_timeout_with_phi_on_a_generated_trace() {
     assert!(!ok);
     assert!(err.contains("gauss"), "{err}");
 }
+
+#[test]
+fn a_slow_subscriber_is_told_what_it_missed_and_stalls_no_one() {
+    require_root();
+    let pair = NetnsPair::new(22);
+    let dir = TempDir::new("hbmlag");
+    let peers = 30_000u64;
+    // Nobody sends: every peer climbs all three levels, 90,000 events in three bursts about a
+    // second apart (bootstrap estimate 2 s +/- 0.5 s), more than a subscriber's 65,536 buffer.
+    let agent = AgentProcess::start(
+        &pair,
+        &[
+            "--peers",
+            &dir.peers_file(1..=peers),
+            "--capacity",
+            "30000",
+            "--first-interval-ms",
+            "2000",
+        ],
+    );
+    let mut fast = agent.subscribe();
+    let mut slow = agent.subscribe();
+
+    let mut suspects = 0u64;
+    fast.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    while suspects < 3 * peers {
+        let event: Value = serde_json::from_str(&fast.read_line().unwrap()).unwrap();
+        assert_ne!(
+            event["event"],
+            json!("lagged"),
+            "a subscriber that keeps up lost events"
+        );
+        if event["event"] == "suspect" {
+            suspects += 1;
+        }
+        if suspects == peers {
+            // Mid-storm, with one subscriber not reading at all, the agent still answers.
+            assert_eq!(agent.ask(json!({"op": "stats"}))["ok"], json!(true));
+        }
+    }
+
+    // The one that read nothing finds, among what it can still read, how much it missed.
+    slow.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut missed = 0;
+    let mut received = 0u64;
+    while missed == 0 {
+        let event: Value = serde_json::from_str(&slow.read_line().unwrap()).unwrap();
+        received += 1;
+        if event["event"] == "lagged" {
+            missed = event["missed"].as_u64().unwrap();
+        }
+        assert!(received <= 3 * peers, "never told it lagged");
+    }
+    assert!(missed > 0);
+    let stats = &agent.ask(json!({"op": "stats"}))["stats"];
+    assert_eq!(stats["subscribers"], json!(2), "{stats}");
+}
