@@ -313,3 +313,40 @@ fn a_slow_subscriber_is_told_what_it_missed_and_stalls_no_one() {
     let stats = &agent.ask(json!({"op": "stats"}))["stats"];
     assert_eq!(stats["subscribers"], json!(2), "{stats}");
 }
+
+#[test]
+fn after_the_agent_itself_stalls_new_suspicions_wait() {
+    require_root();
+    let pair = NetnsPair::new(23);
+    let dir = TempDir::new("hbmstall");
+    let agent = AgentProcess::start(
+        &pair,
+        &[
+            "--peers",
+            &dir.peers_file([1]),
+            "--stall-bound",
+            "300ms",
+            "--first-interval-ms",
+            "1000",
+        ],
+    );
+    let mut watcher = agent.subscribe();
+    // Freeze the agent (as a paused VM or an overloaded host would) past the peer's phi 8
+    // crossing (1 s + 5.6 x 250 ms = 2.4 s after admission).
+    unsafe { libc::kill(agent.pid() as i32, libc::SIGSTOP) };
+    std::thread::sleep(Duration::from_millis(3000));
+    unsafe { libc::kill(agent.pid() as i32, libc::SIGCONT) };
+    let resumed = std::time::Instant::now();
+    let events = events_until(&mut watcher, Duration::from_secs(15), |e| {
+        e.iter()
+            .any(|e| e["event"] == "suspect" && e["level"] == 8.0)
+    });
+    // The agent noticed its own stall and held new suspicions for about as long.
+    assert!(
+        resumed.elapsed() >= Duration::from_millis(2000),
+        "suspected {:?} after resuming: {events:?}",
+        resumed.elapsed()
+    );
+    let stats = &agent.ask(json!({"op": "stats"}))["stats"];
+    assert!(stats["stalls"].as_u64().unwrap() >= 1, "{stats}");
+}
