@@ -152,6 +152,14 @@ mod tests {
                 threshold: Some(3.5)
             })
         );
+        // Found by the fuzzer: numbers are parsed correctly rounded, so a request survives a
+        // round trip through its own JSON (serde_json's float_roundtrip).
+        let line = format!(r#"{{"op":"suspects","threshold":54{}}}"#, "4".repeat(85));
+        let request = parse_request(&line).unwrap();
+        assert_eq!(
+            parse_request(&serde_json::to_string(&request).unwrap()),
+            Ok(request)
+        );
         assert_eq!(
             parse_request(r#"{"op":"subscribe"}"#),
             Ok(Request::Subscribe)
