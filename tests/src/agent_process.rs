@@ -89,6 +89,16 @@ impl AgentProcess {
         Client::connect(&self.socket).expect("connect to agent")
     }
 
+    /// The ids of every peer the agent watches, in its (sorted) order.
+    pub fn peer_ids(&self) -> Vec<u64> {
+        self.ask(json!({"op": "peers"}))["peers"]
+            .as_array()
+            .expect("peers array")
+            .iter()
+            .map(|p| p["id"].as_u64().expect("peer id"))
+            .collect()
+    }
+
     /// A connection turned into the agent's event stream.
     pub fn subscribe(&self) -> Client {
         let mut client = self.client();

@@ -171,12 +171,7 @@ fn silent_peers_are_suspected_and_can_be_forgotten() {
         events.iter().find(|e| e["event"] == "forget").unwrap()["id"],
         json!(2)
     );
-    let ids: Vec<u64> = agent.ask(json!({"op": "peers"}))["peers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["id"].as_u64().unwrap())
-        .collect();
+    let ids = agent.peer_ids();
     assert_eq!(ids, vec![1]);
     let again = agent
         .client()

@@ -419,12 +419,7 @@ fn silent_peers_expire_and_their_slots_are_reused() {
         (json!(2), json!("expired"))
     );
     std::thread::sleep(Duration::from_millis(700));
-    let ids: Vec<u64> = agent.ask(json!({"op": "peers"}))["peers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["id"].as_u64().unwrap())
-        .collect();
+    let ids = agent.peer_ids();
     assert_eq!(ids, vec![1], "the live peer stays, the silent one is gone");
     // The freed slot takes the next peer.
     loadgen_in(
