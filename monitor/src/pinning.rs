@@ -229,46 +229,48 @@ pub fn adopt(dir: &Path, expected: &PinnedMeta) -> Result<Adopted, PinError> {
             ours: size_of::<PeerSlot>(),
         });
     }
-    let mismatch = |setting: &'static str, pinned: String, wanted: String| PinError::Mismatch {
-        path: dir.into(),
-        setting,
-        pinned,
-        wanted,
-    };
-    if meta.port != expected.port {
-        return Err(mismatch(
+    // (setting, how the command line says it, pinned value, this agent's value): the first that
+    // differs is refused.
+    let settings = [
+        (
             "port",
+            "--port ",
             meta.port.to_string(),
-            format!("--port {}", expected.port),
-        ));
-    }
-    if meta.window != expected.window {
-        return Err(mismatch(
+            expected.port.to_string(),
+        ),
+        (
             "window",
+            "--window ",
             meta.window.to_string(),
-            format!("--window {}", expected.window),
-        ));
-    }
-    if meta.capacity != expected.capacity {
-        return Err(mismatch(
+            expected.window.to_string(),
+        ),
+        (
             "capacity",
+            "--capacity ",
             meta.capacity.to_string(),
-            format!("--capacity {}", expected.capacity),
-        ));
-    }
-    if meta.flags != expected.flags {
-        return Err(mismatch(
+            expected.capacity.to_string(),
+        ),
+        (
             "flags (authentication, pass-through)",
+            "",
             format!("{:#x}", meta.flags),
             format!("{:#x}", expected.flags),
-        ));
-    }
-    if meta.max_interval_us != expected.max_interval_us {
-        return Err(mismatch(
+        ),
+        (
             "max interval (us)",
+            "",
             meta.max_interval_us.to_string(),
             expected.max_interval_us.to_string(),
-        ));
+        ),
+    ];
+    if let Some((setting, flag, pinned, wanted)) = settings.into_iter().find(|(_, _, p, w)| p != w)
+    {
+        return Err(PinError::Mismatch {
+            path: dir.into(),
+            setting,
+            pinned,
+            wanted: format!("{flag}{wanted}"),
+        });
     }
 
     let index: BpfHashMap<MapData, u64, u32> = open(dir, PEER_INDEX_MAP)?
