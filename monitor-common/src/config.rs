@@ -10,6 +10,10 @@ pub const CONFIG_SYMBOL: &str = "CONFIG";
 pub const XDP_FLAG_PASS_HEARTBEATS: u32 = 1 << 0;
 /// Only heartbeats with a valid SipHash tag (current or previous key in AUTH_KEYS) count.
 pub const XDP_FLAG_REQUIRE_AUTH: u32 = 1 << 1;
+/// Only intervals between consecutive sequence numbers enter the window: an interval that
+/// spans lost heartbeats is counted as loss (`PeerRecord::loss_*`), not as a sample. Set for
+/// the loss-aware model, which weighs loss separately.
+pub const XDP_FLAG_GAPLESS_WINDOW: u32 = 1 << 2;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,7 +30,9 @@ pub struct XdpConfig {
     /// Intervals longer than this (microseconds) are not added to the window, as Cassandra
     /// ignores them; 0 keeps every interval.
     pub max_interval_us: u32,
-    pub _pad2: u32,
+    /// An interval longer than this many times the window's mean is an outage, not a sample
+    /// (see `crate::slot`); 0 counts every interval.
+    pub outage_factor: u32,
 }
 
 impl XdpConfig {
@@ -37,7 +43,7 @@ impl XdpConfig {
         flags: 0,
         unknown_reports_per_sec: 1000,
         max_interval_us: 0,
-        _pad2: 0,
+        outage_factor: 0,
     };
 }
 

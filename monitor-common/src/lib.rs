@@ -9,6 +9,7 @@
 pub mod auth;
 pub mod config;
 pub mod maps;
+pub mod slot;
 pub mod wire;
 
 #[cfg(feature = "user")]
@@ -21,4 +22,5 @@ mod pod {
     unsafe impl aya::Pod for crate::maps::PeerSlot {}
     unsafe impl aya::Pod for crate::maps::Counters {}
     unsafe impl aya::Pod for crate::maps::UnknownPeerReport {}
+    unsafe impl aya::Pod for crate::maps::ArrivalRecord {}
 }

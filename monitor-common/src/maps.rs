@@ -27,6 +27,11 @@ pub const UNKNOWN_PEERS_MAP: &str = "UNKNOWN_PEERS";
 pub const AUTH_KEYS_MAP: &str = "AUTH_KEYS";
 /// One [`PinnedMeta`] (ARRAY of 1), written by the agent, read when it adopts pinned state.
 pub const META_MAP: &str = "META";
+/// [`ArrivalRecord`]s of traced peers (RINGBUF), for `monitor record`.
+pub const ARRIVALS_MAP: &str = "ARRIVALS";
+/// Size of the arrivals ring buffer in bytes: 256 KiB, 8192 records, a second of 8k
+/// heartbeats per second before the agent must have read them.
+pub const ARRIVALS_BYTES: u32 = 256 * 1024;
 /// Size of the unknown-peer ring buffer in bytes.
 pub const UNKNOWN_PEERS_BYTES: u32 = 64 * 1024;
 
@@ -53,6 +58,17 @@ pub struct PeerSlot {
     /// The last `record.samples` intervals in microseconds, a ring ending before
     /// `record.ring_head`.
     pub ring_us: [u32; MAX_WINDOW],
+}
+
+impl PeerSlot {
+    /// A free-standing slot for a peer admitted at `now_ns` (offline replay keeps one).
+    pub const fn admitted(peer_id: u64, now_ns: u64) -> Self {
+        Self {
+            lock: 0,
+            record: PeerRecord::admitted(peer_id, now_ns),
+            ring_us: [0; MAX_WINDOW],
+        }
+    }
 }
 
 /// Everything about a peer except its ring of intervals.
@@ -93,6 +109,29 @@ pub struct PeerRecord {
     /// Source address of the last accepted heartbeat; IPv4 as the last 4 bytes of an
     /// IPv4-mapped IPv6 address.
     pub src_addr: [u8; 16],
+    /// Recent loss, for loss-aware suspicion (`crate::slot`), as a two-state (Gilbert)
+    /// picture of the sequence: `loss_heartbeats` accepted heartbeats that followed another of
+    /// the same incarnation, `loss_gaps` of them came after a gap in the sequence, and those
+    /// gaps lost `loss_lost` heartbeats. `burst_heartbeats` of the accepted heartbeats followed
+    /// one that itself came after a gap, and `burst_gaps` of those came after a gap too: loss
+    /// right after loss, the burstiness. All five are halved together every
+    /// [`crate::slot::LOSS_MEMORY`] heartbeats, so they describe the last few hundred.
+    pub loss_heartbeats: u32,
+    pub loss_gaps: u32,
+    pub loss_lost: u32,
+    pub burst_heartbeats: u32,
+    pub burst_gaps: u32,
+    /// Intervals left out of the window as outages (`crate::slot`), since admission.
+    pub outages: u32,
+    /// Times a new incarnation (sender restart) was accepted, since admission.
+    pub restarts: u32,
+    /// Consecutive intervals that were outages; a run of them is the path, not an outage.
+    pub outage_run: u16,
+    /// 1 when the last accepted heartbeat came after a gap in the sequence.
+    pub last_gapped: u8,
+    /// Non-zero: every arrival of this peer is also written to the ARRIVALS ring buffer
+    /// (`monitor record`). Set and cleared by the agent.
+    pub traced: u8,
 }
 
 impl PeerRecord {
@@ -115,6 +154,16 @@ impl PeerRecord {
             src_family: FAMILY_NONE,
             src_port: 0,
             src_addr: [0; 16],
+            loss_heartbeats: 0,
+            loss_gaps: 0,
+            loss_lost: 0,
+            burst_heartbeats: 0,
+            burst_gaps: 0,
+            outages: 0,
+            restarts: 0,
+            outage_run: 0,
+            last_gapped: 0,
+            traced: 0,
         }
     }
 }
@@ -126,7 +175,7 @@ const _: () = assert!(core::mem::offset_of!(UnknownPeerReport, src_addr) % 8 == 
 
 /// Version of everything a restarted agent reads from pinned maps: bump it whenever a map's
 /// layout or meaning changes, so an agent never misreads state pinned by another build.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// "HBMPIN\0\0".
 pub const META_MAGIC: u64 = u64::from_le_bytes(*b"HBMPIN\0\0");
 
@@ -144,7 +193,8 @@ pub struct PinnedMeta {
     pub _pad: u16,
     pub flags: u32,
     pub max_interval_us: u32,
-    pub _pad2: u32,
+    /// `XdpConfig::outage_factor` of the build that pinned it.
+    pub outage_factor: u32,
 }
 
 /// What the XDP program decided, counted per CPU (one lookup per packet, no atomics).
@@ -175,6 +225,8 @@ pub struct Counters {
     pub report_window_ns: u64,
     /// Reports written in the current window, kernel bookkeeping.
     pub report_window_count: u64,
+    /// Arrivals of traced peers not written because the ARRIVALS ring was full.
+    pub arrivals_dropped: u64,
 }
 
 /// A valid heartbeat from a peer id that has no slot, as reported to the agent.
@@ -187,4 +239,17 @@ pub struct UnknownPeerReport {
     pub src_family: u16,
     pub src_port: u16,
     pub src_addr: [u8; 16],
+}
+
+/// One heartbeat of a traced peer as the kernel judged it, for `monitor record`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArrivalRecord {
+    pub peer_id: u64,
+    /// bpf_ktime_get_ns at arrival.
+    pub at_ns: u64,
+    pub seq: u64,
+    pub incarnation: u32,
+    /// [`crate::slot::Outcome`] as a number: 0 accepted, 1 duplicate, 2 out of order.
+    pub outcome: u32,
 }

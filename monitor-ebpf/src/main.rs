@@ -22,7 +22,10 @@ use aya_ebpf::{
 use monitor_common::{
     auth::{AuthKey, KEY_SLOTS},
     config::{XDP_FLAG_PASS_HEARTBEATS, XdpConfig},
-    maps::{BPF_F_MMAPABLE, Counters, DEFAULT_CAPACITY, PeerSlot, PinnedMeta, UNKNOWN_PEERS_BYTES},
+    maps::{
+        ARRIVALS_BYTES, BPF_F_MMAPABLE, Counters, DEFAULT_CAPACITY, PeerSlot, PinnedMeta,
+        UNKNOWN_PEERS_BYTES,
+    },
 };
 
 use crate::parse::Parsed;
@@ -42,6 +45,10 @@ static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
 static UNKNOWN_PEERS: RingBuf = RingBuf::with_byte_size(UNKNOWN_PEERS_BYTES, 0);
+
+/// Arrivals of traced peers (`monitor record`).
+#[map]
+static ARRIVALS: RingBuf = RingBuf::with_byte_size(ARRIVALS_BYTES, 0);
 
 #[map]
 static AUTH_KEYS: Array<AuthKey> = Array::with_max_entries(KEY_SLOTS, 0);

@@ -8,13 +8,12 @@ use aya_ebpf::helpers::bpf_ktime_get_ns;
 use monitor_common::{
     auth::{KEY_CURRENT, KEY_PREVIOUS, siphash24_24},
     config::{XDP_FLAG_REQUIRE_AUTH, XdpConfig},
-    maps::{Counters, MAX_INTERVAL_US, MAX_WINDOW, PeerSlot, UnknownPeerReport},
+    maps::{ArrivalRecord, Counters, UnknownPeerReport},
+    slot::{self, Outcome},
     wire::FLAG_AUTH,
 };
 
-use crate::{AUTH_KEYS, PEER_INDEX, PEER_STATE, UNKNOWN_PEERS, parse::Heartbeat};
-
-const RING_MASK: u32 = (MAX_WINDOW as u32) - 1;
+use crate::{ARRIVALS, AUTH_KEYS, PEER_INDEX, PEER_STATE, UNKNOWN_PEERS, parse::Heartbeat};
 const NS_PER_SEC: u64 = 1_000_000_000;
 
 #[inline(always)]
@@ -59,38 +58,44 @@ pub fn record(hb: &Heartbeat, config: &XdpConfig, counters: &mut Counters) {
         return;
     }
 
-    let seq = hb.seq;
-    let incarnation = hb.incarnation;
-    let outcome = classify(slot, incarnation, seq);
+    let outcome = slot::arrive(slot, now, hb.seq, hb.incarnation, config);
     match outcome {
-        Outcome::Duplicate => {
-            slot.record.duplicates += 1;
-            counters.duplicates += 1;
-        }
-        Outcome::OutOfOrder => {
-            slot.record.out_of_order += 1;
-            // A late heartbeat fills a gap that was counted as lost.
-            if slot.record.lost > 0 {
-                slot.record.lost -= 1;
-            }
-            counters.out_of_order += 1;
-        }
-        Outcome::Accept { lost } => {
-            slot.record.lost += lost;
-            if slot.record.heartbeats > 0 {
-                push_interval(slot, now, config);
-            }
-            slot.record.heartbeats += 1;
-            slot.record.last_arrival_ns = now;
-            slot.record.last_seq = seq;
-            slot.record.incarnation = incarnation;
+        Outcome::Duplicate => counters.duplicates += 1,
+        Outcome::OutOfOrder => counters.out_of_order += 1,
+        Outcome::Accepted { .. } => {
             slot.record.src_family = hb.src_family;
             slot.record.src_port = hb.src_port;
             set_src_addr(&mut slot.record.src_addr, hb.src_words);
             counters.heartbeats += 1;
         }
     }
+    let traced = slot.record.traced != 0;
     unlock(&mut slot.lock);
+    if traced {
+        trace_arrival(peer_id, now, hb, outcome, counters);
+    }
+}
+
+/// Hands one arrival of a traced peer to `monitor record`. Untraced peers never get here:
+/// the cost for them is the one load of `traced` above, in a line already touched.
+#[inline(always)]
+fn trace_arrival(
+    peer_id: u64,
+    now: u64,
+    hb: &Heartbeat,
+    outcome: Outcome,
+    counters: &mut Counters,
+) {
+    let record = ArrivalRecord {
+        peer_id,
+        at_ns: now,
+        seq: hb.seq,
+        incarnation: hb.incarnation,
+        outcome: outcome.code(),
+    };
+    if ARRIVALS.output::<ArrivalRecord>(&record, 0).is_err() {
+        counters.arrivals_dropped += 1;
+    }
 }
 
 // The BPF target's `core` offers no compare-and-swap on its atomic types (it declares no CAS
@@ -161,55 +166,6 @@ fn set_src_addr(dst: &mut [u8; 16], words: [u64; 2]) {
         dst.write(words[0]);
         dst.add(1).write(words[1]);
     }
-}
-
-enum Outcome {
-    Accept { lost: u64 },
-    Duplicate,
-    OutOfOrder,
-}
-
-#[inline(always)]
-fn classify(slot: &PeerSlot, incarnation: u32, seq: u64) -> Outcome {
-    if slot.record.heartbeats == 0 || incarnation > slot.record.incarnation {
-        // First heartbeat, or the sender restarted: a new sequence begins.
-        return Outcome::Accept { lost: 0 };
-    }
-    if incarnation < slot.record.incarnation || seq < slot.record.last_seq {
-        return Outcome::OutOfOrder;
-    }
-    if seq == slot.record.last_seq {
-        return Outcome::Duplicate;
-    }
-    Outcome::Accept {
-        lost: seq - slot.record.last_seq - 1,
-    }
-}
-
-/// Appends the interval since the last heartbeat to the ring, keeping the running sums exact.
-#[inline(always)]
-fn push_interval(slot: &mut PeerSlot, now: u64, config: &XdpConfig) {
-    let window = config.window;
-    let mut interval = now.saturating_sub(slot.record.last_arrival_ns) / 1000;
-    if interval > MAX_INTERVAL_US {
-        interval = MAX_INTERVAL_US;
-    }
-    if config.max_interval_us != 0 && interval > config.max_interval_us as u64 {
-        return;
-    }
-    let head = slot.record.ring_head & RING_MASK;
-    if slot.record.samples >= window {
-        let old = slot.ring_us[head as usize] as u64;
-        slot.record.interval_sum_us -= old;
-        slot.record.interval_sum_sq_us -= old * old;
-    } else {
-        slot.record.samples += 1;
-    }
-    slot.ring_us[head as usize] = interval as u32;
-    slot.record.interval_sum_us += interval;
-    slot.record.interval_sum_sq_us += interval * interval;
-    let next = head + 1;
-    slot.record.ring_head = if next >= window { 0 } else { next };
 }
 
 /// Tells the agent about a peer id it has no slot for, at most `unknown_reports_per_sec`

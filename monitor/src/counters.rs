@@ -17,6 +17,9 @@ pub struct CounterTotals {
     pub contended: u64,
     pub unknown_reported: u64,
     pub unknown_suppressed: u64,
+    /// Arrivals of traced peers lost because the ring was full (`monitor record`).
+    #[serde(default)]
+    pub arrivals_dropped: u64,
 }
 
 impl CounterTotals {
@@ -32,6 +35,7 @@ impl CounterTotals {
             contended: t.contended + c.contended,
             unknown_reported: t.unknown_reported + c.unknown_reported,
             unknown_suppressed: t.unknown_suppressed + c.unknown_suppressed,
+            arrivals_dropped: t.arrivals_dropped + c.arrivals_dropped,
         })
     }
 

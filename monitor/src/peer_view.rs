@@ -36,6 +36,12 @@ pub struct PeerView {
     pub out_of_order: u64,
     /// Heartbeats for this id whose authentication failed (with --auth-key-file).
     pub auth_failures: u64,
+    /// Silences left out of the window as outages (docs/tuning.md, window hygiene).
+    #[serde(default)]
+    pub outages: u32,
+    /// Sender restarts (new incarnations) seen.
+    #[serde(default)]
+    pub restarts: u32,
     /// Detector quality at the highest level since admission (see docs/tuning.md).
     pub qos: Option<QosReport>,
 }
@@ -45,14 +51,17 @@ fn finite<S: Serializer>(value: &f64, s: S) -> Result<S::Ok, S::Error> {
 }
 
 impl PeerView {
+    /// `ring`: the window's intervals, for the models that need them (else empty).
     pub fn new(
         record: &PeerRecord,
+        ring: &[u32],
         now_ns: u64,
         detector: &DetectorConfig,
         qos: Option<QosReport>,
     ) -> Self {
         let moments = WindowSums::from_record(record).moments_ms();
-        let phi = detector.phi(record, now_ns);
+        let estimate = detector.estimate(record, ring);
+        let phi = detector.phi(&estimate, record.last_arrival_ns, now_ns);
         Self {
             id: record.peer_id,
             addr: source_addr(record).map(|a| a.to_string()),
@@ -69,6 +78,8 @@ impl PeerView {
             duplicates: record.duplicates,
             out_of_order: record.out_of_order,
             auth_failures: record.auth_failures,
+            outages: record.outages,
+            restarts: record.restarts,
             qos,
         }
     }
@@ -112,7 +123,13 @@ mod tests {
             ..DetectorParams::DEFAULT
         };
         let detector = DetectorConfig::new(params, Levels::default());
-        let view = PeerView::new(&PeerRecord::admitted(1, 0), 1_000_000_000, &detector, None);
+        let view = PeerView::new(
+            &PeerRecord::admitted(1, 0),
+            &[],
+            1_000_000_000,
+            &detector,
+            None,
+        );
         assert!(view.phi.is_infinite());
         assert_eq!(view.level, Some(8.0));
         let json = serde_json::to_value(&view).unwrap();

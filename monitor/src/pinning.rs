@@ -251,7 +251,7 @@ pub fn adopt(dir: &Path, expected: &PinnedMeta) -> Result<Adopted, PinError> {
             expected.capacity.to_string(),
         ),
         (
-            "flags (authentication, pass-through)",
+            "flags (authentication, pass-through, gapless window)",
             "",
             format!("{:#x}", meta.flags),
             format!("{:#x}", expected.flags),
@@ -261,6 +261,12 @@ pub fn adopt(dir: &Path, expected: &PinnedMeta) -> Result<Adopted, PinError> {
             "",
             meta.max_interval_us.to_string(),
             expected.max_interval_us.to_string(),
+        ),
+        (
+            "outage factor",
+            "--outage-factor ",
+            meta.outage_factor.to_string(),
+            expected.outage_factor.to_string(),
         ),
     ];
     if let Some((setting, flag, pinned, wanted)) = settings.into_iter().find(|(_, _, p, w)| p != w)

@@ -16,9 +16,7 @@ use monitor::{
     agent::{Agent, AgentParts},
     client::Client,
     clock::monotonic_ns,
-    detector::{
-        levels::Levels, model::DetectorParams, tracker::DetectorConfig, window::IntervalWindow,
-    },
+    detector::{levels::Levels, model::DetectorParams, tracker::DetectorConfig},
     loaded::LoadedProgram,
     program,
 };
@@ -292,7 +290,9 @@ pub fn udp_receiver(bind: &str, duration: Duration, idle: Duration) -> ReceiverR
         .expect("runtime");
     runtime.block_on(async {
         let socket = tokio::net::UdpSocket::bind(bind).await.expect("bind");
-        let mut peers: HashMap<u64, (u64, IntervalWindow)> = HashMap::new();
+        // The same slot and the same rules as the kernel's, so both paths do the same work.
+        let rules = DetectorParams::DEFAULT.window_config();
+        let mut peers: HashMap<u64, Box<PeerSlot>> = HashMap::new();
         let mut buf = [0u8; 2048];
         let mut received = 0u64;
         let cpu_before = cpu_seconds();
@@ -312,11 +312,10 @@ pub fn udp_receiver(bind: &str, duration: Duration, idle: Duration) -> ReceiverR
             };
             received += 1;
             let now = monotonic_ns();
-            let (last, window) = peers
+            let slot = peers
                 .entry(header.peer_id())
-                .or_insert_with(|| (now, IntervalWindow::new(128, None)));
-            window.push(now.saturating_sub(*last) / 1000);
-            *last = now;
+                .or_insert_with(|| Box::new(PeerSlot::admitted(header.peer_id(), now)));
+            monitor_common::slot::arrive(slot, now, header.seq(), header.incarnation(), &rules);
             if end.is_some_and(|e| Instant::now() >= e) {
                 break;
             }

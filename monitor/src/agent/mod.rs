@@ -118,6 +118,15 @@ impl Agent {
         let _ = self.events.send(event);
     }
 
+    /// The window's intervals of `slot` when the model needs them, else nothing.
+    fn ring(&self, slot: u32) -> Vec<u32> {
+        if self.detector.params.needs_ring() {
+            self.table.intervals(slot).unwrap_or_default()
+        } else {
+            Vec::new()
+        }
+    }
+
     fn qos(&self, slot: u32, id: u64, now: u64) -> Option<crate::detector::qos::QosReport> {
         let trackers = self.trackers.lock().expect("trackers lock");
         trackers[slot as usize]
@@ -132,6 +141,7 @@ impl Agent {
         let now = monotonic_ns();
         Some(PeerView::new(
             &record,
+            &self.ring(slot),
             now,
             &self.detector,
             self.qos(slot, id, now),
@@ -170,14 +180,21 @@ impl Agent {
             let Some(record) = self.table.record(slot).filter(|r| r.peer_id == id) else {
                 continue;
             };
+            let ring = self.ring(slot);
             if !beyond(
                 record.last_arrival_ns,
-                &self.detector.estimate(&record),
+                &self.detector.estimate(&record, &ring),
                 now,
             ) {
                 continue;
             }
-            let view = PeerView::new(&record, now, &self.detector, tracker.map(|t| t.qos(now)));
+            let view = PeerView::new(
+                &record,
+                &ring,
+                now,
+                &self.detector,
+                tracker.map(|t| t.qos(now)),
+            );
             if view.phi >= threshold {
                 suspects.push(view);
             }
@@ -201,7 +218,7 @@ impl Agent {
                     .as_ref()
                     .filter(|t| t.peer_id == id)
                     .map(|t| t.qos(now));
-                PeerView::new(&record, now, &self.detector, qos)
+                PeerView::new(&record, &self.ring(slot), now, &self.detector, qos)
             })
             .collect();
         drop(trackers);
@@ -325,11 +342,20 @@ impl Agent {
                     if record.peer_id != id {
                         continue;
                     }
+                    let ring = self.ring(slot);
                     if tracker.as_ref().is_none_or(|t| t.peer_id != id) {
-                        *tracker = Some(PeerTracker::new(&record, &self.detector));
+                        *tracker = Some(PeerTracker::new(&record, &ring, &self.detector));
                     }
                     let t = tracker.as_mut().expect("just set");
-                    t.observe(&record, &self.detector, now_ns, wall, hold, &mut emit);
+                    t.observe(
+                        &record,
+                        &ring,
+                        &self.detector,
+                        now_ns,
+                        wall,
+                        hold,
+                        &mut emit,
+                    );
                 }
             }
         }

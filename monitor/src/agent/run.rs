@@ -14,7 +14,7 @@ use anyhow::{Context, Result};
 use aya::maps::{MapData, PerCpuArray};
 use monitor_common::{
     config::{XDP_FLAG_PASS_HEARTBEATS, XDP_FLAG_REQUIRE_AUTH, XdpConfig},
-    maps::{Counters, LAYOUT_VERSION, MAX_INTERVAL_US, META_MAGIC, PeerSlot, PinnedMeta},
+    maps::{Counters, LAYOUT_VERSION, META_MAGIC, PeerSlot, PinnedMeta},
 };
 
 use super::{Agent, AgentParts};
@@ -93,24 +93,23 @@ async fn sweep_loop(agent: Arc<Agent>, interval: Duration, stall_bound: Duration
 }
 
 fn xdp_config(config: &AgentConfig, require_auth: bool) -> XdpConfig {
-    let max_interval_us = config.detector.max_interval_ms.map_or(0, |ms| {
-        ((ms * 1000.0) as u64).clamp(1, MAX_INTERVAL_US) as u32
-    });
+    // The window rules come from the detector, the one place replay takes them from too.
+    let rules = config.detector.window_config();
     XdpConfig {
         port: config.port,
-        window: config.detector.window,
-        flags: if config.pass_heartbeats {
-            XDP_FLAG_PASS_HEARTBEATS
-        } else {
-            0
-        } | if require_auth {
-            XDP_FLAG_REQUIRE_AUTH
-        } else {
-            0
-        },
+        flags: rules.flags
+            | if config.pass_heartbeats {
+                XDP_FLAG_PASS_HEARTBEATS
+            } else {
+                0
+            }
+            | if require_auth {
+                XDP_FLAG_REQUIRE_AUTH
+            } else {
+                0
+            },
         unknown_reports_per_sec: config.unknown_reports_per_sec,
-        max_interval_us,
-        ..XdpConfig::DEFAULT
+        ..rules
     }
 }
 
@@ -155,6 +154,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         port: xdp.port,
         flags: xdp.flags,
         max_interval_us: xdp.max_interval_us,
+        outage_factor: xdp.outage_factor,
         ..PinnedMeta::default()
     };
     let kernel = match &config.pin_path {

@@ -172,6 +172,7 @@ fn print_stats(s: &AgentStats) {
         ("contended", k.contended),
         ("unknown_reported", k.unknown_reported),
         ("unknown_suppressed", k.unknown_suppressed),
+        ("arrivals_dropped", k.arrivals_dropped),
     ] {
         println!("kernel {name:<19} {value}");
     }

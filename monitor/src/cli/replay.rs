@@ -3,14 +3,16 @@ use std::{path::PathBuf, process::ExitCode};
 use anyhow::Context;
 use clap::Args;
 use monitor::detector::{
-    replay::{ReplayClock, ReplayReport, TraceKind, generate, parse_trace, replay as run_replay},
+    generate::{TraceKind, generate},
+    replay::{ReplayClock, ReplayReport, replay as run_replay},
     spec::parse_spec,
+    trace::parse_trace,
 };
 
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
-    /// Trace file: one heartbeat arrival time in ms per line, ascending; `#` comments. `-`
-    /// reads standard input.
+    /// Trace file: one heartbeat arrival per line, `TIME_MS [SEQ [INCARNATION]]`, in arrival
+    /// order; `#` comments (docs/tuning.md). `-` reads standard input.
     #[arg(required_unless_present = "generate")]
     trace: Option<PathBuf>,
     /// A detector to run, e.g. `fixed:timeout_ms=1400` or

@@ -15,6 +15,7 @@ use monitor::{
 };
 
 use super::parse_duration;
+use monitor::detector::spec::parse_spec;
 use monitor_common::{
     maps::{DEFAULT_CAPACITY, MAX_WINDOW},
     wire::DEFAULT_PORT,
@@ -81,9 +82,17 @@ pub struct RunArgs {
     /// Unknown-peer reports each CPU may send the agent per second (caps the cost of floods).
     #[arg(long, default_value_t = 1000)]
     unknown_report_rate: u32,
+    /// The whole detector as one spec, in `monitor replay`'s grammar (e.g.
+    /// `phi:model=loss,min_std_ms=10`): what replay judged best on a recorded trace runs here
+    /// unchanged. Replaces --model and the other detector flags, which then may not be given.
+    #[arg(long, value_parser = parse_spec, help_heading = "Detector",
+          conflicts_with_all = ["model", "window", "min_std_ms", "pause_ms", "first_interval_ms",
+                                "max_interval_ms", "outage_factor", "timeout_ms"])]
+    detector: Option<DetectorParams>,
     /// How phi is computed: normal (exact normal tail), akka (Akka's approximation),
-    /// exponential (Cassandra's), fixed (a plain timeout, --timeout-ms).
-    #[arg(long, value_enum, default_value_t = Model::Normal, help_heading = "Detector")]
+    /// exponential (Cassandra's), fixed (a plain timeout, --timeout-ms), loss (normal, aware
+    /// of lost heartbeats).
+    #[arg(long, value_enum, default_value_t = DetectorParams::DEFAULT.model, help_heading = "Detector")]
     model: Model,
     /// Suspicion levels (phi thresholds), ascending: one event each time phi crosses one.
     #[arg(long, default_value_t = Levels::default(), help_heading = "Detector")]
@@ -101,6 +110,11 @@ pub struct RunArgs {
     /// Intervals longer than this are not counted, ms (as Cassandra caps them). Default: none.
     #[arg(long, value_parser = positive, help_heading = "Detector")]
     max_interval_ms: Option<f64>,
+    /// An interval longer than this many times the window's mean is an outage (a crash, a
+    /// restart, a partition), not a sample of the path, and is not counted; a run of more
+    /// than three is the path's new normal and counts. 0 counts every interval.
+    #[arg(long, default_value_t = DetectorParams::DEFAULT.outage_factor, value_parser = outage_factor, help_heading = "Detector")]
+    outage_factor: u32,
     /// Timeout of the fixed model, ms.
     #[arg(long, default_value_t = DetectorParams::DEFAULT.timeout_ms, value_parser = positive, help_heading = "Detector")]
     timeout_ms: f64,
@@ -111,6 +125,10 @@ pub struct RunArgs {
     /// as long as the stall lasted (its view of time cannot be trusted yet).
     #[arg(long, default_value = "1s", value_parser = parse_duration, help_heading = "Detector")]
     stall_bound: Duration,
+}
+
+fn outage_factor(text: &str) -> Result<u32, String> {
+    monitor::detector::spec::parse_outage_factor(text)
 }
 
 fn number(text: &str) -> Result<f64, String> {
@@ -143,15 +161,23 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if args.stall_bound <= args.sweep_interval {
         anyhow::bail!("--stall-bound must be longer than --sweep-interval");
     }
-    let detector = DetectorParams {
-        model: args.model,
-        threshold: args.levels.highest(),
-        window: args.window,
-        min_std_ms: args.min_std_ms,
-        pause_ms: args.pause_ms,
-        first_interval_ms: args.first_interval_ms,
-        max_interval_ms: args.max_interval_ms,
-        timeout_ms: args.timeout_ms,
+    let detector = match args.detector {
+        Some(spec) => DetectorParams {
+            threshold: args.levels.highest(),
+            ..spec
+        },
+        None => DetectorParams {
+            model: args.model,
+            threshold: args.levels.highest(),
+            window: args.window,
+            min_std_ms: args.min_std_ms,
+            pause_ms: args.pause_ms,
+            first_interval_ms: args.first_interval_ms,
+            max_interval_ms: args.max_interval_ms,
+            outage_factor: args.outage_factor,
+            timeout_ms: args.timeout_ms,
+            ..DetectorParams::DEFAULT
+        },
     };
     let pin_path = match (args.pin_path, args.persist) {
         (Some(path), _) => Some(path),

@@ -4,16 +4,24 @@
 //! - `akka`: Akka's PhiAccrualFailureDetector (logistic approximation of the normal CDF).
 //! - `exponential`: Cassandra's FailureDetector, phi = t / (mean ln 10).
 //! - `fixed`: a plain timeout (phi 0 before it, infinite from it on).
+//! - `loss`: loss-aware normal (see `loss`): the silence may span lost heartbeats, weighted
+//!   by the peer's measured loss and burstiness.
 //!
 //! Common to the phi models (as in Akka): the acceptable pause is added to the mean, the
 //! standard deviation has a floor, and the window starts with two bootstrap samples around
-//! the first-interval estimate (see `window::WindowSums::with_bootstrap`).
+//! the first-interval estimate (see `window::WindowSums::with_bootstrap`). Which intervals
+//! enter the window at all is the kernel's rule set (`monitor_common::slot`), configured by
+//! `DetectorParams::window_config`.
 
 use std::f64::consts::LN_10;
 
+use monitor_common::{
+    config::{XDP_FLAG_GAPLESS_WINDOW, XdpConfig},
+    maps::{MAX_INTERVAL_US, PeerRecord},
+};
 use serde::{Deserialize, Serialize};
 
-use super::{tail, window::WindowSums};
+use super::{loss::LossOdds, tail, window::WindowSums};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -22,6 +30,8 @@ pub enum Model {
     Akka,
     Exponential,
     Fixed,
+    /// Loss-aware normal: a mixture over the number of consecutive lost heartbeats.
+    Loss,
 }
 
 impl Model {
@@ -31,7 +41,21 @@ impl Model {
             Model::Akka => "akka",
             Model::Exponential => "exponential",
             Model::Fixed => "fixed",
+            Model::Loss => "loss",
         }
+    }
+
+    /// Every model, in the order help texts list them.
+    pub const ALL: [Model; 5] = [
+        Model::Normal,
+        Model::Akka,
+        Model::Exponential,
+        Model::Fixed,
+        Model::Loss,
+    ];
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|m| m.name() == name)
     }
 }
 
@@ -44,7 +68,7 @@ pub struct DetectorParams {
     pub threshold: f64,
     /// Intervals kept per peer.
     pub window: u32,
-    /// Floor on the standard deviation (normal, akka).
+    /// Floor on the standard deviation (normal, akka, loss).
     pub min_std_ms: f64,
     /// Acceptable heartbeat pause, added to the mean (phi models).
     pub pause_ms: f64,
@@ -52,6 +76,8 @@ pub struct DetectorParams {
     pub first_interval_ms: f64,
     /// Intervals longer than this are not counted (Cassandra's cap). None: all are.
     pub max_interval_ms: Option<f64>,
+    /// Intervals longer than this many window means are outages, not samples; 0: none are.
+    pub outage_factor: u32,
     /// The timeout of the `fixed` model.
     pub timeout_ms: f64,
 }
@@ -65,25 +91,61 @@ impl DetectorParams {
         pause_ms: 0.0,
         first_interval_ms: 100.0,
         max_interval_ms: None,
+        outage_factor: 4,
         timeout_ms: 1000.0,
     };
 
-    /// The distribution a peer's silence is judged against, from its window.
-    pub fn estimate(&self, sums: WindowSums) -> Estimate {
+    /// The kernel's window rules for these parameters (`monitor_common::slot`): the agent
+    /// loads them into the XDP program, replay runs the same rules with them.
+    pub fn window_config(&self) -> XdpConfig {
+        let max_interval_us = self.max_interval_ms.map_or(0, |ms| {
+            ((ms * 1000.0) as u64).clamp(1, MAX_INTERVAL_US) as u32
+        });
+        XdpConfig {
+            window: self.window,
+            max_interval_us,
+            outage_factor: self.outage_factor,
+            flags: if self.model == Model::Loss {
+                XDP_FLAG_GAPLESS_WINDOW
+            } else {
+                0
+            },
+            ..XdpConfig::DEFAULT
+        }
+    }
+
+    /// Whether `estimate` needs the window's intervals themselves, not only their sums.
+    pub fn needs_ring(&self) -> bool {
+        false
+    }
+
+    /// The distribution a peer's silence is judged against, from its record and, for the
+    /// models that `needs_ring`, the window's intervals (µs, oldest first; else empty).
+    pub fn estimate(&self, record: &PeerRecord, ring: &[u32]) -> Estimate {
+        let _ = ring;
         let first_us = (self.first_interval_ms * 1000.0).round() as u64;
+        let sums = WindowSums::from_record(record);
         let (mean, std) = sums
             .with_bootstrap(self.window, first_us)
             .moments_ms()
             .unwrap_or((self.first_interval_ms, self.first_interval_ms / 4.0));
+        let shape = match self.model {
+            Model::Loss => Shape::Loss(LossOdds::from_record(record)),
+            _ => Shape::Plain,
+        };
         Estimate {
             mean_ms: mean + self.pause_ms,
             std_ms: std.max(self.min_std_ms),
+            pause_ms: self.pause_ms,
+            shape,
         }
     }
 
     /// phi after `silence_ms` without a heartbeat.
     pub fn phi(&self, estimate: &Estimate, silence_ms: f64) -> f64 {
-        let Estimate { mean_ms, std_ms } = *estimate;
+        let Estimate {
+            mean_ms, std_ms, ..
+        } = *estimate;
         match self.model {
             Model::Normal => standardised(silence_ms, mean_ms, std_ms, tail::normal_phi),
             Model::Akka => standardised(silence_ms, mean_ms, std_ms, akka_phi),
@@ -100,16 +162,26 @@ impl DetectorParams {
                     0.0
                 }
             }
+            Model::Loss => match &estimate.shape {
+                Shape::Loss(odds) => odds.phi(
+                    silence_ms,
+                    mean_ms - estimate.pause_ms,
+                    std_ms,
+                    estimate.pause_ms,
+                ),
+                _ => standardised(silence_ms, mean_ms, std_ms, tail::normal_phi),
+            },
         }
     }
 
     /// Per-level constants for finding, without evaluating phi, the silence at which phi
-    /// reaches each level (see `LevelSilences`).
+    /// reaches each level (see `LevelSilences`). For `loss` they give the normal model's
+    /// crossing, a lower bound of its own (see `crossing_ms`).
     pub fn level_silences(&self, levels: &[f64]) -> LevelSilences {
         let k = levels
             .iter()
             .map(|&level| match self.model {
-                Model::Normal => tail::invert(tail::normal_phi, level),
+                Model::Normal | Model::Loss => tail::invert(tail::normal_phi, level),
                 Model::Akka => tail::invert(akka_phi, level),
                 Model::Exponential => level * LN_10,
                 Model::Fixed => self.timeout_ms,
@@ -120,6 +192,48 @@ impl DetectorParams {
             k,
         }
     }
+
+    /// The silence (ms) at which phi reaches `levels[index]` for this estimate: exact for
+    /// every model. Closed form where the model has one; for `loss`, a bisection between the
+    /// normal crossing (phi_loss <= phi_normal: losing heartbeats only makes a silence more
+    /// likely) and a bracket doubled until phi reaches the level.
+    pub fn crossing_ms(
+        &self,
+        silences: &LevelSilences,
+        index: usize,
+        level: f64,
+        estimate: &Estimate,
+    ) -> f64 {
+        let lower = silences.silence_ms(index, estimate);
+        match (&estimate.shape, self.model) {
+            (Shape::Loss(odds), Model::Loss) if !odds.is_lossless() => {
+                let phi = |t: f64| self.phi(estimate, t);
+                let mut lo = lower.max(0.0);
+                if phi(lo) >= level {
+                    return lo;
+                }
+                let mut hi = lo.max(estimate.mean_ms).max(1.0) * 2.0;
+                while phi(hi) < level {
+                    lo = hi;
+                    hi *= 2.0;
+                    if hi > 1e12 {
+                        return f64::INFINITY;
+                    }
+                }
+                // To a microsecond: deadlines are kept in nanoseconds, sweeps are milliseconds.
+                while hi - lo > 1e-3 {
+                    let mid = 0.5 * (lo + hi);
+                    if phi(mid) >= level {
+                        hi = mid;
+                    } else {
+                        lo = mid;
+                    }
+                }
+                hi
+            }
+            _ => lower,
+        }
+    }
 }
 
 impl Default for DetectorParams {
@@ -128,11 +242,25 @@ impl Default for DetectorParams {
     }
 }
 
-/// Mean and standard deviation after bootstrap, pause and floor.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// Mean and standard deviation after bootstrap, pause and floor, and what else the model
+/// judges a silence by.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Estimate {
+    /// Mean interval plus the acceptable pause.
     pub mean_ms: f64,
     pub std_ms: f64,
+    /// The pause included in `mean_ms`.
+    pub pause_ms: f64,
+    pub shape: Shape,
+}
+
+/// Model-specific parts of an estimate.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Shape {
+    /// Mean and deviation are all the model needs.
+    Plain,
+    /// Loss odds of the peer (`loss` model).
+    Loss(LossOdds),
 }
 
 fn standardised(silence: f64, mean: f64, std: f64, phi_of: fn(f64) -> f64) -> f64 {
@@ -175,7 +303,7 @@ impl LevelSilences {
     pub fn silence_ms(&self, index: usize, estimate: &Estimate) -> f64 {
         let k = self.k[index];
         match self.model {
-            Model::Normal | Model::Akka => {
+            Model::Normal | Model::Akka | Model::Loss => {
                 if estimate.std_ms <= 0.0 {
                     estimate.mean_ms
                 } else {
@@ -190,8 +318,19 @@ impl LevelSilences {
 
 #[cfg(test)]
 mod tests {
+    use monitor_common::config::XdpConfig;
+
     use super::*;
-    use crate::detector::window::IntervalWindow;
+    use crate::detector::window::slot_with_intervals;
+
+    /// The estimate of a window holding `intervals_us`, every interval counted.
+    fn estimate_of(p: &DetectorParams, intervals_us: impl IntoIterator<Item = u64>) -> Estimate {
+        let c = XdpConfig {
+            window: 128,
+            ..XdpConfig::DEFAULT
+        };
+        p.estimate(&slot_with_intervals(intervals_us, &c).record, &[])
+    }
 
     fn params(model: Model) -> DetectorParams {
         DetectorParams {
@@ -203,7 +342,12 @@ mod tests {
     }
 
     fn est(mean_ms: f64, std_ms: f64) -> Estimate {
-        Estimate { mean_ms, std_ms }
+        Estimate {
+            mean_ms,
+            std_ms,
+            pause_ms: 0.0,
+            shape: Shape::Plain,
+        }
     }
 
     #[test]
@@ -255,12 +399,8 @@ mod tests {
             min_std_ms: 100.0,
             ..params(Model::Akka)
         };
-        let mut w = IntervalWindow::new(1000, None);
-        for _ in 0..10 {
-            w.push(1_000_000);
-        }
-        let e = with.estimate(w.sums());
-        assert_eq!(e, est(4000.0, 100.0));
+        let e = estimate_of(&with, [1_000_000; 10]);
+        assert_eq!((e.mean_ms, e.std_ms), (4000.0, 100.0));
         assert!(with.phi(&e, 1500.0) < 0.01);
     }
 
@@ -300,13 +440,9 @@ mod tests {
     fn the_same_silence_is_less_suspicious_on_a_jittery_peer() {
         for model in [Model::Normal, Model::Akka] {
             let p = params(model);
-            let mut steady = IntervalWindow::new(128, None);
-            let mut jittery = IntervalWindow::new(128, None);
-            for i in 0..100u64 {
-                steady.push(100_000 + (i % 3) * 1_000);
-                jittery.push(if i % 2 == 0 { 60_000 } else { 140_000 });
-            }
-            let (s, j) = (p.estimate(steady.sums()), p.estimate(jittery.sums()));
+            let steady = (0..100u64).map(|i| 100_000 + (i % 3) * 1_000);
+            let jittery = (0..100u64).map(|i| if i % 2 == 0 { 60_000 } else { 140_000 });
+            let (s, j) = (estimate_of(&p, steady), estimate_of(&p, jittery));
             // 200 ms is a hundred deviations late for the steady peer (mean 101, std 0.8) and
             // 2.5 deviations for the jittery one (mean 100, std 40).
             let silence = 200.0;
@@ -324,12 +460,10 @@ mod tests {
             first_interval_ms: 1000.0,
             ..params(Model::Akka)
         };
-        let e = p.estimate(WindowSums::default());
+        let e = estimate_of(&p, []);
         assert_eq!(e, est(1000.0, 250.0));
         // First real interval joins the two bootstrap samples: (750 + 1250 + 400) / 3.
-        let mut w = IntervalWindow::new(1000, None);
-        w.push(400_000);
-        assert!((p.estimate(w.sums()).mean_ms - 800.0).abs() < 1e-9);
+        assert!((estimate_of(&p, [400_000]).mean_ms - 800.0).abs() < 1e-9);
     }
 
     #[test]

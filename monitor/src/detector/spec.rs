@@ -1,9 +1,9 @@
 //! Detector specifications on the command line:
 //! `fixed:timeout_ms=1400` or
-//! `phi:model=normal,threshold=12,window=50,min_std_ms=250,pause_ms=0,first_interval_ms=500,max_interval_ms=2000`.
+//! `phi:model=normal,threshold=12,window=50,min_std_ms=250,pause_ms=0,first_interval_ms=500,max_interval_ms=2000,outage_factor=4`.
 //! Omitted keys take `DetectorParams::DEFAULT`.
 
-use monitor_common::maps::MAX_WINDOW;
+use monitor_common::{maps::MAX_WINDOW, slot::MAX_OUTAGE_FACTOR};
 
 use super::model::{DetectorParams, Model};
 
@@ -15,7 +15,7 @@ pub fn parse_spec(spec: &str) -> Result<DetectorParams, String> {
     let allowed: &[&str] = match kind {
         "fixed" => {
             params.model = Model::Fixed;
-            &["timeout_ms"]
+            &["timeout_ms", "outage_factor"]
         }
         "phi" => &[
             "model",
@@ -25,6 +25,7 @@ pub fn parse_spec(spec: &str) -> Result<DetectorParams, String> {
             "pause_ms",
             "first_interval_ms",
             "max_interval_ms",
+            "outage_factor",
         ],
         other => {
             return Err(format!(
@@ -45,15 +46,19 @@ pub fn parse_spec(spec: &str) -> Result<DetectorParams, String> {
         }
         match key {
             "model" => {
-                params.model = match value {
-                    "normal" => Model::Normal,
-                    "akka" => Model::Akka,
-                    "exponential" => Model::Exponential,
-                    other => {
-                        return Err(format!("model {other:?}: one of normal, akka, exponential"));
+                params.model = match Model::from_name(value) {
+                    Some(Model::Fixed) | None => {
+                        let names: Vec<&str> = Model::ALL
+                            .iter()
+                            .filter(|m| **m != Model::Fixed)
+                            .map(|m| m.name())
+                            .collect();
+                        return Err(format!("model {value:?}: one of {}", names.join(", ")));
                     }
+                    Some(model) => model,
                 }
             }
+            "outage_factor" => params.outage_factor = parse_outage_factor(value)?,
             "threshold" => params.threshold = positive(key, value)?,
             "window" => {
                 let w: u32 = value
@@ -77,19 +82,34 @@ pub fn parse_spec(spec: &str) -> Result<DetectorParams, String> {
     Ok(params)
 }
 
+/// Parses an outage factor: 0 (off) or 2..=MAX_OUTAGE_FACTOR.
+pub fn parse_outage_factor(value: &str) -> Result<u32, String> {
+    let k: u32 = value
+        .parse()
+        .map_err(|_| format!("outage_factor {value:?} is not a whole number"))?;
+    if k == 1 || k > MAX_OUTAGE_FACTOR {
+        return Err(format!(
+            "outage_factor must be 0 (off) or 2..={MAX_OUTAGE_FACTOR}, got {k}"
+        ));
+    }
+    Ok(k)
+}
+
 /// The canonical spec of `params`: every key, so a report says exactly what ran.
 pub fn format_spec(params: &DetectorParams) -> String {
     if params.model == Model::Fixed {
+        // A timeout never looks at the window; the outage rule only shows in its counters.
         return format!("fixed:timeout_ms={}", params.timeout_ms);
     }
     let mut s = format!(
-        "phi:model={},threshold={},window={},min_std_ms={},pause_ms={},first_interval_ms={}",
+        "phi:model={},threshold={},window={},min_std_ms={},pause_ms={},first_interval_ms={},outage_factor={}",
         params.model.name(),
         params.threshold,
         params.window,
         params.min_std_ms,
         params.pause_ms,
-        params.first_interval_ms
+        params.first_interval_ms,
+        params.outage_factor
     );
     if let Some(max) = params.max_interval_ms {
         s.push_str(&format!(",max_interval_ms={max}"));
@@ -165,6 +185,9 @@ mod tests {
             ("fixed:threshold=5", "unknown key"),
             ("phi:threshold", "key=value"),
             ("phi:pause_ms=-3", "not be negative"),
+            ("phi:outage_factor=1", "0 (off) or 2..="),
+            ("phi:outage_factor=2.5", "whole number"),
+            ("phi:model=fixed", "one of normal"),
             ("phi:threshold=inf", "not a finite number"),
         ] {
             let err = parse_spec(spec).expect_err(spec);

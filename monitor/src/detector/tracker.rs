@@ -9,7 +9,6 @@ use super::{
     levels::Levels,
     model::{DetectorParams, Estimate, LevelSilences},
     qos::{QosCounter, QosReport},
-    window::WindowSums,
 };
 
 /// What subscribers receive, one JSON object per line.
@@ -70,20 +69,32 @@ impl DetectorConfig {
         }
     }
 
-    pub fn estimate(&self, record: &PeerRecord) -> Estimate {
-        self.params.estimate(WindowSums::from_record(record))
+    /// The estimate of a peer from its record and, for models that need it (see
+    /// `DetectorParams::needs_ring`), its window's intervals, oldest first.
+    pub fn estimate(&self, record: &PeerRecord, ring: &[u32]) -> Estimate {
+        self.params.estimate(record, ring)
     }
 
-    /// phi of `record` at `now_ns` (computed on read).
-    pub fn phi(&self, record: &PeerRecord, now_ns: u64) -> f64 {
-        let silence_ms = now_ns.saturating_sub(record.last_arrival_ns) as f64 / 1e6;
-        self.params.phi(&self.estimate(record), silence_ms)
+    /// phi of a peer last heard at `last_arrival_ns`, at `now_ns` (computed on read).
+    pub fn phi(&self, estimate: &Estimate, last_arrival_ns: u64, now_ns: u64) -> f64 {
+        let silence_ms = now_ns.saturating_sub(last_arrival_ns) as f64 / 1e6;
+        self.params.phi(estimate, silence_ms)
+    }
+
+    /// Silence (ms) at which phi reaches level `index` for this estimate.
+    fn crossing_ms(&self, index: usize, estimate: &Estimate) -> f64 {
+        self.params.crossing_ms(
+            &self.silences,
+            index,
+            self.levels.as_slice()[index],
+            estimate,
+        )
     }
 }
 
 /// One peer's sweep state: one cache line of hot fields (the sweep touches it for every peer
-/// every sweep); the QoS bookkeeping, touched on transitions and queries only, lives behind a
-/// pointer.
+/// every sweep); the estimate and the QoS bookkeeping, touched when the peer is heard, on
+/// transitions and on queries only, live behind a pointer.
 #[derive(Debug, Clone)]
 pub struct PeerTracker {
     pub peer_id: u64,
@@ -91,28 +102,29 @@ pub struct PeerTracker {
     last_arrival_ns: u64,
     /// Monotonic time at which phi reaches the next level not yet crossed; u64::MAX for never.
     next_deadline_ns: u64,
-    estimate: Estimate,
     /// Levels crossed since the peer was last heard (0..=levels).
     crossed: u8,
-    qos: Box<PeerQos>,
+    cold: Box<Cold>,
 }
 
-#[derive(Debug, Clone, Default)]
-struct PeerQos {
+#[derive(Debug, Clone)]
+struct Cold {
+    estimate: Estimate,
     admitted_ns: u64,
     counter: QosCounter,
 }
 
 impl PeerTracker {
-    pub fn new(record: &PeerRecord, config: &DetectorConfig) -> Self {
+    /// `ring`: the window's intervals when the model needs them (see `DetectorConfig::estimate`).
+    pub fn new(record: &PeerRecord, ring: &[u32], config: &DetectorConfig) -> Self {
         let mut tracker = Self {
             peer_id: record.peer_id,
             heartbeats: record.heartbeats,
             last_arrival_ns: record.last_arrival_ns,
             next_deadline_ns: u64::MAX,
-            estimate: config.estimate(record),
             crossed: 0,
-            qos: Box::new(PeerQos {
+            cold: Box::new(Cold {
+                estimate: config.estimate(record, ring),
                 admitted_ns: record.last_arrival_ns,
                 counter: QosCounter::default(),
             }),
@@ -121,13 +133,14 @@ impl PeerTracker {
         tracker
     }
 
-    /// When phi reaches the first level not yet crossed (a multiply-add, see LevelSilences).
+    /// When phi reaches the first level not yet crossed (a multiply-add for the models with a
+    /// closed form, see LevelSilences).
     fn deadline(&self, config: &DetectorConfig) -> u64 {
         let level = self.crossed as usize;
         if level >= config.silences.len() {
             return u64::MAX;
         }
-        let silence_ns = config.silences.silence_ms(level, &self.estimate) * 1e6;
+        let silence_ns = config.crossing_ms(level, &self.cold.estimate) * 1e6;
         if silence_ns.is_finite() {
             self.last_arrival_ns
                 .saturating_add(silence_ns.max(0.0) as u64)
@@ -144,7 +157,7 @@ impl PeerTracker {
 
     /// Arrival of the last heartbeat seen, and the estimate made from the window then.
     pub fn last_heard(&self) -> (u64, &Estimate) {
-        (self.last_arrival_ns, &self.estimate)
+        (self.last_arrival_ns, &self.cold.estimate)
     }
 
     /// One sweep with a fresh record: notices a new heartbeat (recovery, new deadlines), then
@@ -152,6 +165,7 @@ impl PeerTracker {
     pub fn observe(
         &mut self,
         record: &PeerRecord,
+        ring: &[u32],
         config: &DetectorConfig,
         now_ns: u64,
         wall_ms: f64,
@@ -159,7 +173,7 @@ impl PeerTracker {
         emit: &mut impl FnMut(Event),
     ) {
         if record.heartbeats != self.heartbeats {
-            self.heard(record, config, wall_ms, emit);
+            self.heard(record, ring, config, wall_ms, emit);
         }
         self.check_deadlines(config, now_ns, wall_ms, hold, emit);
     }
@@ -167,6 +181,7 @@ impl PeerTracker {
     fn heard(
         &mut self,
         record: &PeerRecord,
+        ring: &[u32],
         config: &DetectorConfig,
         wall_ms: f64,
         emit: &mut impl FnMut(Event),
@@ -182,13 +197,13 @@ impl PeerTracker {
                 at: wall_ms as u64,
             });
             if crossed == levels.len() {
-                self.qos.counter.trust(record.last_arrival_ns);
+                self.cold.counter.trust(record.last_arrival_ns);
             }
         }
         self.crossed = 0;
         self.heartbeats = record.heartbeats;
         self.last_arrival_ns = record.last_arrival_ns;
-        self.estimate = config.estimate(record);
+        self.cold.estimate = config.estimate(record, ring);
         self.next_deadline_ns = self.deadline(config);
     }
 
@@ -212,7 +227,7 @@ impl PeerTracker {
             emit(Event::Suspect {
                 id: self.peer_id,
                 level: levels[self.crossed as usize],
-                phi: config.params.phi(&self.estimate, silence_ms),
+                phi: config.params.phi(&self.cold.estimate, silence_ms),
                 silence_ms,
                 at: wall_ms as u64,
                 crossed_at: wall_ms - late_ms,
@@ -220,16 +235,16 @@ impl PeerTracker {
             self.crossed += 1;
             self.next_deadline_ns = self.deadline(config);
             if self.crossed as usize == levels.len() {
-                self.qos.counter.suspect(now_ns);
+                self.cold.counter.suspect(now_ns);
             }
         }
     }
 
     /// QoS at the highest level since admission.
     pub fn qos(&self, now_ns: u64) -> QosReport {
-        self.qos
+        self.cold
             .counter
-            .report(now_ns.saturating_sub(self.qos.admitted_ns))
+            .report(now_ns.saturating_sub(self.cold.admitted_ns))
     }
 }
 
@@ -265,14 +280,14 @@ mod tests {
             Levels::new(vec![1.0, 3.0, 8.0]).unwrap(),
         );
         let mut record = PeerRecord::admitted(9, 1000 * MS);
-        let mut t = PeerTracker::new(&record, &cfg);
+        let mut t = PeerTracker::new(&record, &[], &cfg);
         let mut events = Vec::new();
         // Bootstrap mean 100 ms: exponential crossings at 230, 691, 1842 ms of silence.
-        t.observe(&record, &cfg, 1200 * MS, 0.0, false, &mut |e| {
+        t.observe(&record, &[], &cfg, 1200 * MS, 0.0, false, &mut |e| {
             events.push(e)
         });
         assert!(events.is_empty());
-        t.observe(&record, &cfg, 3000 * MS, 0.0, false, &mut |e| {
+        t.observe(&record, &[], &cfg, 3000 * MS, 0.0, false, &mut |e| {
             events.push(e)
         });
         let levels: Vec<f64> = events
@@ -303,7 +318,7 @@ mod tests {
         );
         events.clear();
         heard(&mut record, 3100 * MS);
-        t.observe(&record, &cfg, 3100 * MS, 0.0, false, &mut |e| {
+        t.observe(&record, &[], &cfg, 3100 * MS, 0.0, false, &mut |e| {
             events.push(e)
         });
         assert_eq!(
@@ -323,15 +338,21 @@ mod tests {
     fn a_stall_holds_suspicions_but_not_recoveries() {
         let cfg = config();
         let mut record = PeerRecord::admitted(1, 0);
-        let mut t = PeerTracker::new(&record, &cfg);
+        let mut t = PeerTracker::new(&record, &[], &cfg);
         let mut events = Vec::new();
-        t.observe(&record, &cfg, 500 * MS, 0.0, true, &mut |e| events.push(e));
+        t.observe(&record, &[], &cfg, 500 * MS, 0.0, true, &mut |e| {
+            events.push(e)
+        });
         assert!(events.is_empty(), "held");
-        t.observe(&record, &cfg, 510 * MS, 0.0, false, &mut |e| events.push(e));
+        t.observe(&record, &[], &cfg, 510 * MS, 0.0, false, &mut |e| {
+            events.push(e)
+        });
         assert_eq!(events.len(), 2);
         events.clear();
         heard(&mut record, 520 * MS);
-        t.observe(&record, &cfg, 520 * MS, 0.0, true, &mut |e| events.push(e));
+        t.observe(&record, &[], &cfg, 520 * MS, 0.0, true, &mut |e| {
+            events.push(e)
+        });
         assert!(matches!(events[..], [Event::Recover { .. }]));
     }
 
@@ -339,10 +360,10 @@ mod tests {
     fn no_repeat_events_while_silence_continues() {
         let cfg = config();
         let record = PeerRecord::admitted(1, 0);
-        let mut t = PeerTracker::new(&record, &cfg);
+        let mut t = PeerTracker::new(&record, &[], &cfg);
         let mut n = 0;
         for ms in (0..2000).step_by(50) {
-            t.observe(&record, &cfg, ms * MS, 0.0, false, &mut |_| n += 1);
+            t.observe(&record, &[], &cfg, ms * MS, 0.0, false, &mut |_| n += 1);
         }
         assert_eq!(n, 2);
     }

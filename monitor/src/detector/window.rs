@@ -1,7 +1,8 @@
-//! Inter-arrival windows: the exact integer sums the kernel keeps, the same window in
-//! userspace for replay, and the bootstrap samples of a peer that has few intervals yet.
+//! Inter-arrival windows: the exact integer sums the kernel keeps and the bootstrap samples
+//! of a peer that has few intervals yet. Which intervals enter a window is decided in one
+//! place, `monitor_common::slot`, for the kernel and replay alike.
 
-use monitor_common::maps::{MAX_INTERVAL_US, PeerRecord};
+use monitor_common::maps::PeerRecord;
 
 /// The sufficient statistics of a window: count, sum and sum of squares, in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -62,87 +63,92 @@ impl WindowSums {
     }
 }
 
-/// The kernel's window, in userspace: a ring of the last `window` intervals with running
-/// sums, the same clamping and the same optional cap. Replay runs detectors on it.
-#[derive(Debug, Clone)]
-pub struct IntervalWindow {
-    ring: Vec<u64>,
-    head: usize,
-    window: usize,
-    /// Intervals above this are not counted (None: all are).
-    max_interval_us: Option<u64>,
-    sums: WindowSums,
-}
-
-impl IntervalWindow {
-    pub fn new(window: u32, max_interval_us: Option<u64>) -> Self {
-        let window = window.max(1) as usize;
-        Self {
-            ring: Vec::with_capacity(window),
-            head: 0,
-            window,
-            max_interval_us,
-            sums: WindowSums::default(),
-        }
+/// A slot whose window holds `intervals_us` (in order) under `config`'s rules, built by
+/// the kernel's own `arrive`: for tests and benchmarks that need a window with given contents.
+pub fn slot_with_intervals(
+    intervals_us: impl IntoIterator<Item = u64>,
+    config: &monitor_common::config::XdpConfig,
+) -> monitor_common::maps::PeerSlot {
+    let mut slot = monitor_common::maps::PeerSlot::admitted(1, 0);
+    let mut at = 1_000_000u64;
+    let mut seq = 1;
+    monitor_common::slot::arrive(&mut slot, at, seq, 1, config);
+    for us in intervals_us {
+        at += us * 1000;
+        seq += 1;
+        monitor_common::slot::arrive(&mut slot, at, seq, 1, config);
     }
-
-    pub fn push(&mut self, interval_us: u64) {
-        let interval = interval_us.min(MAX_INTERVAL_US);
-        if self.max_interval_us.is_some_and(|max| interval > max) {
-            return;
-        }
-        if self.ring.len() < self.window {
-            self.ring.push(interval);
-            self.sums.add(interval);
-            return;
-        }
-        let old = std::mem::replace(&mut self.ring[self.head], interval);
-        self.sums.sum_us = self.sums.sum_us - old + interval;
-        self.sums.sum_sq_us =
-            self.sums.sum_sq_us - (old as u128).pow(2) + (interval as u128).pow(2);
-        self.head = (self.head + 1) % self.window;
-    }
-
-    pub fn sums(&self) -> WindowSums {
-        self.sums
-    }
+    slot
 }
 
 #[cfg(test)]
 mod tests {
+    use monitor_common::{config::XdpConfig, maps::MAX_INTERVAL_US};
+
     use super::*;
+
+    fn config(window: u32, max_interval_us: u32, outage_factor: u32) -> XdpConfig {
+        XdpConfig {
+            window,
+            max_interval_us,
+            outage_factor,
+            ..XdpConfig::DEFAULT
+        }
+    }
+
+    fn sums(intervals: &[u64], c: &XdpConfig) -> WindowSums {
+        WindowSums::from_record(&slot_with_intervals(intervals.iter().copied(), c).record)
+    }
 
     #[test]
     fn moments_are_population_moments() {
         // 2, 4, 4, 4, 5, 5, 7, 9 (ms): mean 5, population std 2 (the textbook example).
-        let mut w = IntervalWindow::new(8, None);
-        for ms in [2, 4, 4, 4, 5, 5, 7, 9] {
-            w.push(ms * 1000);
-        }
-        assert_eq!(w.sums().moments_ms(), Some((5.0, 2.0)));
+        let s = sums(
+            &[2000, 4000, 4000, 4000, 5000, 5000, 7000, 9000],
+            &config(8, 0, 0),
+        );
+        assert_eq!(s.moments_ms(), Some((5.0, 2.0)));
         assert_eq!(WindowSums::default().moments_ms(), None);
     }
 
     #[test]
     fn exact_for_large_equal_intervals() {
         // The naive f64 formula loses everything to cancellation here.
-        let mut w = IntervalWindow::new(128, None);
-        for _ in 0..300 {
-            w.push(MAX_INTERVAL_US);
-        }
-        let (mean, std) = w.sums().moments_ms().unwrap();
+        let s = sums(&[MAX_INTERVAL_US; 300], &config(128, 0, 0));
+        let (mean, std) = s.moments_ms().unwrap();
         assert_eq!((mean, std), (MAX_INTERVAL_US as f64 / 1000.0, 0.0));
     }
 
     #[test]
     fn ring_forgets_the_oldest_and_cap_skips() {
-        let mut w = IntervalWindow::new(3, Some(5_000));
-        for us in [1_000, 2_000, 9_000, 3_000, 4_000] {
-            w.push(us);
-        }
+        let s = sums(&[1_000, 2_000, 9_000, 3_000, 4_000], &config(3, 5_000, 0));
         // 9 ms is over the cap; the window holds 2, 3, 4 ms.
-        assert_eq!(w.sums().samples, 3);
-        assert_eq!(w.sums().moments_ms().unwrap().0, 3.0);
+        assert_eq!(s.samples, 3);
+        assert_eq!(s.moments_ms().unwrap().0, 3.0);
+    }
+
+    #[test]
+    fn an_outage_is_not_a_sample_but_a_run_of_them_is_the_path() {
+        let c = config(128, 0, 4);
+        // Ten 100 ms intervals, then a 3 s silence: left out.
+        let mut intervals = vec![100_000; 10];
+        intervals.push(3_000_000);
+        let slot = slot_with_intervals(intervals.iter().copied(), &c);
+        assert_eq!((slot.record.samples, slot.record.outages), (10, 1));
+        assert_eq!(
+            WindowSums::from_record(&slot.record).moments_ms(),
+            Some((100.0, 0.0))
+        );
+        // The sender slows to one a second: three left out, then the path has changed.
+        intervals.extend([
+            100_000, 1_000_000, 1_000_000, 1_000_000, 1_000_000, 1_000_000,
+        ]);
+        let slot = slot_with_intervals(intervals.iter().copied(), &c);
+        assert_eq!((slot.record.samples, slot.record.outages), (13, 4));
+        assert_eq!(slot.record.outage_run, 3);
+        // Below OUTAGE_MIN_SAMPLES everything counts.
+        let slot = slot_with_intervals([100_000, 3_000_000], &c);
+        assert_eq!(slot.record.samples, 2);
     }
 
     #[test]
@@ -151,22 +157,17 @@ mod tests {
         let empty = WindowSums::default().with_bootstrap(4, first);
         // Akka: mean = first, std = first / 4.
         assert_eq!(empty.moments_ms(), Some((1000.0, 250.0)));
-        let mut w = IntervalWindow::new(4, None);
-        w.push(1_000_000);
-        w.push(1_000_000);
-        assert_eq!(
-            w.sums().with_bootstrap(4, first).samples,
-            4,
-            "both still in"
-        );
-        w.push(1_000_000);
-        let s = w.sums().with_bootstrap(4, first);
+        let c = config(4, 0, 0);
+        let two = sums(&[1_000_000, 1_000_000], &c);
+        assert_eq!(two.with_bootstrap(4, first).samples, 4, "both still in");
+        let three = sums(&[1_000_000; 3], &c);
+        let s = three.with_bootstrap(4, first);
         assert_eq!(
             (s.samples, s.sum_us),
             (4, 3_000_000 + 1_250_000),
             "only the newer one"
         );
-        w.push(1_000_000);
-        assert_eq!(w.sums().with_bootstrap(4, first), w.sums(), "both gone");
+        let four = sums(&[1_000_000; 4], &c);
+        assert_eq!(four.with_bootstrap(4, first), four, "both gone");
     }
 }
