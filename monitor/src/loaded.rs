@@ -11,8 +11,8 @@ use monitor_common::{
     auth::AuthKey,
     config::XdpConfig,
     maps::{
-        AUTH_KEYS_MAP, COUNTERS_MAP, Counters, META_MAP, PEER_INDEX_MAP, PEER_STATE_MAP,
-        PinnedMeta, UNKNOWN_PEERS_MAP,
+        ARRIVALS_MAP, AUTH_KEYS_MAP, COUNTERS_MAP, Counters, META_MAP, PEER_INDEX_MAP,
+        PEER_STATE_MAP, PinnedMeta, UNKNOWN_PEERS_MAP,
     },
 };
 
@@ -46,6 +46,8 @@ pub struct LoadedProgram {
     pub registry: Registry,
     pub counters: PerCpuArray<MapData, Counters>,
     pub unknown_reports: RingBuf<MapData>,
+    /// Arrivals of traced peers (`monitor record`).
+    pub arrivals: RingBuf<MapData>,
     pub auth_keys: Array<MapData, AuthKey>,
     pub meta: Array<MapData, PinnedMeta>,
 }
@@ -73,6 +75,7 @@ impl LoadedProgram {
         let index = take(&mut ebpf, PEER_INDEX_MAP, BpfHashMap::try_from)?;
         let counters = take(&mut ebpf, COUNTERS_MAP, PerCpuArray::try_from)?;
         let unknown_reports = take(&mut ebpf, UNKNOWN_PEERS_MAP, RingBuf::try_from)?;
+        let arrivals = take(&mut ebpf, ARRIVALS_MAP, RingBuf::try_from)?;
         let auth_keys = take(&mut ebpf, AUTH_KEYS_MAP, Array::try_from)?;
         let meta = take(&mut ebpf, META_MAP, Array::try_from)?;
         Ok(Self {
@@ -81,6 +84,7 @@ impl LoadedProgram {
             registry: Registry::new(index, capacity),
             counters,
             unknown_reports,
+            arrivals,
             auth_keys,
             meta,
         })

@@ -9,7 +9,10 @@ use std::{
     sync::atomic::{AtomicU64, Ordering, fence},
 };
 
-use monitor_common::maps::{MAX_WINDOW, PeerRecord, PeerSlot};
+use monitor_common::{
+    maps::{MAX_WINDOW, PeerRecord, PeerSlot},
+    slot::window_intervals,
+};
 
 /// Attempts at a consistent copy before giving up on a slot that keeps changing.
 const READ_ATTEMPTS: usize = 64;
@@ -109,6 +112,11 @@ impl PeerTable {
 
     /// A consistent copy of a slot's intervals, oldest first, in microseconds.
     pub fn intervals(&self, slot: u32) -> Option<Vec<u32>> {
+        self.snapshot(slot).map(|(_, ring)| ring)
+    }
+
+    /// A consistent copy of a slot's record and its window's intervals (oldest first, µs).
+    pub fn snapshot(&self, slot: u32) -> Option<(PeerRecord, Vec<u32>)> {
         let lock = self.lock(slot);
         let src = self.slot_ptr(slot);
         for _ in 0..READ_ATTEMPTS {
@@ -118,20 +126,14 @@ impl PeerTable {
                 continue;
             }
             // SAFETY: as in `record`.
-            let (record, ring) = unsafe {
-                (
-                    std::ptr::read_volatile(&raw const (*src).record),
-                    std::ptr::read_volatile(&raw const (*src).ring_us),
-                )
-            };
+            let copy: PeerSlot = unsafe { std::ptr::read_volatile(src) };
             fence(Ordering::Acquire);
             if lock.load(Ordering::Relaxed) == before {
-                // The kernel fills positions 0..window and wraps at the window: while filling,
-                // the samples sit at 0..n with `head == n`; once full (n == window) the oldest
-                // is at `head`. Both cases: oldest first is (head + i) mod n.
-                let n = (record.samples as usize).min(MAX_WINDOW);
-                let head = record.ring_head as usize;
-                return Some((0..n).map(|i| ring[(head + i) % n]).collect());
+                let window = (copy.record.samples as usize).clamp(1, MAX_WINDOW) as u32;
+                // The ring wraps at the configured window, which the slot does not store;
+                // while the window is filling (or exactly full) `samples` is that window.
+                let ring = window_intervals(&copy, window).collect();
+                return Some((copy.record, ring));
             }
         }
         None
@@ -140,6 +142,32 @@ impl PeerTable {
     /// Resets a slot to `record` (ring cleared) under the slot's lock, so a kernel writer still
     /// holding a stale pointer never interleaves with the reset.
     pub fn reset(&self, slot: u32, record: PeerRecord) {
+        self.locked(slot, |ptr| {
+            // SAFETY: we hold the slot's lock; the fields written are plain integers.
+            unsafe {
+                std::ptr::write_volatile(&raw mut (*ptr).record, record);
+                std::ptr::write_volatile(&raw mut (*ptr).ring_us, [0; MAX_WINDOW]);
+            }
+        });
+    }
+
+    /// Turns the kernel's per-arrival trace (`monitor record`) on or off for the slot, if it
+    /// still belongs to `peer_id`. Returns whether it did.
+    pub fn set_traced(&self, slot: u32, peer_id: u64, on: bool) -> bool {
+        self.locked(slot, |ptr| {
+            // SAFETY: we hold the slot's lock; plain integer fields.
+            unsafe {
+                if std::ptr::read_volatile(&raw const (*ptr).record.peer_id) != peer_id {
+                    return false;
+                }
+                std::ptr::write_volatile(&raw mut (*ptr).record.traced, on as u8);
+                true
+            }
+        })
+    }
+
+    /// Runs `f` on the slot with its sequence counter held (odd), as the kernel's writers do.
+    fn locked<T>(&self, slot: u32, f: impl FnOnce(*mut PeerSlot) -> T) -> T {
         let lock = self.lock(slot);
         let mut current = lock.load(Ordering::Relaxed);
         loop {
@@ -158,13 +186,9 @@ impl PeerTable {
                 Err(seen) => current = seen,
             }
         }
-        let ptr = self.slot_ptr(slot);
-        // SAFETY: we hold the slot's lock; the fields written are plain integers.
-        unsafe {
-            std::ptr::write_volatile(&raw mut (*ptr).record, record);
-            std::ptr::write_volatile(&raw mut (*ptr).ring_us, [0; MAX_WINDOW]);
-        }
+        let result = f(self.slot_ptr(slot));
         lock.fetch_add(1, Ordering::Release);
+        result
     }
 }
 

@@ -44,6 +44,40 @@ pub struct PeerView {
     pub restarts: u32,
     /// Detector quality at the highest level since admission (see docs/tuning.md).
     pub qos: Option<QosReport>,
+    /// The window itself, when asked for (`peer` with `"window": true`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<WindowDetail>,
+}
+
+/// A peer's window as the kernel holds it: the intervals, their exact sums, the loss counters.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WindowDetail {
+    /// Intervals in the window, oldest first, µs.
+    pub intervals_us: Vec<u32>,
+    pub sum_us: u64,
+    pub sum_sq_us: u64,
+    pub loss_heartbeats: u32,
+    pub loss_gaps: u32,
+    pub loss_lost: u32,
+    pub burst_heartbeats: u32,
+    pub burst_gaps: u32,
+    pub outage_run: u16,
+}
+
+impl WindowDetail {
+    pub fn new(record: &PeerRecord, intervals_us: Vec<u32>) -> Self {
+        Self {
+            intervals_us,
+            sum_us: record.interval_sum_us,
+            sum_sq_us: record.interval_sum_sq_us,
+            loss_heartbeats: record.loss_heartbeats,
+            loss_gaps: record.loss_gaps,
+            loss_lost: record.loss_lost,
+            burst_heartbeats: record.burst_heartbeats,
+            burst_gaps: record.burst_gaps,
+            outage_run: record.outage_run,
+        }
+    }
 }
 
 fn finite<S: Serializer>(value: &f64, s: S) -> Result<S::Ok, S::Error> {
@@ -81,6 +115,7 @@ impl PeerView {
             outages: record.outages,
             restarts: record.restarts,
             qos,
+            window: None,
         }
     }
 }

@@ -24,7 +24,7 @@ use aya_obj::programs::XdpAttachType;
 use monitor_common::{
     auth::AuthKey,
     maps::{
-        AUTH_KEYS_MAP, COUNTERS_MAP, Counters, LAYOUT_VERSION, META_MAGIC, META_MAP,
+        ARRIVALS_MAP, AUTH_KEYS_MAP, COUNTERS_MAP, Counters, LAYOUT_VERSION, META_MAGIC, META_MAP,
         PEER_INDEX_MAP, PEER_STATE_MAP, PeerSlot, PinnedMeta, UNKNOWN_PEERS_MAP,
     },
 };
@@ -32,11 +32,12 @@ use monitor_common::{
 use crate::{peer_table::PeerTable, program, registry::Registry};
 
 /// Every map, in the order they are pinned.
-pub const MAPS: [&str; 6] = [
+pub const MAPS: [&str; 7] = [
     PEER_INDEX_MAP,
     PEER_STATE_MAP,
     COUNTERS_MAP,
     UNKNOWN_PEERS_MAP,
+    ARRIVALS_MAP,
     AUTH_KEYS_MAP,
     META_MAP,
 ];
@@ -198,6 +199,7 @@ pub struct Adopted {
     pub registry: Registry,
     pub counters: PerCpuArray<MapData, Counters>,
     pub unknown_reports: RingBuf<MapData>,
+    pub arrivals: RingBuf<MapData>,
     pub auth_keys: Array<MapData, AuthKey>,
     pub meta: PinnedMeta,
     pub program_fd: OwnedFd,
@@ -309,6 +311,9 @@ pub fn adopt(dir: &Path, expected: &PinnedMeta) -> Result<Adopted, PinError> {
             .try_into()
             .map_err(|e| aya_err(dir, e))?,
         unknown_reports: open(dir, UNKNOWN_PEERS_MAP)?
+            .try_into()
+            .map_err(|e| aya_err(dir, e))?,
+        arrivals: open(dir, ARRIVALS_MAP)?
             .try_into()
             .map_err(|e| aya_err(dir, e))?,
         auth_keys: open(dir, AUTH_KEYS_MAP)?

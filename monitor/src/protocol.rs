@@ -4,7 +4,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use crate::{
-    admission::AdmissionCounters, counters::CounterTotals, peer_view::PeerView, program::RunStats,
+    admission::AdmissionCounters,
+    counters::CounterTotals,
+    peer_view::PeerView,
+    program::RunStats,
+    recording::{MAX_RECORD_MS, MAX_RECORD_PEERS},
 };
 
 /// Longest request line the agent reads; longer lines get an error reply and are discarded.
@@ -13,8 +17,12 @@ pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
-    /// One peer by id.
-    Peer { id: u64 },
+    /// One peer by id; with `window`, also its window's intervals, sums and loss counters.
+    Peer {
+        id: u64,
+        #[serde(default)]
+        window: bool,
+    },
     /// Every admitted peer.
     Peers,
     /// Peers whose phi is at least `threshold` (default: the highest level).
@@ -28,9 +36,16 @@ pub enum Request {
     Forget { id: u64 },
     /// Agent and kernel counters.
     Stats,
+    /// Turn this connection into a stream of every arrival of these peers, as the kernel
+    /// stamped and judged it, for `duration_ms` (default: until the client hangs up).
+    Record {
+        ids: Vec<u64>,
+        #[serde(default)]
+        duration_ms: Option<u64>,
+    },
 }
 
-const OPS: &str = "peer, peers, suspects, subscribe, forget, stats";
+const OPS: &str = "peer, peers, suspects, subscribe, forget, stats, record";
 
 /// Parses one request line into a request or a message saying what is wrong with it.
 pub fn parse_request(line: &str) -> Result<Request, String> {
@@ -51,6 +66,21 @@ pub fn parse_request(line: &str) -> Result<Request, String> {
         return Err(format!(
             "threshold must be a positive finite number, got {t}"
         ));
+    }
+    if let Request::Record { ids, duration_ms } = &request {
+        if ids.is_empty() || ids.len() > MAX_RECORD_PEERS {
+            return Err(format!(
+                "record takes 1 to {MAX_RECORD_PEERS} peer ids, got {}",
+                ids.len()
+            ));
+        }
+        if let Some(ms) = duration_ms
+            && !(1..=MAX_RECORD_MS).contains(ms)
+        {
+            return Err(format!(
+                "duration_ms must be 1..={MAX_RECORD_MS} (a day), got {ms}"
+            ));
+        }
     }
     Ok(request)
 }
@@ -138,7 +168,10 @@ mod tests {
     fn parses_each_op() {
         assert_eq!(
             parse_request(r#"{"op":"peer","id":7}"#),
-            Ok(Request::Peer { id: 7 })
+            Ok(Request::Peer {
+                id: 7,
+                window: false
+            })
         );
         assert_eq!(parse_request(r#"{"op":"peers"}"#), Ok(Request::Peers));
         assert_eq!(parse_request(r#" {"op":"stats"} "#), Ok(Request::Stats));
@@ -169,8 +202,33 @@ mod tests {
             Ok(Request::Forget { id: 3 })
         );
         assert_eq!(
+            parse_request(r#"{"op":"record","ids":[3,4],"duration_ms":1500}"#),
+            Ok(Request::Record {
+                ids: vec![3, 4],
+                duration_ms: Some(1500)
+            })
+        );
+        assert_eq!(
+            parse_request(r#"{"op":"peer","id":3,"window":true}"#),
+            Ok(Request::Peer {
+                id: 3,
+                window: true
+            })
+        );
+        for bad in [
+            r#"{"op":"record","ids":[]}"#,
+            r#"{"op":"record","ids":[1],"duration_ms":0}"#,
+            r#"{"op":"record","ids":[1],"duration_ms":99999999999}"#,
+            r#"{"op":"record"}"#,
+        ] {
+            assert!(parse_request(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
             parse_request(r#"{"op":"peer","id":18446744073709551615}"#),
-            Ok(Request::Peer { id: u64::MAX })
+            Ok(Request::Peer {
+                id: u64::MAX,
+                window: false
+            })
         );
     }
 

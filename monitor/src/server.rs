@@ -16,10 +16,13 @@ use tokio::{
 };
 use tokio_util::codec::{Decoder, Encoder, Framed, LinesCodec, LinesCodecError};
 
+use monitor_common::maps::ArrivalRecord;
+
 use crate::{
     access::AccessPolicy,
     detector::tracker::Event,
     protocol::{MAX_REQUEST_BYTES, Request, error_reply, parse_request},
+    recording::{ArrivalLine, RecordingGuard},
 };
 
 /// Clients served at once; more wait in the listen backlog.
@@ -80,6 +83,17 @@ pub enum Response {
     Reply(Value),
     /// A reply line, then every event from this receiver for as long as the client stays.
     Subscribe(Value, broadcast::Receiver<Event>),
+    /// A reply line, then the recording's arrivals until it ends or the client hangs up.
+    Record(Value, Recording),
+}
+
+/// An open recording (see `recording`): whose arrivals, from where, until when.
+pub struct Recording {
+    pub ids: std::collections::HashSet<u64>,
+    pub arrivals: broadcast::Receiver<ArrivalRecord>,
+    pub until: Option<tokio::time::Instant>,
+    /// Stops counting the ids as wanted when the recording ends, however it ends.
+    pub guard: RecordingGuard,
 }
 
 /// Answers requests; implemented by the agent.
@@ -211,6 +225,10 @@ async fn serve_client<H: Handler>(stream: UnixStream, handler: &H) -> io::Result
                 lines.send(reply.to_string()).await?;
                 return stream_events(lines, events).await;
             }
+            Response::Record(reply, recording) => {
+                lines.send(reply.to_string()).await?;
+                return stream_arrivals(lines, recording).await;
+            }
         }
     }
     Ok(())
@@ -240,4 +258,48 @@ async fn stream_events(mut lines: Lines, mut events: broadcast::Receiver<Event>)
             },
         }
     }
+}
+
+/// Forwards a recording's arrivals until it ends (then a closing line) or the client hangs up.
+async fn stream_arrivals(mut lines: Lines, recording: Recording) -> io::Result<()> {
+    let Recording {
+        ids,
+        mut arrivals,
+        until,
+        guard,
+    } = recording;
+    let (mut sent, mut missed) = (0u64, 0u64);
+    let deadline = async {
+        match until {
+            Some(t) => tokio::time::sleep_until(t).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            () = &mut deadline => break,
+            arrival = arrivals.recv() => match arrival {
+                Ok(a) if ids.contains(&a.peer_id) => {
+                    let line = serde_json::json!({ "arrival": ArrivalLine::from_record(&a) });
+                    lines.send(line.to_string()).await?;
+                    sent += 1;
+                }
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(n)) => missed += n,
+                Err(broadcast::error::RecvError::Closed) => break,
+            },
+            input = lines.next() => match input {
+                None => return Ok(()),
+                Some(Err(e)) => return Err(e),
+                Some(Ok(_)) => {
+                    let reply = error_reply("this connection is recording: it only carries arrivals");
+                    lines.send(reply.to_string()).await?;
+                }
+            },
+        }
+    }
+    drop(guard);
+    let done = serde_json::json!({ "done": true, "arrivals": sent, "missed": missed });
+    lines.send(done.to_string()).await
 }

@@ -7,15 +7,15 @@ mod run;
 use std::{
     os::fd::{AsFd, OwnedFd},
     sync::{
-        Mutex, RwLock,
+        Arc, Mutex, RwLock,
         atomic::{AtomicU64, Ordering},
     },
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use aya::maps::{MapData, PerCpuArray};
-use monitor_common::maps::{Counters, UnknownPeerReport};
-use serde_json::json;
+use monitor_common::maps::{ArrivalRecord, Counters, UnknownPeerReport};
+use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
 pub use self::run::{AgentConfig, run};
@@ -28,11 +28,12 @@ use crate::{
         tracker::{DetectorConfig, Event, PeerTracker},
     },
     peer_table::PeerTable,
-    peer_view::{PeerView, ip_addr},
+    peer_view::{PeerView, WindowDetail, ip_addr},
     program,
     protocol::{AgentStats, Request, error_reply, ok_reply},
+    recording::{ARRIVAL_BUFFER, RecordingGuard, Recordings},
     registry::{AdmitError, ForgetError, Registry},
-    server::{Handler, Response},
+    server::{Handler, Recording, Response},
 };
 
 /// Events buffered per subscriber before a slow one is told it missed some.
@@ -57,6 +58,9 @@ pub struct Agent {
     program_fd: OwnedFd,
     admission: Mutex<Admission>,
     expire_after_ns: Option<u64>,
+    /// Arrivals of traced peers, for recording clients.
+    arrivals: broadcast::Sender<ArrivalRecord>,
+    recordings: Arc<Recordings>,
 }
 
 /// Unix time in ms, with sub-millisecond precision.
@@ -104,6 +108,8 @@ impl Agent {
             program_fd: parts.program_fd,
             admission: Mutex::new(Admission::new(parts.admission)),
             expire_after_ns: parts.expire_after.map(|d| d.as_nanos() as u64),
+            arrivals: broadcast::channel(ARRIVAL_BUFFER).0,
+            recordings: Arc::default(),
         }
     }
 
@@ -127,6 +133,61 @@ impl Agent {
         }
     }
 
+    /// One arrival of a traced peer, from the kernel's ring.
+    pub fn on_arrival(&self, arrival: ArrivalRecord) {
+        // No recording client left is not an error: tracing stops at the next sweep.
+        let _ = self.arrivals.send(arrival);
+    }
+
+    /// Starts recording `ids` (each must be admitted) for `duration_ms` or until the client
+    /// goes: the reply carries the monotonic origin the client can count times from.
+    pub fn record(
+        &self,
+        ids: &[u64],
+        duration_ms: Option<u64>,
+    ) -> Result<(Value, Recording), String> {
+        let registry = self.registry.read().expect("registry lock");
+        let slots = ids
+            .iter()
+            .map(|&id| registry.slot_of(id).ok_or(format!("unknown peer {id}")))
+            .collect::<Result<Vec<u32>, String>>()?;
+        // Subscribe before tracing starts, so the first traced arrival is not missed.
+        let arrivals = self.arrivals.subscribe();
+        let origin_ns = monotonic_ns();
+        let new = self.recordings.start(ids);
+        for (&id, &slot) in ids.iter().zip(&slots) {
+            if new.contains(&id) {
+                self.table.set_traced(slot, id, true);
+            }
+        }
+        let guard = RecordingGuard::new(self.recordings.clone(), ids.to_vec());
+        let reply = json!({
+            "ok": true,
+            "recording": ids,
+            "origin_ns": origin_ns,
+            "duration_ms": duration_ms,
+        });
+        Ok((
+            reply,
+            Recording {
+                ids: ids.iter().copied().collect(),
+                arrivals,
+                until: duration_ms
+                    .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms)),
+                guard,
+            },
+        ))
+    }
+
+    /// Turns off the kernel's tracing of peers no recording wants any more.
+    fn stop_unwanted_tracing(&self, registry: &Registry) {
+        for id in self.recordings.take_unwanted() {
+            if let Some(slot) = registry.slot_of(id) {
+                self.table.set_traced(slot, id, false);
+            }
+        }
+    }
+
     fn qos(&self, slot: u32, id: u64, now: u64) -> Option<crate::detector::qos::QosReport> {
         let trackers = self.trackers.lock().expect("trackers lock");
         trackers[slot as usize]
@@ -135,17 +196,20 @@ impl Agent {
             .map(|t| t.qos(now))
     }
 
-    pub fn peer(&self, id: u64) -> Option<PeerView> {
+    /// One peer; with `window`, its window's contents too (one consistent copy of the slot).
+    pub fn peer(&self, id: u64, window: bool) -> Option<PeerView> {
         let slot = self.registry.read().expect("registry lock").slot_of(id)?;
-        let record = self.table.record(slot)?;
+        let (record, ring) = if window {
+            self.table.snapshot(slot)?
+        } else {
+            (self.table.record(slot)?, self.ring(slot))
+        };
         let now = monotonic_ns();
-        Some(PeerView::new(
-            &record,
-            &self.ring(slot),
-            now,
-            &self.detector,
-            self.qos(slot, id, now),
-        ))
+        let mut view = PeerView::new(&record, &ring, now, &self.detector, self.qos(slot, id, now));
+        if window {
+            view.window = Some(WindowDetail::new(&record, ring));
+        }
+        Some(view)
     }
 
     /// Every admitted peer, sorted by id.
@@ -320,6 +384,7 @@ impl Agent {
     pub fn sweep(&self, now_ns: u64, hold: bool) {
         let wall = wall_ms();
         let registry = self.registry.read().expect("registry lock");
+        self.stop_unwanted_tracing(&registry);
         let mut trackers = self.trackers.lock().expect("trackers lock");
         let mut emit = |e| self.publish(e);
         let mut expired = Vec::new();
@@ -374,7 +439,11 @@ impl Agent {
 impl Handler for Agent {
     fn handle(&self, request: Request) -> Response {
         Response::Reply(match request {
-            Request::Peer { id } => match self.peer(id) {
+            Request::Record { ids, duration_ms } => match self.record(&ids, duration_ms) {
+                Ok((reply, recording)) => return Response::Record(reply, recording),
+                Err(e) => error_reply(e),
+            },
+            Request::Peer { id, window } => match self.peer(id, window) {
                 Some(peer) => ok_reply("peer", peer),
                 None => error_reply(format!("unknown peer {id}")),
             },

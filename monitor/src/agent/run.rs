@@ -33,6 +33,7 @@ use crate::{
     peer_table::PeerTable,
     pinning,
     program::{self, AttachMode},
+    recording,
     registry::{AdmitError, Registry},
     server,
 };
@@ -166,6 +167,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         mut registry,
         counters,
         unknown_reports,
+        arrivals,
         auth_keys,
         program_fd,
         mode,
@@ -227,6 +229,11 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         })
     };
 
+    let arrivals = {
+        let agent = agent.clone();
+        recording::consume_arrivals(arrivals, move |arrival| agent.on_arrival(arrival))
+    };
+
     let reload_keys = async move {
         let mut hup = hup;
         loop {
@@ -246,6 +253,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         () = reload_keys => {}
         r = server::serve(listener, agent.clone(), policy) => r.context("serving the socket")?,
         r = reports => r.context("reading unknown-peer reports")?,
+        r = arrivals => r.context("reading traced arrivals")?,
         () = sweep_loop(agent.clone(), config.sweep_interval, config.stall_bound) => {}
         () = shutdown => log::info!("shutting down: detaching from {}", config.iface),
     }
@@ -268,6 +276,7 @@ struct Kernel {
     registry: Registry,
     counters: PerCpuArray<MapData, Counters>,
     unknown_reports: aya::maps::RingBuf<MapData>,
+    arrivals: aya::maps::RingBuf<MapData>,
     auth_keys: aya::maps::Array<MapData, monitor_common::auth::AuthKey>,
     program_fd: OwnedFd,
     /// "native", "skb", or "adopted".
@@ -292,6 +301,7 @@ fn adopt(dir: &std::path::Path, expected: &PinnedMeta) -> Result<Kernel> {
         registry: a.registry,
         counters: a.counters,
         unknown_reports: a.unknown_reports,
+        arrivals: a.arrivals,
         auth_keys: a.auth_keys,
         program_fd: a.program_fd,
         mode: "adopted".into(),
@@ -312,6 +322,7 @@ fn load_and_attach(config: &AgentConfig, xdp: &XdpConfig, meta: PinnedMeta) -> R
             registry,
             counters,
             unknown_reports,
+            arrivals,
             auth_keys,
             meta: mut meta_map,
         } = loaded?;
@@ -330,6 +341,7 @@ fn load_and_attach(config: &AgentConfig, xdp: &XdpConfig, meta: PinnedMeta) -> R
             registry,
             counters,
             unknown_reports,
+            arrivals,
             auth_keys,
             program_fd,
             mode: mode.to_string(),

@@ -3,6 +3,7 @@
 mod detach;
 mod loadgen;
 mod query;
+mod record;
 mod replay;
 mod run;
 mod send;
@@ -40,6 +41,8 @@ enum Command {
     Watch(watch::WatchArgs),
     /// Run detectors offline on a trace of heartbeat arrivals and report their quality.
     Replay(replay::ReplayArgs),
+    /// Record every arrival of some peers from a running agent, as traces for `replay`.
+    Record(record::RecordArgs),
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -51,6 +54,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Watch(args) => watch::watch(args),
         Command::Loadgen(args) => loadgen::loadgen(args),
         Command::Replay(args) => replay::replay(args),
+        Command::Record(args) => record::record(args),
     }
 }
 
