@@ -18,6 +18,7 @@ pub mod peer_view;
 pub mod pinning;
 pub mod program;
 pub mod protocol;
+pub mod recording;
 pub mod registry;
 pub mod sender;
 pub mod server;
