@@ -16,6 +16,7 @@ pub mod loadgen;
 pub mod peer_table;
 pub mod peer_view;
 pub mod pinning;
+pub mod plot;
 pub mod program;
 pub mod protocol;
 pub mod recording;

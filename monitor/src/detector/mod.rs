@@ -2,6 +2,7 @@
 //! events, and offline replay with QoS metrics. Everything here is pure computation on
 //! numbers; the kernel and the socket live elsewhere.
 
+pub mod frontier;
 pub mod generate;
 pub mod levels;
 pub mod loss;
