@@ -210,4 +210,105 @@ mod tests {
         assert_eq!(r.detection_ms, Some(160.0));
         assert_eq!(r.query_accuracy, 1.0);
     }
+
+    fn generated(kind: crate::detector::generate::TraceKind) -> Vec<Arrival> {
+        let text = crate::detector::generate::generate(kind, 3000, 1);
+        crate::detector::trace::parse_trace(&text).unwrap()
+    }
+
+    /// The seed document's fixed-vs-phi tables (docs/tuning.md) still reproduce exactly, with
+    /// the outage rule off as it was then: (false suspicions, detection ms, mistake ms).
+    #[test]
+    fn the_seed_tables_reproduce() {
+        use crate::detector::generate::TraceKind::*;
+        let specs = [
+            "fixed:timeout_ms=250",
+            "fixed:timeout_ms=1400",
+            "phi:outage_factor=0",
+            "phi:model=akka,outage_factor=0",
+            "phi:model=exponential,outage_factor=0",
+            "phi:pause_ms=2000,outage_factor=0",
+        ];
+        let expected: [(_, [(u64, f64, f64); 6]); 3] = [
+            (
+                Lan,
+                [
+                    (0, 299.0, 0.0),
+                    (0, 1449.0, 0.0),
+                    (0, 249.0, 0.0),
+                    (0, 249.0, 0.0),
+                    (0, 1849.0, 0.0),
+                    (0, 2249.0, 0.0),
+                ],
+            ),
+            (
+                Wan,
+                [
+                    (1, 295.0, 43.0),
+                    (0, 1445.0, 0.0),
+                    (1, 295.0, 43.0),
+                    (1, 295.0, 43.0),
+                    (0, 1845.0, 0.0),
+                    (0, 2295.0, 0.0),
+                ],
+            ),
+            (
+                GcPause,
+                [
+                    (9, 293.0, 11605.0),
+                    (7, 1443.0, 1628.0),
+                    (9, 843.0, 11805.0),
+                    (9, 793.0, 11855.0),
+                    (1, 2093.0, 89.0),
+                    (0, 2843.0, 0.0),
+                ],
+            ),
+        ];
+        for (kind, rows) in expected {
+            let trace = generated(kind);
+            for (spec, (false_suspicions, detection, mistake)) in specs.iter().zip(rows) {
+                let r = run_arrivals(&trace, spec);
+                assert_eq!(
+                    (
+                        r.false_suspicions,
+                        r.detection_ms.map(f64::round),
+                        r.mistake_ms.round()
+                    ),
+                    (false_suspicions, Some(detection), mistake),
+                    "{kind:?} {spec}"
+                );
+            }
+        }
+    }
+
+    /// Issue target: after one restart, detection is at most 1.2x the clean figure, by
+    /// default, whether the trace carries incarnations or not.
+    #[test]
+    fn a_restart_does_not_slow_the_next_detection() {
+        use crate::detector::generate::TraceKind::{Lan, Restart};
+        let clean = run_arrivals(&generated(Lan), "phi").detection_ms.unwrap();
+        let restart = generated(Restart);
+        let times_only: Vec<Arrival> = restart
+            .iter()
+            .enumerate()
+            .map(|(i, a)| Arrival {
+                seq: i as u64 + 1,
+                incarnation: 1,
+                ..*a
+            })
+            .collect();
+        for trace in [&restart, &times_only] {
+            let d = run_arrivals(trace, "phi").detection_ms.unwrap();
+            assert!(d <= 1.2 * clean, "{d} ms after a restart, {clean} ms clean");
+        }
+        // Without the rules the restart's gap widens the window (the issue's 6.6x).
+        let old = run_arrivals(&times_only, "phi:outage_factor=0")
+            .detection_ms
+            .unwrap();
+        assert!(old > 5.0 * clean, "{old} vs {clean}");
+    }
+
+    fn run_arrivals(trace: &[Arrival], spec: &str) -> ReplayReport {
+        replay(trace, &parse_spec(spec).unwrap(), ReplayClock::default())
+    }
 }
