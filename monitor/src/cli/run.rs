@@ -91,7 +91,10 @@ pub struct RunArgs {
     detector: Option<DetectorParams>,
     /// How phi is computed: normal (exact normal tail), akka (Akka's approximation),
     /// exponential (Cassandra's), fixed (a plain timeout, --timeout-ms), loss (normal, aware
-    /// of lost heartbeats).
+    /// of lost heartbeats), chen (expected arrival plus a 150 ms margin, binary), bertier
+    /// (expected arrival plus Jacobson's margin, binary), empirical (the window's empirical
+    /// tail), 2w (the lower phi of the window and its newest 5 intervals). Margins and the
+    /// short window are set through --detector (`alpha_ms`, `window_short`).
     #[arg(long, value_enum, default_value_t = DetectorParams::DEFAULT.model, help_heading = "Detector")]
     model: Model,
     /// Suspicion levels (phi thresholds), ascending: one event each time phi crosses one.

@@ -6,6 +6,13 @@
 //! - `fixed`: a plain timeout (phi 0 before it, infinite from it on).
 //! - `loss`: loss-aware normal (see `loss`): the silence may span lost heartbeats, weighted
 //!   by the peer's measured loss and burstiness.
+//! - `chen`: Chen, Toueg and Aguilera (2002), expected arrival plus a margin (binary; `chen`).
+//! - `bertier`: Bertier, Marin and Sens (2002), Chen's expected arrival plus Jacobson's margin
+//!   (binary; `bertier`).
+//! - `empirical`: Satzger et al. (2007), the empirical tail of the window (`empirical`).
+//! - `2w`: Tomsic et al. (2015), the lower phi of a short and a long window (`two_windows`).
+//!
+//! Each model's maths is in its own module; this one holds the parameters and dispatches.
 //!
 //! Common to the phi models (as in Akka): the acceptable pause is added to the mean, the
 //! standard deviation has a floor, and the window starts with two bootstrap samples around
@@ -23,6 +30,15 @@ use serde::{Deserialize, Serialize};
 
 use super::{loss::LossOdds, tail, window::WindowSums};
 
+pub mod bertier;
+pub mod chen;
+pub mod empirical;
+pub mod two_windows;
+
+use chen::Freshness;
+use empirical::EmpiricalTail;
+use two_windows::ShortWindow;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Model {
@@ -32,6 +48,16 @@ pub enum Model {
     Fixed,
     /// Loss-aware normal: a mixture over the number of consecutive lost heartbeats.
     Loss,
+    /// Chen et al.'s expected arrival plus `alpha_ms` (binary).
+    Chen,
+    /// Chen's expected arrival plus Bertier et al.'s Jacobson margin (binary).
+    Bertier,
+    /// Satzger et al.'s empirical tail of the window.
+    Empirical,
+    /// 2W-FD: the lower phi of a short and a long window.
+    #[value(name = "2w")]
+    #[serde(rename = "2w")]
+    TwoWindows,
 }
 
 impl Model {
@@ -42,20 +68,38 @@ impl Model {
             Model::Exponential => "exponential",
             Model::Fixed => "fixed",
             Model::Loss => "loss",
+            Model::Chen => "chen",
+            Model::Bertier => "bertier",
+            Model::Empirical => "empirical",
+            Model::TwoWindows => "2w",
         }
     }
 
     /// Every model, in the order help texts list them.
-    pub const ALL: [Model; 5] = [
+    pub const ALL: [Model; 9] = [
         Model::Normal,
         Model::Akka,
         Model::Exponential,
         Model::Fixed,
         Model::Loss,
+        Model::Chen,
+        Model::Bertier,
+        Model::Empirical,
+        Model::TwoWindows,
     ];
 
     pub fn from_name(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|m| m.name() == name)
+    }
+
+    /// The safety margin `alpha_ms` takes when not given, for the models that have one:
+    /// `chen` 150 ms (docs/tuning.md), `bertier` 0 (its margin is Jacobson's, as published).
+    pub fn default_alpha_ms(self) -> Option<f64> {
+        match self {
+            Model::Chen => Some(150.0),
+            Model::Bertier => Some(0.0),
+            _ => None,
+        }
     }
 }
 
@@ -68,9 +112,11 @@ pub struct DetectorParams {
     pub threshold: f64,
     /// Intervals kept per peer.
     pub window: u32,
-    /// Floor on the standard deviation (normal, akka, loss).
+    /// Floor on the standard deviation (normal, akka, loss, both windows of 2w, and the
+    /// decay scale of empirical).
     pub min_std_ms: f64,
-    /// Acceptable heartbeat pause, added to the mean (phi models).
+    /// Acceptable heartbeat pause, added to the mean (phi models; chen and bertier: to the
+    /// freshness point; empirical: to every sample).
     pub pause_ms: f64,
     /// First-interval estimate; the window starts with two samples around it. 0: none.
     pub first_interval_ms: f64,
@@ -80,6 +126,11 @@ pub struct DetectorParams {
     pub outage_factor: u32,
     /// The timeout of the `fixed` model.
     pub timeout_ms: f64,
+    /// Safety margin added to the expected arrival (`chen`; `bertier`, on top of Jacobson's
+    /// margin). None: the model's default (`Model::default_alpha_ms`).
+    pub alpha_ms: Option<f64>,
+    /// Intervals in the short window of `2w` (at most `window`; more are taken as `window`).
+    pub window_short: u32,
 }
 
 impl DetectorParams {
@@ -93,6 +144,8 @@ impl DetectorParams {
         max_interval_ms: None,
         outage_factor: 4,
         timeout_ms: 1000.0,
+        alpha_ms: None,
+        window_short: 5,
     };
 
     /// The kernel's window rules for these parameters (`monitor_common::slot`): the agent
@@ -105,7 +158,9 @@ impl DetectorParams {
             window: self.window,
             max_interval_us,
             outage_factor: self.outage_factor,
-            flags: if self.model == Model::Loss {
+            // `loss` weighs lost heartbeats through its counters; `chen` and `bertier` read
+            // the window as the sending schedule, on which a lost heartbeat is not a late one.
+            flags: if matches!(self.model, Model::Loss | Model::Chen | Model::Bertier) {
                 XDP_FLAG_GAPLESS_WINDOW
             } else {
                 0
@@ -116,13 +171,75 @@ impl DetectorParams {
 
     /// Whether `estimate` needs the window's intervals themselves, not only their sums.
     pub fn needs_ring(&self) -> bool {
-        false
+        matches!(
+            self.model,
+            Model::Chen | Model::Bertier | Model::Empirical | Model::TwoWindows
+        )
+    }
+
+    /// The safety margin in effect: `alpha_ms`, else the model's default, else 0.
+    pub fn alpha(&self) -> f64 {
+        self.alpha_ms
+            .or(self.model.default_alpha_ms())
+            .unwrap_or(0.0)
+    }
+
+    /// The window as the ring models see it (µs, oldest first): the bootstrap samples that are
+    /// still in a window of `window` (the rule of `WindowSums::with_bootstrap`), then `ring`.
+    fn window_us(&self, ring: &[u32]) -> Vec<u64> {
+        let first_us = (self.first_interval_ms * 1000.0).round() as u64;
+        let mut all = Vec::with_capacity(ring.len() + 2);
+        if first_us != 0 {
+            let std = first_us / 4;
+            let samples = ring.len() as u64;
+            if samples + 2 <= self.window as u64 {
+                all.extend([first_us - std, first_us + std]);
+            } else if samples + 1 == self.window as u64 {
+                all.push(first_us + std);
+            }
+        }
+        all.extend(ring.iter().map(|&us| us as u64));
+        all
+    }
+
+    /// The shape of the models that judge by the window's intervals. `mean` and `std` are
+    /// the (long) window's moments, before pause and floor: what stands in for an empty ring.
+    fn ring_shape(&self, ring: &[u32], mean: f64, std: f64) -> Shape {
+        let window_us = self.window_us(ring);
+        let window_ms: Vec<f64> = window_us.iter().map(|&us| us as f64 / 1000.0).collect();
+        match self.model {
+            Model::Chen => Shape::Freshness(Freshness {
+                expected_ms: chen::expected_arrival_ms(&window_ms).unwrap_or(mean),
+                margin_ms: self.alpha() + self.pause_ms,
+            }),
+            Model::Bertier => {
+                let jacobson = bertier::margin(&window_ms);
+                Shape::Freshness(Freshness {
+                    expected_ms: jacobson.expected_ms.unwrap_or(mean),
+                    margin_ms: jacobson.alpha_ms() + self.alpha() + self.pause_ms,
+                })
+            }
+            Model::Empirical => Shape::Empirical(EmpiricalTail::new(
+                window_ms,
+                std.max(self.min_std_ms),
+                self.pause_ms,
+            )),
+            Model::TwoWindows => {
+                let short = self.window_short.clamp(1, self.window.max(1)) as usize;
+                let newest = &window_us[window_us.len().saturating_sub(short)..];
+                let (m, s) = two_windows::moments_ms(newest).unwrap_or((mean, std));
+                Shape::TwoWindows(ShortWindow {
+                    mean_ms: m + self.pause_ms,
+                    std_ms: s.max(self.min_std_ms),
+                })
+            }
+            _ => Shape::Plain,
+        }
     }
 
     /// The distribution a peer's silence is judged against, from its record and, for the
     /// models that `needs_ring`, the window's intervals (µs, oldest first; else empty).
     pub fn estimate(&self, record: &PeerRecord, ring: &[u32]) -> Estimate {
-        let _ = ring;
         let first_us = (self.first_interval_ms * 1000.0).round() as u64;
         let sums = WindowSums::from_record(record);
         let (mean, std) = sums
@@ -131,6 +248,7 @@ impl DetectorParams {
             .unwrap_or((self.first_interval_ms, self.first_interval_ms / 4.0));
         let shape = match self.model {
             Model::Loss => Shape::Loss(LossOdds::from_record(record)),
+            _ if self.needs_ring() => self.ring_shape(ring, mean, std),
             _ => Shape::Plain,
         };
         Estimate {
@@ -171,6 +289,17 @@ impl DetectorParams {
                 ),
                 _ => standardised(silence_ms, mean_ms, std_ms, tail::normal_phi),
             },
+            Model::Chen | Model::Bertier | Model::Empirical | Model::TwoWindows => {
+                match &estimate.shape {
+                    Shape::Freshness(freshness) => freshness.phi(silence_ms),
+                    Shape::Empirical(tail) => tail.phi(silence_ms),
+                    Shape::TwoWindows(short) => {
+                        two_windows::phi(mean_ms, std_ms, short, silence_ms)
+                    }
+                    // An estimate made for another model: judged as `normal` would.
+                    _ => standardised(silence_ms, mean_ms, std_ms, tail::normal_phi),
+                }
+            }
         }
     }
 
@@ -181,10 +310,13 @@ impl DetectorParams {
         let k = levels
             .iter()
             .map(|&level| match self.model {
-                Model::Normal | Model::Loss => tail::invert(tail::normal_phi, level),
+                Model::Normal | Model::Loss | Model::TwoWindows => {
+                    tail::invert(tail::normal_phi, level)
+                }
                 Model::Akka => tail::invert(akka_phi, level),
                 Model::Exponential => level * LN_10,
                 Model::Fixed => self.timeout_ms,
+                Model::Chen | Model::Bertier | Model::Empirical => level,
             })
             .collect();
         LevelSilences {
@@ -194,7 +326,9 @@ impl DetectorParams {
     }
 
     /// The silence (ms) at which phi reaches `levels[index]` for this estimate: exact for
-    /// every model. Closed form where the model has one; for `loss`, a bisection between the
+    /// every model. Closed form where the model has one (`chen`, `bertier`: the freshness
+    /// point; `2w`: the later of its windows' crossings; `empirical`: a sample, or on the decay
+    /// past the largest its closed form); for `loss`, a bisection between the
     /// normal crossing (phi_loss <= phi_normal: losing heartbeats only makes a silence more
     /// likely) and a bracket doubled until phi reaches the level.
     pub fn crossing_ms(
@@ -261,6 +395,12 @@ pub enum Shape {
     Plain,
     /// Loss odds of the peer (`loss` model).
     Loss(LossOdds),
+    /// The freshness point (`chen`, `bertier`): expected arrival and margin.
+    Freshness(Freshness),
+    /// The window's intervals, sorted (`empirical`).
+    Empirical(EmpiricalTail),
+    /// The short window's estimate (`2w`); the long one is the estimate's mean and deviation.
+    TwoWindows(ShortWindow),
 }
 
 fn standardised(silence: f64, mean: f64, std: f64, phi_of: fn(f64) -> f64) -> f64 {
@@ -283,7 +423,10 @@ pub fn akka_phi(y: f64) -> f64 {
 }
 
 /// For each level, the constant k from which the crossing silence follows in a multiply-add:
-/// normal and akka: mean + k std; exponential: k mean; fixed: k.
+/// normal and akka: mean + k std; exponential: k mean; fixed: k; 2w: the later of
+/// mean + k std over its two windows. For chen, bertier and empirical k is the level itself and
+/// the crossing comes from the estimate's shape (the freshness point; the first sample or point
+/// of the decay where phi reaches the level).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LevelSilences {
     model: Model,
@@ -312,6 +455,36 @@ impl LevelSilences {
             }
             Model::Exponential => k * estimate.mean_ms,
             Model::Fixed => k,
+            Model::Chen | Model::Bertier | Model::Empirical | Model::TwoWindows => {
+                match &estimate.shape {
+                    // Binary: phi is 0 before the freshness point, so only a level <= 0 is
+                    // reached earlier (at once).
+                    Shape::Freshness(freshness) => {
+                        if k <= 0.0 {
+                            0.0
+                        } else {
+                            freshness.at_ms()
+                        }
+                    }
+                    Shape::Empirical(tail) => tail.crossing_ms(k),
+                    Shape::TwoWindows(short) => {
+                        two_windows::crossing_ms(k, estimate.mean_ms, estimate.std_ms, short)
+                    }
+                    // An estimate made for another model: `phi` judges it as `normal` would.
+                    _ => {
+                        let z = if self.model == Model::TwoWindows {
+                            k
+                        } else {
+                            tail::invert(tail::normal_phi, k)
+                        };
+                        if estimate.std_ms <= 0.0 {
+                            estimate.mean_ms
+                        } else {
+                            estimate.mean_ms + z * estimate.std_ms
+                        }
+                    }
+                }
+            }
         }
     }
 }
@@ -491,5 +664,211 @@ mod tests {
             fixed.level_silences(&levels).silence_ms(2, &est(1.0, 1.0)),
             700.0
         );
+    }
+
+    /// The estimate of a window holding `intervals_us`, with its ring, as replay makes it.
+    fn ring_estimate_of(p: &DetectorParams, intervals_us: &[u64]) -> Estimate {
+        let c = p.window_config();
+        let slot = slot_with_intervals(intervals_us.iter().copied(), &c);
+        let ring: Vec<u32> = monitor_common::slot::window_intervals(&slot, c.window).collect();
+        assert!(p.needs_ring());
+        p.estimate(&slot.record, &ring)
+    }
+
+    const RING_MODELS: [Model; 4] = [
+        Model::Chen,
+        Model::Bertier,
+        Model::Empirical,
+        Model::TwoWindows,
+    ];
+
+    #[test]
+    fn ring_models_are_named_for_clap_and_serde() {
+        use clap::ValueEnum;
+        for (model, name) in RING_MODELS
+            .into_iter()
+            .zip(["chen", "bertier", "empirical", "2w"])
+        {
+            assert_eq!(model.name(), name);
+            assert_eq!(Model::from_name(name), Some(model));
+            assert_eq!(Model::from_str(name, false), Ok(model));
+            assert_eq!(
+                serde_json::to_string(&model).unwrap(),
+                format!("\"{name}\"")
+            );
+            assert!(params(model).needs_ring());
+        }
+        assert!(!params(Model::Normal).needs_ring());
+        // Chen's schedule is the heartbeats': intervals that span a loss stay out of it.
+        for (model, gapless) in RING_MODELS.into_iter().zip([true, true, false, false]) {
+            let flags = params(model).window_config().flags;
+            assert_eq!(flags & XDP_FLAG_GAPLESS_WINDOW != 0, gapless, "{model:?}");
+        }
+    }
+
+    #[test]
+    fn chen_and_bertier_through_the_estimate() {
+        // 100, 100, 100, 130 ms: Chen's EA is 98.5 ms after the last arrival (see chen.rs).
+        let window = [100_000, 100_000, 100_000, 130_000];
+        let chen = DetectorParams {
+            alpha_ms: Some(40.0),
+            pause_ms: 10.0,
+            ..params(Model::Chen)
+        };
+        let e = ring_estimate_of(&chen, &window);
+        let Shape::Freshness(f) = e.shape else {
+            panic!("{e:?}")
+        };
+        assert!((f.at_ms() - (98.5 + 40.0 + 10.0)).abs() < 1e-9, "{f:?}");
+        assert_eq!(chen.phi(&e, 148.4), 0.0);
+        assert!(chen.phi(&e, 148.5).is_infinite());
+        // Bertier on 100, 100, 130, 100: EA 104.5, Jacobson margin 15.45 (see bertier.rs),
+        // plus alpha 0 by default.
+        let bertier = params(Model::Bertier);
+        let e = ring_estimate_of(&bertier, &[100_000, 100_000, 130_000, 100_000]);
+        let Shape::Freshness(f) = e.shape else {
+            panic!("{e:?}")
+        };
+        assert!((f.at_ms() - (104.5 + 15.45)).abs() < 1e-9, "{f:?}");
+    }
+
+    #[test]
+    fn bootstrap_samples_lead_the_ring() {
+        // No interval yet: the two bootstrap samples 75 and 125 ms are the window, and Chen's
+        // EA of them is 2/3 75 + 1/3 125 = 91.67 ms.
+        let p = DetectorParams {
+            first_interval_ms: 100.0,
+            alpha_ms: Some(0.0),
+            ..params(Model::Chen)
+        };
+        let e = ring_estimate_of(&p, &[]);
+        let Shape::Freshness(f) = e.shape else {
+            panic!("{e:?}")
+        };
+        assert!((f.expected_ms - (50.0 + 125.0 / 3.0)).abs() < 1e-9, "{f:?}");
+        assert_eq!(p.window_us(&[90_000]), vec![75_000, 125_000, 90_000]);
+        let small = DetectorParams { window: 3, ..p };
+        assert_eq!(small.window_us(&[1, 2]), vec![125_000, 1, 2]);
+        assert_eq!(small.window_us(&[1, 2, 3]), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn two_windows_through_the_estimate() {
+        // Twenty intervals of 100 ms, then five of 200 ms: the short window (5) is N(200, 0),
+        // floored to 10; the long one is N(120, 40) (mean (2000 + 1000) / 25, variance
+        // 20/25 * 20^2 + 5/25 * 80^2 = 1600).
+        let p = DetectorParams {
+            min_std_ms: 10.0,
+            outage_factor: 0,
+            ..params(Model::TwoWindows)
+        };
+        let mut window = vec![100_000; 20];
+        window.extend([200_000; 5]);
+        let e = ring_estimate_of(&p, &window);
+        assert!((e.mean_ms - 120.0).abs() < 1e-9 && (e.std_ms - 40.0).abs() < 1e-9);
+        assert_eq!(
+            e.shape,
+            Shape::TwoWindows(ShortWindow {
+                mean_ms: 200.0,
+                std_ms: 10.0
+            })
+        );
+        // At 210 ms the long window says 2.25 deviations late (phi 1.91), the short one 1
+        // deviation late (P = 0.15865525393145705): the short one, lower, judges.
+        let phi = p.phi(&e, 210.0);
+        assert!(
+            (phi - -(0.158_655_253_931_457_05f64).log10()).abs() < 1e-12,
+            "{phi}"
+        );
+        // window_short = 1: the last interval alone.
+        let one = DetectorParams {
+            window_short: 1,
+            ..p.clone()
+        };
+        let Shape::TwoWindows(s) = ring_estimate_of(&one, &[100_000, 100_000, 150_000]).shape
+        else {
+            panic!()
+        };
+        assert_eq!((s.mean_ms, s.std_ms), (150.0, 10.0));
+    }
+
+    #[test]
+    fn empirical_through_the_estimate() {
+        let p = DetectorParams {
+            min_std_ms: 25.0,
+            ..params(Model::Empirical)
+        };
+        let e = ring_estimate_of(&p, &[90_000, 100_000, 100_000, 110_000, 120_000]);
+        // The hand-computed values of empirical.rs: 3/6 later at 100 ms, 1/6 at 120.
+        assert!((p.phi(&e, 100.0) - 2f64.log10()).abs() < 1e-15);
+        assert!((p.phi(&e, 120.0) - 6f64.log10()).abs() < 1e-15);
+    }
+
+    /// Windows on which every ring model is checked.
+    fn test_windows() -> Vec<Vec<u64>> {
+        vec![
+            vec![],
+            vec![100_000],
+            vec![100_000, 100_000, 130_000, 100_000],
+            (0..128u64).map(|i| 80_000 + (i * 7919) % 50_000).collect(),
+            (0..60u64)
+                .map(|i| if i % 10 == 9 { 290_000 } else { 100_000 })
+                .collect(),
+        ]
+    }
+
+    #[test]
+    fn crossings_are_exact_for_the_ring_models() {
+        let levels = [0.5, 1.0, 3.0, 8.0, 12.0, 40.0];
+        for model in RING_MODELS {
+            for first in [0.0, 100.0] {
+                for window in test_windows() {
+                    let p = DetectorParams {
+                        first_interval_ms: first,
+                        min_std_ms: 5.0,
+                        pause_ms: if first > 0.0 { 20.0 } else { 0.0 },
+                        ..params(model)
+                    };
+                    let e = ring_estimate_of(&p, &window);
+                    let table = p.level_silences(&levels);
+                    for (i, &level) in levels.iter().enumerate() {
+                        let t = p.crossing_ms(&table, i, level, &e);
+                        assert_eq!(t, table.silence_ms(i, &e), "{model:?}");
+                        let at = p.phi(&e, t);
+                        assert!(at >= level - 1e-9, "{model:?} {level}: phi({t}) = {at}");
+                        if t > 1e-3 {
+                            let before = p.phi(&e, t - 1e-3);
+                            assert!(
+                                before < level,
+                                "{model:?} {level}: phi({t} - 1us) = {before}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn ring_models_grow_with_silence() {
+        for model in RING_MODELS {
+            for window in test_windows() {
+                let p = DetectorParams {
+                    min_std_ms: 5.0,
+                    ..params(model)
+                };
+                let e = ring_estimate_of(&p, &window);
+                let mut last = 0.0;
+                for i in 0..4000 {
+                    let phi = p.phi(&e, i as f64 * 0.5);
+                    assert!(phi >= last, "{model:?} at {} ms", i as f64 * 0.5);
+                    last = phi;
+                }
+                assert!(
+                    last >= 8.0,
+                    "{model:?}: 2 s of silence is convicted ({last})"
+                );
+            }
+        }
     }
 }

@@ -1,7 +1,9 @@
 //! Detector specifications on the command line:
 //! `fixed:timeout_ms=1400` or
 //! `phi:model=normal,threshold=12,window=50,min_std_ms=250,pause_ms=0,first_interval_ms=500,max_interval_ms=2000,outage_factor=4`.
-//! Omitted keys take `DetectorParams::DEFAULT`.
+//! Omitted keys take `DetectorParams::DEFAULT`. Model-specific keys: `alpha_ms` (`chen`,
+//! `bertier`; omitted, the model's default) and `window_short` (`2w`; 1..=window, omitted and
+//! larger than `window`, it is taken as `window`).
 
 use monitor_common::{maps::MAX_WINDOW, slot::MAX_OUTAGE_FACTOR};
 
@@ -26,6 +28,8 @@ pub fn parse_spec(spec: &str) -> Result<DetectorParams, String> {
             "first_interval_ms",
             "max_interval_ms",
             "outage_factor",
+            "alpha_ms",
+            "window_short",
         ],
         other => {
             return Err(format!(
@@ -33,6 +37,7 @@ pub fn parse_spec(spec: &str) -> Result<DetectorParams, String> {
             ));
         }
     };
+    let mut window_short_given = false;
     for pair in rest.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (key, value) = pair
             .split_once('=')
@@ -76,8 +81,48 @@ pub fn parse_spec(spec: &str) -> Result<DetectorParams, String> {
             "first_interval_ms" => params.first_interval_ms = non_negative(key, value)?,
             "max_interval_ms" => params.max_interval_ms = Some(positive(key, value)?),
             "timeout_ms" => params.timeout_ms = positive(key, value)?,
+            "alpha_ms" => params.alpha_ms = Some(non_negative(key, value)?),
+            "window_short" => {
+                let w: u32 = value
+                    .parse()
+                    .map_err(|_| format!("window_short {value:?} is not an integer"))?;
+                if !(1..=MAX_WINDOW as u32).contains(&w) {
+                    return Err(format!("window_short must be 1..=window, got {w}"));
+                }
+                params.window_short = w;
+                window_short_given = true;
+            }
             _ => unreachable!("checked against `allowed`"),
         }
+    }
+    // Model-specific keys, checked once the model is known (keys come in any order).
+    match params.model.default_alpha_ms() {
+        Some(default) => {
+            params.alpha_ms.get_or_insert(default);
+        }
+        None if params.alpha_ms.is_some() => {
+            return Err(format!(
+                "alpha_ms applies to model=chen and model=bertier, not {}",
+                params.model.name()
+            ));
+        }
+        None => {}
+    }
+    if params.model == Model::TwoWindows {
+        if params.window_short > params.window {
+            if window_short_given {
+                return Err(format!(
+                    "window_short must be 1..=window ({}), got {}",
+                    params.window, params.window_short
+                ));
+            }
+            params.window_short = params.window;
+        }
+    } else if window_short_given {
+        return Err(format!(
+            "window_short applies to model=2w, not {}",
+            params.model.name()
+        ));
     }
     Ok(params)
 }
@@ -113,6 +158,15 @@ pub fn format_spec(params: &DetectorParams) -> String {
     );
     if let Some(max) = params.max_interval_ms {
         s.push_str(&format!(",max_interval_ms={max}"));
+    }
+    if params.model.default_alpha_ms().is_some() {
+        s.push_str(&format!(",alpha_ms={}", params.alpha()));
+    }
+    if params.model == Model::TwoWindows {
+        s.push_str(&format!(
+            ",window_short={}",
+            params.window_short.min(params.window)
+        ));
     }
     s
 }
@@ -167,9 +221,58 @@ mod tests {
         for spec in [
             "phi:model=exponential,threshold=3,max_interval_ms=2000",
             "fixed:timeout_ms=250",
+            "phi:model=chen",
+            "phi:model=chen,alpha_ms=37.5,window=64,pause_ms=10",
+            "phi:model=bertier",
+            "phi:model=bertier,alpha_ms=12,first_interval_ms=0",
+            "phi:model=empirical,threshold=4,min_std_ms=5,window=32",
+            "phi:model=2w",
+            "phi:model=2w,window_short=1,window=16,threshold=3",
+            "phi:model=2w,window=3",
         ] {
             let p = parse_spec(spec).unwrap();
-            assert_eq!(parse_spec(&format_spec(&p)).unwrap(), p);
+            assert_eq!(parse_spec(&format_spec(&p)).unwrap(), p, "{spec}");
+        }
+    }
+
+    #[test]
+    fn model_specific_keys() {
+        // Defaults by model; a spec says what ran.
+        let chen = parse_spec("phi:model=chen").unwrap();
+        assert_eq!((chen.alpha_ms, chen.alpha()), (Some(150.0), 150.0));
+        assert!(format_spec(&chen).contains(",alpha_ms=150"));
+        let bertier = parse_spec("phi:alpha_ms=25,model=bertier").unwrap();
+        assert_eq!(bertier.alpha_ms, Some(25.0), "keys in any order");
+        assert_eq!(parse_spec("phi:model=bertier").unwrap().alpha(), 0.0);
+        let two = parse_spec("phi:model=2w,window_short=8").unwrap();
+        assert_eq!((two.model, two.window_short), (Model::TwoWindows, 8));
+        assert!(format_spec(&two).ends_with(",window_short=8"));
+        // An implicit short window never exceeds the long one.
+        assert_eq!(parse_spec("phi:model=2w,window=3").unwrap().window_short, 3);
+        assert_eq!(
+            parse_spec("phi:model=empirical").unwrap().model,
+            Model::Empirical
+        );
+        // Keys of other models are not printed.
+        assert!(!format_spec(&DetectorParams::DEFAULT).contains("alpha_ms"));
+        assert!(!format_spec(&DetectorParams::DEFAULT).contains("window_short"));
+        // Parameters built without the spec (`monitor run --model chen`) print the margin
+        // in effect, which parses back to the same detector.
+        let flags = DetectorParams {
+            model: Model::Chen,
+            ..DetectorParams::DEFAULT
+        };
+        assert_eq!(parse_spec(&format_spec(&flags)).unwrap().alpha(), 150.0);
+        for (spec, expected) in [
+            ("phi:model=normal,alpha_ms=5", "alpha_ms applies to"),
+            ("phi:model=chen,alpha_ms=-1", "not be negative"),
+            ("phi:model=2w,window=8,window_short=9", "1..=window (8)"),
+            ("phi:model=2w,window_short=0", "1..=window"),
+            ("phi:model=chen,window_short=4", "window_short applies to"),
+            ("phi:model=twowindows", "one of normal"),
+        ] {
+            let err = parse_spec(spec).expect_err(spec);
+            assert!(err.contains(expected), "{spec}: {err}");
         }
     }
 

@@ -1,0 +1,160 @@
+//! Chen, Toueg and Aguilera (2002), "On the quality of service of failure detectors" (IEEE
+//! Transactions on Computers 51(5)), the NFD-E detector: the next heartbeat's expected
+//! arrival, estimated from the last n arrivals, plus a constant safety margin alpha;
+//! suspected from that freshness point on.
+//!
+//!   EA_{n+1} = (1/(n+1)) * sum_{i=0..n} (A_i - i eta) + (n+1) eta,   tau = EA_{n+1} + alpha
+//!
+//! The window holds n consecutive intervals x_1..x_n (oldest first), that is n + 1 arrivals
+//! A_0..A_n; the sending period eta is not known here, so the window's mean interval stands in
+//! for it. Measured from the last arrival A_n this is
+//!
+//!   EA - A_n = eta (n/2 + 1) - (1/(n+1)) * sum_{j=1..n} j x_j,   eta = (1/n) sum_j x_j
+//!
+//! a weighted mean of the intervals (the weights sum to 1): equal intervals x give x, and a late
+//! last arrival brings the next expected one closer, as the sending schedule does. An interval
+//! the window rules left out (`monitor_common::slot`) is simply absent: the window's intervals
+//! are taken as consecutive.
+
+/// Where the binary models (`chen`, `bertier`) put the freshness point, relative to the last
+/// arrival: phi is 0 before `at_ms()` and infinite from it on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Freshness {
+    /// Expected arrival of the next heartbeat after the last one, ms (Chen's EA - A_n).
+    pub expected_ms: f64,
+    /// Everything added to it: the model's margin, `alpha_ms` and the pause, ms.
+    pub margin_ms: f64,
+}
+
+impl Freshness {
+    /// The freshness point: the silence (ms) from which the peer is suspected. Never
+    /// negative (a last heartbeat that came after its successor's freshness point leaves the
+    /// peer suspected at once, as in Chen's NFD-E).
+    pub fn at_ms(&self) -> f64 {
+        (self.expected_ms + self.margin_ms).max(0.0)
+    }
+
+    /// phi of a silence: 0 before the freshness point, infinite from it on.
+    pub fn phi(&self, silence_ms: f64) -> f64 {
+        if silence_ms >= self.at_ms() {
+            f64::INFINITY
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Running sums of a window prefix, from which Chen's expected arrival follows in O(1):
+/// `bertier` walks the window with it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ArrivalSums {
+    /// Intervals so far (n).
+    pub n: u32,
+    /// sum_j x_j, ms.
+    pub sum_ms: f64,
+    /// sum_j j x_j, ms (j = 1 for the oldest).
+    pub weighted_ms: f64,
+}
+
+impl ArrivalSums {
+    pub fn push(&mut self, interval_ms: f64) {
+        self.n += 1;
+        self.sum_ms += interval_ms;
+        self.weighted_ms += self.n as f64 * interval_ms;
+    }
+
+    /// EA - A_n (ms) for the intervals pushed so far; None before the first.
+    pub fn expected_ms(&self) -> Option<f64> {
+        if self.n == 0 {
+            return None;
+        }
+        let n = self.n as f64;
+        let eta = self.sum_ms / n;
+        Some(eta * (n / 2.0 + 1.0) - self.weighted_ms / (n + 1.0))
+    }
+}
+
+/// Chen's expected arrival after the last one (ms) for a window of intervals (ms, oldest
+/// first); None for an empty window.
+pub fn expected_arrival_ms(intervals_ms: &[f64]) -> Option<f64> {
+    let mut sums = ArrivalSums::default();
+    for &x in intervals_ms {
+        sums.push(x);
+    }
+    sums.expected_ms()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::detector::{
+        replay::{ReplayClock, replay},
+        spec::parse_spec,
+        trace::Arrival,
+    };
+
+    #[test]
+    fn expected_arrival_by_hand() {
+        // Arrivals at 0, 100, 200, 300, 430 ms: eta = 430 / 4 = 107.5, offsets from the
+        // schedule A_i - i eta: 0, -7.5, -15, -22.5, 0; their mean is -9, so
+        // EA_5 = -9 + 5 * 107.5 = 528.5, that is 98.5 ms after the last arrival (430).
+        let ea = expected_arrival_ms(&[100.0, 100.0, 100.0, 130.0]).unwrap();
+        assert!((ea - 98.5).abs() < 1e-12, "{ea}");
+        // The same through the weights 3/4 - j/5 = 0.55, 0.35, 0.15, -0.05.
+        let weighted = 0.55 * 100.0 + 0.35 * 100.0 + 0.15 * 100.0 - 0.05 * 130.0;
+        assert!((ea - weighted).abs() < 1e-12);
+        // A steady sender: the next is one interval away.
+        assert!((expected_arrival_ms(&[250.0; 128]).unwrap() - 250.0).abs() < 1e-9);
+        // One interval: it is the estimate (n = 1: weight 3/2 - 1/2 = 1).
+        assert_eq!(expected_arrival_ms(&[70.0]), Some(70.0));
+        assert_eq!(expected_arrival_ms(&[]), None);
+    }
+
+    #[test]
+    fn an_early_last_arrival_pushes_the_next_expected_one_out() {
+        // Arrivals at 0, 100, 200, 300, 370: the last came 30 ms early against a 92.5 ms
+        // schedule; offsets 0, 7.5, 15, 22.5, 0 average 9, EA_5 = 9 + 5 * 92.5 = 471.5,
+        // 101.5 ms after 370.
+        let ea = expected_arrival_ms(&[100.0, 100.0, 100.0, 70.0]).unwrap();
+        assert!((ea - 101.5).abs() < 1e-12, "{ea}");
+    }
+
+    #[test]
+    fn freshness_is_a_step() {
+        let f = Freshness {
+            expected_ms: 100.0,
+            margin_ms: 50.0,
+        };
+        assert_eq!(f.phi(149.999), 0.0);
+        assert!(f.phi(150.0).is_infinite());
+        let late = Freshness {
+            expected_ms: -30.0,
+            margin_ms: 10.0,
+        };
+        assert_eq!(late.at_ms(), 0.0);
+        assert!(late.phi(0.0).is_infinite());
+    }
+
+    #[test]
+    fn replay_detects_at_expected_arrival_plus_alpha() {
+        // Exactly periodic at 100 ms, ticks every 10 ms: with alpha 50 the freshness point is
+        // 150 ms after the last heartbeat (EA = 100), no mistakes while alive.
+        let trace: Vec<Arrival> = (1..=50u64)
+            .map(|k| Arrival {
+                at_ns: k * 100_000_000,
+                seq: k,
+                incarnation: 1,
+            })
+            .collect();
+        let r = replay(
+            &trace,
+            &parse_spec("phi:model=chen,alpha_ms=50").unwrap(),
+            ReplayClock {
+                tick_ms: 10.0,
+                tail_ms: 1000.0,
+            },
+        );
+        assert_eq!(r.false_suspicions, 0);
+        assert_eq!(r.detection_ms, Some(150.0));
+    }
+}
