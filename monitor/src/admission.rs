@@ -3,9 +3,7 @@
 
 use std::{collections::HashMap, fs, path::Path};
 
-use aya::maps::{MapData, RingBuf};
 use monitor_common::maps::UnknownPeerReport;
-use tokio::io::{Interest, unix::AsyncFd};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PeersFileError {
@@ -67,34 +65,9 @@ pub fn parse_peer_id(text: &str) -> Result<u64, String> {
     parsed.map_err(|e| format!("{text:?} is not a peer id (a u64, decimal or 0x hex): {e}"))
 }
 
-/// Decodes one ring buffer record; None if it is not the size of a report.
+/// Decodes one unknown-peer report from the kernel's ring; None if it is too short.
 pub fn decode_report(bytes: &[u8]) -> Option<UnknownPeerReport> {
-    if bytes.len() < size_of::<UnknownPeerReport>() {
-        return None;
-    }
-    // SAFETY: length checked; the type is plain integers, valid for any bit pattern.
-    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) })
-}
-
-/// Delivers every unknown-peer report from the kernel to `on_report`, forever.
-pub async fn consume_reports(
-    ring: RingBuf<MapData>,
-    mut on_report: impl FnMut(UnknownPeerReport),
-) -> std::io::Result<()> {
-    // SAFETY: the RingBuf owns its map fd and keeps it open, unchanged, for as long as the
-    // AsyncFd owns the RingBuf.
-    let mut fd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
-        .map_err(std::io::Error::from)?;
-    loop {
-        let mut guard = fd.readable_mut().await?;
-        let ring = guard.get_inner_mut();
-        while let Some(item) = ring.next() {
-            if let Some(report) = decode_report(&item) {
-                on_report(report);
-            }
-        }
-        guard.clear_ready();
-    }
+    crate::ring_reader::decode(bytes)
 }
 
 #[cfg(test)]

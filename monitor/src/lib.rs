@@ -21,6 +21,7 @@ pub mod program;
 pub mod protocol;
 pub mod recording;
 pub mod registry;
+pub mod ring_reader;
 pub mod sender;
 pub mod server;
 

@@ -13,10 +13,8 @@ use std::{
     },
 };
 
-use aya::maps::{MapData, RingBuf};
 use monitor_common::maps::ArrivalRecord;
 use serde::{Deserialize, Serialize};
-use tokio::io::{Interest, unix::AsyncFd};
 
 use crate::detector::trace::Arrival;
 
@@ -115,6 +113,7 @@ impl Recordings {
     }
 
     /// Whether any recording wants `id`.
+    #[cfg(test)]
     pub fn wants(&self, id: u64) -> bool {
         self.wanted
             .lock()
@@ -139,31 +138,6 @@ impl RecordingGuard {
 impl Drop for RecordingGuard {
     fn drop(&mut self) {
         self.recordings.stop(&self.ids);
-    }
-}
-
-/// Reads traced arrivals from the kernel's ring for as long as the agent runs.
-pub async fn consume_arrivals(
-    ring: RingBuf<MapData>,
-    mut on_arrival: impl FnMut(ArrivalRecord),
-) -> std::io::Result<()> {
-    // SAFETY: the RingBuf owns its map fd and keeps it open, unchanged, for as long as the
-    // AsyncFd owns the RingBuf.
-    let mut fd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
-        .map_err(std::io::Error::from)?;
-    loop {
-        let mut guard = fd.readable_mut().await?;
-        let ring = guard.get_inner_mut();
-        while let Some(item) = ring.next() {
-            if item.len() >= size_of::<ArrivalRecord>() {
-                // SAFETY: the kernel wrote an ArrivalRecord (plain integers) here; the length
-                // is checked and read_unaligned needs no alignment.
-                let record =
-                    unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<ArrivalRecord>()) };
-                on_arrival(record);
-            }
-        }
-        guard.clear_ready();
     }
 }
 

@@ -14,7 +14,7 @@ use std::{
 };
 
 use aya::maps::{MapData, PerCpuArray};
-use monitor_common::maps::{ArrivalRecord, Counters, UnknownPeerReport};
+use monitor_common::maps::{ArrivalRecord, Counters, PeerRecord, UnknownPeerReport};
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
@@ -25,7 +25,7 @@ use crate::{
     counters::CounterTotals,
     detector::{
         model::Estimate,
-        tracker::{DetectorConfig, Event, PeerTracker},
+        tracker::{DetectorConfig, Event, PeerTracker, SweepTime},
     },
     peer_table::PeerTable,
     peer_view::{PeerView, WindowDetail, ip_addr},
@@ -124,12 +124,13 @@ impl Agent {
         let _ = self.events.send(event);
     }
 
-    /// The window's intervals of `slot` when the model needs them, else nothing.
-    fn ring(&self, slot: u32) -> Vec<u32> {
+    /// A slot's record and, for the models that need them, its window's intervals: one
+    /// consistent copy of the slot for those, the record alone (and no intervals) for the rest.
+    fn read(&self, slot: u32) -> Option<(PeerRecord, Vec<u32>)> {
         if self.detector.params.needs_ring() {
-            self.table.intervals(slot).unwrap_or_default()
+            self.table.snapshot(slot)
         } else {
-            Vec::new()
+            Some((self.table.record(slot)?, Vec::new()))
         }
     }
 
@@ -202,7 +203,7 @@ impl Agent {
         let (record, ring) = if window {
             self.table.snapshot(slot)?
         } else {
-            (self.table.record(slot)?, self.ring(slot))
+            self.read(slot)?
         };
         let now = monotonic_ns();
         let mut view = PeerView::new(&record, &ring, now, &self.detector, self.qos(slot, id, now));
@@ -241,10 +242,9 @@ impl Agent {
                     continue;
                 }
             }
-            let Some(record) = self.table.record(slot).filter(|r| r.peer_id == id) else {
+            let Some((record, ring)) = self.read(slot).filter(|(r, _)| r.peer_id == id) else {
                 continue;
             };
-            let ring = self.ring(slot);
             if !beyond(
                 record.last_arrival_ns,
                 &self.detector.estimate(&record, &ring),
@@ -275,14 +275,14 @@ impl Agent {
         let trackers = self.trackers.lock().expect("trackers lock");
         let mut peers: Vec<PeerView> = registry
             .iter()
-            .filter_map(|(id, slot)| Some((id, slot, self.table.record(slot)?)))
-            .filter(|(id, _, record)| record.peer_id == *id)
-            .map(|(id, slot, record)| {
+            .filter_map(|(id, slot)| Some((id, slot, self.read(slot)?)))
+            .filter(|(id, _, (record, _))| record.peer_id == *id)
+            .map(|(id, slot, (record, ring))| {
                 let qos = trackers[slot as usize]
                     .as_ref()
                     .filter(|t| t.peer_id == id)
                     .map(|t| t.qos(now));
-                PeerView::new(&record, &self.ring(slot), now, &self.detector, qos)
+                PeerView::new(&record, &ring, now, &self.detector, qos)
             })
             .collect();
         drop(trackers);
@@ -382,7 +382,11 @@ impl Agent {
     /// A peer whose heartbeat count has not moved costs one load from the mmap and a compare
     /// of the clock with its next deadline; only a changed peer's record is copied.
     pub fn sweep(&self, now_ns: u64, hold: bool) {
-        let wall = wall_ms();
+        let time = SweepTime {
+            now_ns,
+            wall_ms: wall_ms(),
+            hold,
+        };
         let registry = self.registry.read().expect("registry lock");
         self.stop_unwanted_tracing(&registry);
         let mut trackers = self.trackers.lock().expect("trackers lock");
@@ -392,7 +396,7 @@ impl Agent {
             let tracker = &mut trackers[slot as usize];
             match tracker {
                 Some(t) if t.peer_id == id && t.heartbeats() == self.table.heartbeats(slot) => {
-                    t.check_deadlines(&self.detector, now_ns, wall, hold, &mut emit);
+                    t.check_deadlines(&self.detector, time, &mut emit);
                     if self
                         .expire_after_ns
                         .is_some_and(|e| now_ns.saturating_sub(t.last_heard().0) > e)
@@ -401,26 +405,17 @@ impl Agent {
                     }
                 }
                 _ => {
-                    let Some(record) = self.table.record(slot) else {
+                    let Some((record, ring)) = self.read(slot) else {
                         continue;
                     };
                     if record.peer_id != id {
                         continue;
                     }
-                    let ring = self.ring(slot);
                     if tracker.as_ref().is_none_or(|t| t.peer_id != id) {
                         *tracker = Some(PeerTracker::new(&record, &ring, &self.detector));
                     }
                     let t = tracker.as_mut().expect("just set");
-                    t.observe(
-                        &record,
-                        &ring,
-                        &self.detector,
-                        now_ns,
-                        wall,
-                        hold,
-                        &mut emit,
-                    );
+                    t.observe(&record, &ring, &self.detector, time, &mut emit);
                 }
             }
         }

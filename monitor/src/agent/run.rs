@@ -20,7 +20,7 @@ use monitor_common::{
 use super::{Agent, AgentParts};
 use crate::{
     access::{self, AccessPolicy},
-    admission::{self, AdmissionPolicy, consume_reports},
+    admission::{self, AdmissionPolicy},
     auth_key::read_key_file,
     clock::monotonic_ns,
     detector::{
@@ -33,9 +33,8 @@ use crate::{
     peer_table::PeerTable,
     pinning,
     program::{self, AttachMode},
-    recording,
     registry::{AdmitError, Registry},
-    server,
+    ring_reader, server,
 };
 
 /// Everything `monitor run` is told.
@@ -224,14 +223,14 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
 
     let reports = {
         let agent = agent.clone();
-        consume_reports(unknown_reports, move |report| {
+        ring_reader::consume(unknown_reports, move |report| {
             agent.on_unknown_peer(&report)
         })
     };
 
     let arrivals = {
         let agent = agent.clone();
-        recording::consume_arrivals(arrivals, move |arrival| agent.on_arrival(arrival))
+        ring_reader::consume(arrivals, move |arrival| agent.on_arrival(arrival))
     };
 
     let reload_keys = async move {

@@ -32,16 +32,9 @@ fn sequenced(
     seed: u64,
     mut arrival: impl FnMut(usize) -> Option<(f64, u32)>,
 ) -> String {
-    let mut arrivals: Vec<Arrival> = (0..count)
-        .filter_map(|k| {
-            arrival(k).map(|(at_ms, incarnation)| Arrival {
-                at_ns: (at_ms.max(0.0) * 1e6).round() as u64,
-                seq: k as u64 + 1,
-                incarnation,
-            })
-        })
-        .collect();
-    arrivals.sort_by_key(|a| a.at_ns);
+    let arrivals = in_arrival_order(
+        (0..count).filter_map(|k| arrival(k).map(|(at_ms, inc)| (at_ms, k as u64 + 1, inc))),
+    );
     format_trace(
         &format!(
             "{header}\n{} heartbeats sent, {} arrived, seed {seed}; the sender crashes after the last",
@@ -50,6 +43,20 @@ fn sequenced(
         ),
         &arrivals,
     )
+}
+
+/// Heartbeats given as (arrival ms, sequence, incarnation), in the order they arrive.
+fn in_arrival_order(sent: impl IntoIterator<Item = (f64, u64, u32)>) -> Vec<Arrival> {
+    let mut arrivals: Vec<Arrival> = sent
+        .into_iter()
+        .map(|(at_ms, seq, incarnation)| Arrival {
+            at_ns: (at_ms.max(0.0) * 1e6).round() as u64,
+            seq,
+            incarnation,
+        })
+        .collect();
+    arrivals.sort_by_key(|a| a.at_ns);
+    arrivals
 }
 
 /// Writes an example trace of `count` heartbeats (as text, with a comment header).
@@ -75,21 +82,12 @@ pub fn generate(kind: TraceKind, count: usize, seed: u64) -> String {
                 let at = restart_at + interval * k as f64 + 2.0 * gaussian(&mut rng);
                 arrivals.push((at, k as u64 + 1, 2));
             }
-            let mut arrivals: Vec<Arrival> = arrivals
-                .into_iter()
-                .map(|(at, seq, incarnation)| Arrival {
-                    at_ns: (at * 1e6f64).round() as u64,
-                    seq,
-                    incarnation,
-                })
-                .collect();
-            arrivals.sort_by_key(|a| a.at_ns);
             return format_trace(
                 &format!(
                     "Restart: 100 ms heartbeats, N(0, 2 ms) jitter; {count} heartbeats, a 3 s restart \
                      (new incarnation), 100 more, then the crash; seed {seed}"
                 ),
-                &arrivals,
+                &in_arrival_order(arrivals),
             );
         }
         TraceKind::Bursty => {

@@ -28,7 +28,11 @@ use monitor_common::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::{loss::LossOdds, tail, window::WindowSums};
+use super::{
+    loss::LossOdds,
+    tail,
+    window::{WindowSums, bootstrap_samples},
+};
 
 pub mod bertier;
 pub mod chen;
@@ -188,18 +192,10 @@ impl DetectorParams {
     /// still in a window of `window` (the rule of `WindowSums::with_bootstrap`), then `ring`.
     fn window_us(&self, ring: &[u32]) -> Vec<u64> {
         let first_us = (self.first_interval_ms * 1000.0).round() as u64;
-        let mut all = Vec::with_capacity(ring.len() + 2);
-        if first_us != 0 {
-            let std = first_us / 4;
-            let samples = ring.len() as u64;
-            if samples + 2 <= self.window as u64 {
-                all.extend([first_us - std, first_us + std]);
-            } else if samples + 1 == self.window as u64 {
-                all.push(first_us + std);
-            }
-        }
-        all.extend(ring.iter().map(|&us| us as u64));
-        all
+        let samples = u32::try_from(ring.len()).unwrap_or(u32::MAX);
+        bootstrap_samples(self.window, samples, first_us)
+            .chain(ring.iter().map(|&us| us as u64))
+            .collect()
     }
 
     /// The shape of the models that judge by the window's intervals. `mean` and `std` are
@@ -227,7 +223,9 @@ impl DetectorParams {
             Model::TwoWindows => {
                 let short = self.window_short.clamp(1, self.window.max(1)) as usize;
                 let newest = &window_us[window_us.len().saturating_sub(short)..];
-                let (m, s) = two_windows::moments_ms(newest).unwrap_or((mean, std));
+                let (m, s) = WindowSums::of(newest.iter().copied())
+                    .moments_ms()
+                    .unwrap_or((mean, std));
                 Shape::TwoWindows(ShortWindow {
                     mean_ms: m + self.pause_ms,
                     std_ms: s.max(self.min_std_ms),
@@ -341,29 +339,8 @@ impl DetectorParams {
         let lower = silences.silence_ms(index, estimate);
         match (&estimate.shape, self.model) {
             (Shape::Loss(odds), Model::Loss) if !odds.is_lossless() => {
-                let phi = |t: f64| self.phi(estimate, t);
-                let mut lo = lower.max(0.0);
-                if phi(lo) >= level {
-                    return lo;
-                }
-                let mut hi = lo.max(estimate.mean_ms).max(1.0) * 2.0;
-                while phi(hi) < level {
-                    lo = hi;
-                    hi *= 2.0;
-                    if hi > 1e12 {
-                        return f64::INFINITY;
-                    }
-                }
                 // To a microsecond: deadlines are kept in nanoseconds, sweeps are milliseconds.
-                while hi - lo > 1e-3 {
-                    let mid = 0.5 * (lo + hi);
-                    if phi(mid) >= level {
-                        hi = mid;
-                    } else {
-                        lo = mid;
-                    }
-                }
-                hi
+                tail::invert_from(|t| self.phi(estimate, t), level, lower.max(0.0), 1e-3)
             }
             _ => lower,
         }

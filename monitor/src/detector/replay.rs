@@ -229,7 +229,9 @@ mod tests {
             "phi:model=exponential,outage_factor=0",
             "phi:pause_ms=2000,outage_factor=0",
         ];
-        let expected: [(_, [(u64, f64, f64); 6]); 3] = [
+        // (false suspicions, detection ms, mistake ms) per spec.
+        type Row = (u64, f64, f64);
+        let expected: [(_, [Row; 6]); 3] = [
             (
                 Lan,
                 [

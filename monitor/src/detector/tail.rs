@@ -39,8 +39,15 @@ pub fn normal_phi(z: f64) -> f64 {
 /// The smallest x with f(x) >= target, for f non-decreasing; bisection to full precision.
 /// Used once per level (not per peer), so its cost does not matter.
 pub fn invert(f: impl Fn(f64) -> f64, target: f64) -> f64 {
-    let mut lo = -64.0;
-    let mut hi = 1.0;
+    invert_from(f, target, -64.0, 0.0)
+}
+
+/// The smallest x >= `lo` with f(x) >= target (`lo` itself when f(lo) already is), for f
+/// non-decreasing: a bracket doubled from max(2 lo, 1) until f reaches the target, then
+/// bisection until the bracket is no wider than `tolerance` (0: to full precision).
+pub fn invert_from(f: impl Fn(f64) -> f64, target: f64, lo: f64, tolerance: f64) -> f64 {
+    let mut lo = lo;
+    let mut hi = if lo > 0.0 { 2.0 * lo } else { 1.0 };
     while f(hi) < target {
         hi *= 2.0;
         if hi > 1e300 {
@@ -52,7 +59,7 @@ pub fn invert(f: impl Fn(f64) -> f64, target: f64) -> f64 {
     }
     for _ in 0..200 {
         let mid = 0.5 * (lo + hi);
-        if mid <= lo || mid >= hi {
+        if hi - lo <= tolerance || mid <= lo || mid >= hi {
             break;
         }
         if f(mid) >= target {

@@ -92,6 +92,15 @@ impl DetectorConfig {
     }
 }
 
+/// When a sweep runs: the monotonic clock deadlines are compared with, the wall clock events
+/// are stamped with, and whether new suspicions are held (the agent itself was just stalled).
+#[derive(Debug, Clone, Copy)]
+pub struct SweepTime {
+    pub now_ns: u64,
+    pub wall_ms: f64,
+    pub hold: bool,
+}
+
 /// One peer's sweep state: one cache line of hot fields (the sweep touches it for every peer
 /// every sweep); the estimate and the QoS bookkeeping, touched when the peer is heard, on
 /// transitions and on queries only, live behind a pointer.
@@ -167,15 +176,13 @@ impl PeerTracker {
         record: &PeerRecord,
         ring: &[u32],
         config: &DetectorConfig,
-        now_ns: u64,
-        wall_ms: f64,
-        hold: bool,
+        time: SweepTime,
         emit: &mut impl FnMut(Event),
     ) {
         if record.heartbeats != self.heartbeats {
-            self.heard(record, ring, config, wall_ms, emit);
+            self.heard(record, ring, config, time.wall_ms, emit);
         }
-        self.check_deadlines(config, now_ns, wall_ms, hold, emit);
+        self.check_deadlines(config, time, emit);
     }
 
     fn heard(
@@ -212,11 +219,14 @@ impl PeerTracker {
     pub fn check_deadlines(
         &mut self,
         config: &DetectorConfig,
-        now_ns: u64,
-        wall_ms: f64,
-        hold: bool,
+        time: SweepTime,
         emit: &mut impl FnMut(Event),
     ) {
+        let SweepTime {
+            now_ns,
+            wall_ms,
+            hold,
+        } = time;
         let levels = config.levels.as_slice();
         if hold {
             return;
@@ -255,6 +265,14 @@ mod tests {
 
     const MS: u64 = 1_000_000;
 
+    fn at(now_ns: u64, wall_ms: f64, hold: bool) -> SweepTime {
+        SweepTime {
+            now_ns,
+            wall_ms,
+            hold,
+        }
+    }
+
     fn config() -> DetectorConfig {
         let params = DetectorParams {
             model: Model::Fixed,
@@ -283,11 +301,11 @@ mod tests {
         let mut t = PeerTracker::new(&record, &[], &cfg);
         let mut events = Vec::new();
         // Bootstrap mean 100 ms: exponential crossings at 230, 691, 1842 ms of silence.
-        t.observe(&record, &[], &cfg, 1200 * MS, 0.0, false, &mut |e| {
+        t.observe(&record, &[], &cfg, at(1200 * MS, 0.0, false), &mut |e| {
             events.push(e)
         });
         assert!(events.is_empty());
-        t.observe(&record, &[], &cfg, 3000 * MS, 0.0, false, &mut |e| {
+        t.observe(&record, &[], &cfg, at(3000 * MS, 0.0, false), &mut |e| {
             events.push(e)
         });
         let levels: Vec<f64> = events
@@ -318,7 +336,7 @@ mod tests {
         );
         events.clear();
         heard(&mut record, 3100 * MS);
-        t.observe(&record, &[], &cfg, 3100 * MS, 0.0, false, &mut |e| {
+        t.observe(&record, &[], &cfg, at(3100 * MS, 0.0, false), &mut |e| {
             events.push(e)
         });
         assert_eq!(
@@ -340,17 +358,17 @@ mod tests {
         let mut record = PeerRecord::admitted(1, 0);
         let mut t = PeerTracker::new(&record, &[], &cfg);
         let mut events = Vec::new();
-        t.observe(&record, &[], &cfg, 500 * MS, 0.0, true, &mut |e| {
+        t.observe(&record, &[], &cfg, at(500 * MS, 0.0, true), &mut |e| {
             events.push(e)
         });
         assert!(events.is_empty(), "held");
-        t.observe(&record, &[], &cfg, 510 * MS, 0.0, false, &mut |e| {
+        t.observe(&record, &[], &cfg, at(510 * MS, 0.0, false), &mut |e| {
             events.push(e)
         });
         assert_eq!(events.len(), 2);
         events.clear();
         heard(&mut record, 520 * MS);
-        t.observe(&record, &[], &cfg, 520 * MS, 0.0, true, &mut |e| {
+        t.observe(&record, &[], &cfg, at(520 * MS, 0.0, true), &mut |e| {
             events.push(e)
         });
         assert!(matches!(events[..], [Event::Recover { .. }]));
@@ -363,7 +381,7 @@ mod tests {
         let mut t = PeerTracker::new(&record, &[], &cfg);
         let mut n = 0;
         for ms in (0..2000).step_by(50) {
-            t.observe(&record, &[], &cfg, ms * MS, 0.0, false, &mut |_| n += 1);
+            t.observe(&record, &[], &cfg, at(ms * MS, 0.0, false), &mut |_| n += 1);
         }
         assert_eq!(n, 2);
     }

@@ -35,17 +35,19 @@ impl WindowSums {
     /// newer one while `samples == window - 1`. The kernel never stores them; adding them here
     /// gives exactly the window a userspace Akka detector would hold.
     pub fn with_bootstrap(mut self, window: u32, first_interval_us: u64) -> Self {
-        if first_interval_us == 0 {
-            return self;
-        }
-        let std = first_interval_us / 4;
-        if self.samples + 2 <= window {
-            self.add(first_interval_us - std);
-            self.add(first_interval_us + std);
-        } else if self.samples + 1 == window {
-            self.add(first_interval_us + std);
+        for sample in bootstrap_samples(window, self.samples, first_interval_us) {
+            self.add(sample);
         }
         self
+    }
+
+    /// The sums of these intervals (µs).
+    pub fn of(intervals_us: impl IntoIterator<Item = u64>) -> Self {
+        let mut sums = Self::default();
+        for interval in intervals_us {
+            sums.add(interval);
+        }
+        sums
     }
 
     /// Mean and population standard deviation in milliseconds, None for an empty window.
@@ -61,6 +63,25 @@ impl WindowSums {
         let std_us = (scaled_var as f64).sqrt() / n as f64;
         Some((mean_us / 1000.0, std_us / 1000.0))
     }
+}
+
+/// The bootstrap samples (oldest first) still in a window of `window` intervals that holds
+/// `samples` real ones: first -/+ first/4 while `samples <= window - 2`, the newer alone while
+/// `samples == window - 1`, none after (see `WindowSums::with_bootstrap`); none with no estimate.
+pub fn bootstrap_samples(
+    window: u32,
+    samples: u32,
+    first_interval_us: u64,
+) -> impl Iterator<Item = u64> {
+    let std = first_interval_us / 4;
+    let kept = if first_interval_us == 0 {
+        0
+    } else {
+        window.saturating_sub(samples).min(2) as usize
+    };
+    [first_interval_us - std, first_interval_us + std]
+        .into_iter()
+        .skip(2 - kept)
 }
 
 /// A slot whose window holds `intervals_us` (in order) under `config`'s rules, built by

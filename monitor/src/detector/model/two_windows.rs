@@ -22,24 +22,6 @@ pub struct ShortWindow {
     pub std_ms: f64,
 }
 
-/// Mean and population deviation (ms) of intervals in µs, exact in integers as
-/// `window::WindowSums::moments_ms` is; None when empty.
-pub fn moments_ms(intervals_us: &[u64]) -> Option<(f64, f64)> {
-    if intervals_us.is_empty() {
-        return None;
-    }
-    let n = intervals_us.len() as u128;
-    let sum: u128 = intervals_us.iter().map(|&x| x as u128).sum();
-    let sum_sq: u128 = intervals_us
-        .iter()
-        .map(|&x| (x as u128) * (x as u128))
-        .sum();
-    let scaled_var = (n * sum_sq).saturating_sub(sum * sum);
-    let mean_us = sum as f64 / n as f64;
-    let std_us = (scaled_var as f64).sqrt() / n as f64;
-    Some((mean_us / 1000.0, std_us / 1000.0))
-}
-
 /// phi of a silence: the lower of the two windows' normal phis.
 pub fn phi(long_mean_ms: f64, long_std_ms: f64, short: &ShortWindow, silence_ms: f64) -> f64 {
     let long = standardised(silence_ms, long_mean_ms, long_std_ms, normal_phi);
@@ -57,14 +39,14 @@ pub fn crossing_ms(k: f64, long_mean_ms: f64, long_std_ms: f64, short: &ShortWin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::detector::tail::invert;
+    use crate::detector::{tail::invert, window::WindowSums};
 
     #[test]
     fn moments_by_hand() {
         // 2, 4, 4, 4, 5, 5, 7, 9 ms: mean 5, population std 2.
         let xs = [2000, 4000, 4000, 4000, 5000, 5000, 7000, 9000];
-        assert_eq!(moments_ms(&xs), Some((5.0, 2.0)));
-        assert_eq!(moments_ms(&[]), None);
+        assert_eq!(WindowSums::of(xs).moments_ms(), Some((5.0, 2.0)));
+        assert_eq!(WindowSums::of([]).moments_ms(), None);
     }
 
     #[test]

@@ -1,0 +1,36 @@
+//! Reading the kernel's BPF ring buffers (unknown-peer reports, traced arrivals): one record
+//! type per ring, each record a plain `repr(C)` value the XDP program wrote.
+
+use aya::maps::{MapData, RingBuf};
+use tokio::io::{Interest, unix::AsyncFd};
+
+/// Decodes one ring buffer record; None if it is shorter than a `T`.
+pub fn decode<T: aya::Pod>(bytes: &[u8]) -> Option<T> {
+    if bytes.len() < size_of::<T>() {
+        return None;
+    }
+    // SAFETY: length checked; Pod types are plain integers, valid for any bit pattern, and
+    // read_unaligned needs no alignment.
+    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) })
+}
+
+/// Delivers every record of `ring` to `on_record`, forever (until reading fails).
+pub async fn consume<T: aya::Pod>(
+    ring: RingBuf<MapData>,
+    mut on_record: impl FnMut(T),
+) -> std::io::Result<()> {
+    // SAFETY: the RingBuf owns its map fd and keeps it open, unchanged, for as long as the
+    // AsyncFd owns the RingBuf.
+    let mut fd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
+        .map_err(std::io::Error::from)?;
+    loop {
+        let mut guard = fd.readable_mut().await?;
+        let ring = guard.get_inner_mut();
+        while let Some(item) = ring.next() {
+            if let Some(record) = decode(&item) {
+                on_record(record);
+            }
+        }
+        guard.clear_ready();
+    }
+}
