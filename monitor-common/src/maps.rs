@@ -112,9 +112,10 @@ pub struct PeerRecord {
     /// Recent loss, for loss-aware suspicion (`crate::slot`), as a two-state (Gilbert)
     /// picture of the sequence: `loss_heartbeats` accepted heartbeats that followed another of
     /// the same incarnation, `loss_gaps` of them came after a gap in the sequence, and those
-    /// gaps lost `loss_lost` heartbeats. `burst_heartbeats` of the accepted heartbeats followed
-    /// one that itself came after a gap, and `burst_gaps` of those came after a gap too: loss
-    /// right after loss, the burstiness. All five are halved together every
+    /// gaps lost `loss_lost` heartbeats. `burst_heartbeats` of the accepted heartbeats arrived
+    /// within [`crate::slot::BURST_MEMORY`] heartbeats of a gap (inside a loss burst), and
+    /// `burst_gaps` of those came after a gap too: the loss rate inside bursts, as against the
+    /// rest. All five are halved together every
     /// [`crate::slot::LOSS_MEMORY`] heartbeats, so they describe the last few hundred.
     pub loss_heartbeats: u32,
     pub loss_gaps: u32,
@@ -127,8 +128,9 @@ pub struct PeerRecord {
     pub restarts: u32,
     /// Consecutive intervals that were outages; a run of them is the path, not an outage.
     pub outage_run: u16,
-    /// 1 when the last accepted heartbeat came after a gap in the sequence.
-    pub last_gapped: u8,
+    /// Heartbeats left in the current loss burst: set to [`crate::slot::BURST_MEMORY`] by a
+    /// heartbeat that came after a gap, counted down by each one that did not; 0 = no recent loss.
+    pub burst_left: u8,
     /// Non-zero: every arrival of this peer is also written to the ARRIVALS ring buffer
     /// (`monitor record`). Set and cleared by the agent.
     pub traced: u8,
@@ -162,7 +164,7 @@ impl PeerRecord {
             outages: 0,
             restarts: 0,
             outage_run: 0,
-            last_gapped: 0,
+            burst_left: 0,
             traced: 0,
         }
     }

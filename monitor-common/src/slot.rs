@@ -29,6 +29,10 @@ use crate::{
 pub const OUTAGE_MIN_SAMPLES: u32 = 4;
 /// Consecutive outages left out before long intervals are taken as the path's new normal.
 pub const OUTAGE_RUN: u16 = 3;
+/// A peer is inside a loss burst until this many heartbeats have arrived without a gap since
+/// the last gap. Long enough to span the good stretches inside a burst (a path that loses 40%
+/// delivers runs of a few), short enough that one stray loss is forgotten within seconds.
+pub const BURST_MEMORY: u8 = 16;
 /// The loss counters are halved together when `loss_heartbeats` reaches this.
 pub const LOSS_MEMORY: u32 = 1024;
 
@@ -88,7 +92,7 @@ pub fn arrive(
     record.lost += lost;
     if restarted {
         record.restarts += 1;
-        record.last_gapped = 0;
+        record.burst_left = 0;
     } else if !first {
         count_loss(slot, lost);
         push_interval(slot, now_ns, lost, config);
@@ -106,7 +110,7 @@ fn count_loss(slot: &mut PeerSlot, lost: u64) {
     let r = &mut slot.record;
     let gapped = lost > 0;
     r.loss_heartbeats += 1;
-    if r.last_gapped != 0 {
+    if r.burst_left != 0 {
         r.burst_heartbeats += 1;
         if gapped {
             r.burst_gaps += 1;
@@ -121,7 +125,11 @@ fn count_loss(slot: &mut PeerSlot, lost: u64) {
         };
         r.loss_lost = r.loss_lost.saturating_add(lost);
     }
-    r.last_gapped = gapped as u8;
+    r.burst_left = if gapped {
+        BURST_MEMORY
+    } else {
+        r.burst_left.saturating_sub(1)
+    };
     if r.loss_heartbeats >= LOSS_MEMORY {
         r.loss_heartbeats >>= 1;
         r.loss_gaps >>= 1;

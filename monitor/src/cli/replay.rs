@@ -32,11 +32,12 @@ pub struct ReplayArgs {
     #[arg(long = "detector", short, value_name = "SPEC", value_parser = spec_text,
           required_unless_present_any = ["generate", "frontier"])]
     detectors: Vec<String>,
-    /// Sweep each detector family's knob and report its Pareto frontier over (detection time,
-    /// false suspicions). Knobs and grids, relative to each trace's median interval M:
-    /// `fixed:` sweeps timeout_ms over 1.05M..20M; `phi:model=chen|bertier` sweep alpha_ms
-    /// over 0 and 0.01M..10M; every other `phi:` model sweeps threshold over 0.5..16; 40
-    /// settings each, geometric. Without -d: fixed and every phi model the build knows.
+    /// Sweep each detector family's knob and report its Pareto frontier over (mean detection
+    /// time over crash times, false suspicions). Knobs and grids, relative to each trace's
+    /// median interval M: `fixed:` sweeps timeout_ms over 1.05M..20M; `phi:model=chen|bertier`
+    /// sweep alpha_ms over 0 and 0.01M..10M; every other `phi:` model sweeps threshold over
+    /// 0.5..64; 60 settings each, geometric. Without -d: fixed and every phi model the build
+    /// knows.
     #[arg(long, conflicts_with = "generate")]
     frontier: bool,
     /// Draw the frontiers into this SVG file: false suspicions per hour (log, 0 at the bottom)
@@ -360,8 +361,9 @@ fn print_frontier(r: &TraceFrontier) {
             }
         );
         println!(
-            "  {:>11}  {:>9}  {:>6}  {:>10}  {:>9}  {:>11}",
+            "  {:>11}  {:>10}  {:>9}  {:>6}  {:>10}  {:>9}  {:>11}",
             f.knob.key().to_uppercase(),
+            "TD_MEAN_MS",
             "DETECT_MS",
             "FALSE",
             "MISTAKE_MS",
@@ -370,9 +372,10 @@ fn print_frontier(r: &TraceFrontier) {
         );
         for p in &f.points {
             println!(
-                "  {:>11}  {:>9.0}  {:>6}  {:>10.0}  {:>9.6}  {:>11.1}",
+                "  {:>11}  {:>10.1}  {:>9.0}  {:>6}  {:>10.0}  {:>9.6}  {:>11.1}",
                 p.value,
                 p.detection_ms,
+                p.last_detection_ms,
                 p.false_suspicions,
                 p.mistake_ms,
                 p.query_accuracy,
@@ -395,15 +398,16 @@ fn print_table(reports: &[ReplayReport], heartbeats: usize) {
         .unwrap_or(8)
         .max(8);
     println!(
-        "{:<width$}  {:>6}  {:>9}  {:>10}  {:>9}  {:>9}",
-        "DETECTOR", "FALSE", "DETECT_MS", "MISTAKE_MS", "RECUR_MS", "ACCURACY"
+        "{:<width$}  {:>6}  {:>9}  {:>10}  {:>10}  {:>9}  {:>9}",
+        "DETECTOR", "FALSE", "DETECT_MS", "TD_MEAN_MS", "MISTAKE_MS", "RECUR_MS", "ACCURACY"
     );
     for r in reports {
         println!(
-            "{:<width$}  {:>6}  {:>9}  {:>10.0}  {:>9}  {:>9.6}",
+            "{:<width$}  {:>6}  {:>9}  {:>10}  {:>10.0}  {:>9}  {:>9.6}",
             r.spec,
             r.false_suspicions,
             opt(r.detection_ms),
+            opt(r.mean_detection_ms),
             r.mistake_ms,
             opt(r.mistake_recurrence_ms),
             r.query_accuracy

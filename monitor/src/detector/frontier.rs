@@ -3,12 +3,12 @@
 //! suspicions kept (`monitor replay --frontier`, docs/tuning.md "The frontier").
 //!
 //! Which knob a family sweeps follows from its spec:
-//! - `fixed:...`: `timeout_ms`, from 1.05x to 20x the trace's median interval, 40 points
+//! - `fixed:...`: `timeout_ms`, from 1.05x to 20x the trace's median interval, 60 points
 //!   spaced geometrically;
 //! - `phi:model=chen` and `phi:model=bertier` (a safety margin added to an expected arrival):
-//!   `alpha_ms`, 0 and then 0.01x to 10x the median interval, 40 points in all, geometric
+//!   `alpha_ms`, 0 and then 0.01x to 10x the median interval, 60 points in all, geometric
 //!   after the 0;
-//! - every other `phi:` model (accrual): `threshold`, 0.5 to 16, 40 points spaced
+//! - every other `phi:` model (accrual): `threshold`, 0.5 to 64, 60 points spaced
 //!   geometrically.
 //!
 //! Everything here is pure: the replays themselves are the caller's.
@@ -18,9 +18,9 @@ use serde::Serialize;
 use super::{model::DetectorParams, replay::ReplayReport, spec::parse_spec, trace::Arrival};
 
 /// Points in every grid.
-pub const GRID_POINTS: usize = 40;
+pub const GRID_POINTS: usize = 60;
 /// Threshold grid of the accrual models: `THRESHOLD_RANGE.0..=THRESHOLD_RANGE.1`.
-pub const THRESHOLD_RANGE: (f64, f64) = (0.5, 16.0);
+pub const THRESHOLD_RANGE: (f64, f64) = (0.5, 64.0);
 /// Timeout grid of `fixed`, in multiples of the median interval.
 pub const TIMEOUT_RANGE: (f64, f64) = (1.05, 20.0);
 /// Non-zero part of the safety-margin grid of `chen` and `bertier`, in multiples of the
@@ -173,7 +173,11 @@ pub struct Point {
     /// The knob's value.
     pub value: f64,
     pub spec: String,
+    /// Mean detection time over crash times (`ReplayReport::mean_detection_ms`): the axis the
+    /// frontier is drawn on, as Chen, Toueg and Aguilera define T_D.
     pub detection_ms: f64,
+    /// Detection of the one crash at the end of the trace, to the tick.
+    pub last_detection_ms: f64,
     pub false_suspicions: u64,
     pub mistake_ms: f64,
     pub query_accuracy: f64,
@@ -182,12 +186,14 @@ pub struct Point {
 
 impl Point {
     /// The point of a replay of the setting `value`; None if it never detected the crash
-    /// (within the replay's tail), which puts it out of the frontier.
+    /// (within the replay's tail) or would never detect one at some point of the trace, which
+    /// puts it out of the frontier.
     pub fn of(value: f64, report: &ReplayReport, alive_ms: f64) -> Option<Point> {
         Some(Point {
             value,
             spec: report.spec.clone(),
-            detection_ms: report.detection_ms?,
+            detection_ms: report.mean_detection_ms?,
+            last_detection_ms: report.detection_ms?,
             false_suspicions: report.false_suspicions,
             mistake_ms: report.mistake_ms,
             query_accuracy: report.query_accuracy,
@@ -242,6 +248,7 @@ mod tests {
             value,
             spec: format!("fixed:timeout_ms={value}"),
             detection_ms,
+            last_detection_ms: detection_ms,
             false_suspicions,
             mistake_ms,
             query_accuracy: 1.0,

@@ -10,11 +10,12 @@
 //! and phi = -log10 of it, so levels keep their meaning. K follows the peer's measured loss as
 //! a two-state (Gilbert) chain: P(K >= 1) = p, the chance that a heartbeat is lost after one
 //! that arrived, P(K >= k+1 | K >= k) = q, the chance that a loss follows a loss (burstiness).
-//! p is conditioned on how the last heartbeat arrived: right after a gap (inside a burst) it is
-//! the rate of gaps that followed a gap, otherwise the rate that followed an unbroken run. That
-//! is what makes bursts cheap: a peer in a bad spell is given the slack of a bad spell, one in
-//! a good spell is judged almost as the plain normal model judges it. With no loss measured the
-//! model is exactly `normal`.
+//! p is conditioned on the peer's state: inside a loss burst (a gap within the last
+//! `BURST_MEMORY` heartbeats) it is the rate of gaps seen inside bursts, otherwise the rate seen
+//! outside them. That is what makes bursts cheap: a peer in a bad spell is given the slack of a
+//! bad spell, one in a good spell is judged almost as the plain normal model judges it (a
+//! crash, which ends a good spell more often than not, is detected nearly as fast). With no loss
+//! measured the model is exactly `normal`.
 
 use monitor_common::maps::PeerRecord;
 
@@ -41,18 +42,21 @@ impl LossOdds {
     /// From the kernel's loss counters (see `PeerRecord::loss_heartbeats`).
     pub fn from_record(r: &PeerRecord) -> Self {
         let ratio = |a: u32, b: u32| if b == 0 { 0.0 } else { a as f64 / b as f64 };
-        // p in the state the last heartbeat left the peer in. With few samples of that state,
-        // the overall rate stands in for it (one pseudo-observation at the overall rate).
+        // p in the peer's state. Outside a burst, with few samples the overall rate stands in
+        // (one pseudo-observation at the overall rate). Inside a burst the prior is even odds
+        // (Laplace: one loss and one arrival), and so is q: a first loss is taken as the start
+        // of a burst until the peer's own bursts say otherwise, so a peer that has not lost
+        // anything yet is not suspected for its first burst.
         let overall = ratio(r.loss_gaps, r.loss_heartbeats);
-        let p = if r.last_gapped != 0 {
-            (r.burst_gaps as f64 + overall) / (r.burst_heartbeats as f64 + 1.0)
+        let p = if r.burst_left != 0 {
+            (r.burst_gaps as f64 + 1.0) / (r.burst_heartbeats as f64 + 2.0)
         } else {
             let clean_gaps = r.loss_gaps.saturating_sub(r.burst_gaps);
             let clean = r.loss_heartbeats.saturating_sub(r.burst_heartbeats);
             (clean_gaps as f64 + overall) / (clean as f64 + 1.0)
         };
         // A gap of L lost heartbeats holds L - 1 loss-after-loss steps.
-        let q = ratio(r.loss_lost.saturating_sub(r.loss_gaps), r.loss_lost);
+        let q = (r.loss_lost.saturating_sub(r.loss_gaps) as f64 + 1.0) / (r.loss_lost as f64 + 2.0);
         Self {
             p: p.clamp(0.0, 1.0),
             q: q.clamp(0.0, 1.0 - 1e-9),
@@ -170,19 +174,28 @@ mod tests {
     #[test]
     fn odds_from_counters() {
         let mut r = PeerRecord::admitted(1, 0);
-        assert_eq!(LossOdds::from_record(&r), LossOdds::NONE);
-        // 100 heartbeats, 10 after a gap (3 of which followed a gap), 25 lost in all.
+        assert!(LossOdds::from_record(&r).is_lossless());
+        // 100 heartbeats, 10 within a burst (3 of which came after a gap), 25 lost in all.
         r.loss_heartbeats = 100;
         r.loss_gaps = 10;
         r.loss_lost = 25;
         r.burst_heartbeats = 10;
         r.burst_gaps = 3;
         let clean = LossOdds::from_record(&r);
-        // Outside a burst: (7 + 0.1) / (90 + 1); q = 15 / 25.
+        // Outside a burst: (7 + 0.1) / (90 + 1); q = (15 + 1) / (25 + 2).
         assert!((clean.p - 7.1 / 91.0).abs() < 1e-12);
-        assert!((clean.q - 0.6).abs() < 1e-12);
-        r.last_gapped = 1;
+        assert!((clean.q - 16.0 / 27.0).abs() < 1e-12);
+        r.burst_left = 3;
         let burst = LossOdds::from_record(&r);
-        assert!((burst.p - 3.1 / 11.0).abs() < 1e-12, "{burst:?}");
+        // Inside one: (3 + 1) / (10 + 2).
+        assert!((burst.p - 4.0 / 12.0).abs() < 1e-12, "{burst:?}");
+        // A first loss: even odds of more until the peer's bursts are measured.
+        let mut fresh = PeerRecord::admitted(1, 0);
+        fresh.loss_heartbeats = 1;
+        fresh.loss_gaps = 1;
+        fresh.loss_lost = 1;
+        fresh.burst_left = 16;
+        let first = LossOdds::from_record(&fresh);
+        assert_eq!((first.p, first.q), (0.5, 1.0 / 3.0));
     }
 }

@@ -18,7 +18,7 @@ use monitor_common::{
 };
 
 use super::{
-    model::{DetectorParams, Model},
+    model::{DetectorParams, Estimate, Model},
     spec::format_spec,
     trace::Arrival,
 };
@@ -31,6 +31,12 @@ pub struct ReplayReport {
     pub false_suspicions: u64,
     /// First suspected tick after the crash minus the last heartbeat; None if never.
     pub detection_ms: Option<f64>,
+    /// Detection time averaged over crash times (Chen, Toueg and Aguilera's T_D): for every
+    /// accepted heartbeat, the silence after it at which this detector would suspect if the
+    /// sender crashed right then (exact, not rounded to a tick), averaged. None if at some
+    /// point it would never suspect. One crash is one sample of a detector whose deadline
+    /// moves with its state (a loss burst, a jittery spell); this is the mean over all of them.
+    pub mean_detection_ms: Option<f64>,
     /// Total time wrongly suspected: for each episode, the heartbeat that ended it minus the
     /// tick that began it.
     pub mistake_ms: f64,
@@ -74,6 +80,10 @@ pub fn replay(trace: &[Arrival], params: &DetectorParams, clock: ReplayClock) ->
         }
     };
     let mut estimate = estimate_of(&slot);
+    let threshold = params.level_silences(&[params.threshold]);
+    let crossing =
+        |estimate: &Estimate| params.crossing_ms(&threshold, 0, params.threshold, estimate);
+    let mut crossing_sum = 0.0f64;
     let mut next = 0usize;
     let mut suspected_since: Option<u64> = None;
 
@@ -92,6 +102,7 @@ pub fn replay(trace: &[Arrival], params: &DetectorParams, clock: ReplayClock) ->
                 continue;
             }
             estimate = estimate_of(&slot);
+            crossing_sum += crossing(&estimate);
             if let Some(since) = suspected_since.take() {
                 mistake_ns += a.at_ns - since;
             }
@@ -121,6 +132,11 @@ pub fn replay(trace: &[Arrival], params: &DetectorParams, clock: ReplayClock) ->
         spec: format_spec(params),
         false_suspicions,
         detection_ms: detection.map(|d| d as f64 / 1e6),
+        mean_detection_ms: {
+            let accepted = slot.record.heartbeats;
+            let mean = crossing_sum / accepted.max(1) as f64;
+            (accepted > 0 && mean.is_finite()).then_some(mean)
+        },
         mistake_ms: mistake_ns as f64 / 1e6,
         mistake_recurrence_ms: recurrence,
         query_accuracy: if last_heartbeat == 0 {
@@ -167,6 +183,28 @@ mod tests {
         // Crash after 1800: suspected at tick 2050.
         assert_eq!(r.detection_ms, Some(250.0));
         assert!((r.query_accuracy - (1.0 - 450.0 / 1800.0)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn mean_detection_is_averaged_over_crash_times() {
+        // A timeout suspects the same silence after every heartbeat.
+        let trace: Vec<f64> = (1..=20).map(|k| k as f64 * 100.0).collect();
+        let r = run(&trace, "fixed:timeout_ms=250", 50.0, 1000.0);
+        assert_eq!(r.mean_detection_ms, Some(250.0));
+        // Exponential, mean m: phi = t / (m ln 10), so threshold 1 is crossed at m ln 10.
+        // Window 2 and first_interval_ms=200 (bootstrap samples 150 and 250, see
+        // window::bootstrap_samples): after the first heartbeat m = 200; after the second the
+        // window holds 250 and 100, m = 175; after every later one 100 and 100.
+        let r = run(
+            &trace,
+            "phi:model=exponential,threshold=1,window=2,first_interval_ms=200",
+            50.0,
+            5000.0,
+        );
+        let ln10 = std::f64::consts::LN_10;
+        let expected = (200.0 + 175.0 + 18.0 * 100.0) * ln10 / 20.0;
+        let mean = r.mean_detection_ms.unwrap();
+        assert!((mean - expected).abs() < 1e-6, "{mean} vs {expected}");
     }
 
     #[test]
