@@ -7,7 +7,8 @@ use std::{env, fs, path::PathBuf};
 
 fn main() -> anyhow::Result<()> {
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));
-    let object = out_dir.join("monitor");
+    // Every bin of monitor-ebpf: the XDP program, and the trace tooling's impairment.
+    let objects = ["monitor", "impair"].map(|name| out_dir.join(name));
     println!("cargo:rerun-if-env-changed=PATH");
     println!("cargo:rerun-if-env-changed=AYA_BUILD_SKIP");
     let skip = env::var("AYA_BUILD_SKIP").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
@@ -20,7 +21,9 @@ fn main() -> anyhow::Result<()> {
                  (run `cargo xtask setup`, or use `cargo xtask build`)"
             );
         }
-        fs::write(&object, [])?;
+        for object in &objects {
+            fs::write(object, [])?;
+        }
         return Ok(());
     }
     let package = aya_build::Package {

@@ -8,6 +8,7 @@
 
 pub mod auth;
 pub mod config;
+pub mod impair;
 pub mod maps;
 pub mod slot;
 pub mod wire;
@@ -23,4 +24,5 @@ mod pod {
     unsafe impl aya::Pod for crate::maps::Counters {}
     unsafe impl aya::Pod for crate::maps::UnknownPeerReport {}
     unsafe impl aya::Pod for crate::maps::ArrivalRecord {}
+    unsafe impl aya::Pod for crate::impair::GilbertElliott {}
 }

@@ -14,6 +14,11 @@ use monitor_common::{
 /// The XDP object built by build.rs (empty when bpf-linker was missing at build time).
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/monitor"));
 
+/// The Gilbert-Elliott dropper (`monitor-ebpf/src/impair.rs`) that `cargo xtask traces` puts on
+/// a sender's interface. Never loaded by the agent; it lives here because the one eBPF build
+/// makes every program, and the trace tooling reaches it through this crate.
+pub static IMPAIR_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/impair"));
+
 /// Name of the XDP function in the object.
 pub const PROGRAM_NAME: &str = "monitor";
 

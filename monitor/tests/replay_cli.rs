@@ -170,3 +170,60 @@ fn several_traces_without_frontier_give_one_report_each() {
     assert!(ok);
     assert!(table.contains(&format!("== {wan}")), "{table}");
 }
+
+/// The corpus of real traces under tests/traces/ (made by `cargo xtask traces`) stays valid
+/// input: every file is one of the recorded scenarios, says in its header how it was made,
+/// parses, and replays with the crash at its end detected.
+#[test]
+fn the_recorded_corpus_replays() {
+    let corpus = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/traces");
+    let mut traces: Vec<PathBuf> = std::fs::read_dir(&corpus)
+        .expect("tests/traces exists")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "trace"))
+        .collect();
+    traces.sort();
+    let names: Vec<String> = traces
+        .iter()
+        .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+        .collect();
+    for expected in [
+        "jitter",
+        "congestion",
+        "bursty-loss",
+        "cpu-starved",
+        "restart",
+        "path-change",
+    ] {
+        assert!(
+            names.iter().any(|n| n == expected),
+            "{expected} missing from {names:?}"
+        );
+    }
+    for path in &traces {
+        let text = std::fs::read_to_string(path).unwrap();
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("# made by `cargo xtask traces")),
+            "{}: no command in the header",
+            path.display()
+        );
+        let file = path.display().to_string();
+        let (ok, out, err) = monitor(&[
+            "replay",
+            &file,
+            "-d",
+            "phi",
+            "-d",
+            "fixed:timeout_ms=1000",
+            "--json",
+        ]);
+        assert!(ok, "{file}: {err}");
+        let report: Value = serde_json::from_str(&out).unwrap();
+        for d in report["detectors"].as_array().unwrap() {
+            assert!(d["detection_ms"].as_f64().is_some(), "{file}: {d}");
+        }
+        let arrivals = text.lines().filter(|l| !l.starts_with('#')).count();
+        assert!(arrivals >= 1000, "{file}: only {arrivals} arrivals");
+    }
+}

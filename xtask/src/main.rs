@@ -9,6 +9,7 @@ mod lab;
 mod setup;
 mod soak;
 mod test;
+mod traces;
 mod workspace;
 
 use clap::{Parser, Subcommand};
@@ -39,6 +40,8 @@ enum Task {
     Fuzz(fuzz::FuzzArgs),
     /// Measure kernel cost, ingest, sweeps, socket and event latency, CPU and memory at scale.
     Bench(bench::BenchArgs),
+    /// Record the corpus of real traces (tests/traces/) through impaired veth paths.
+    Traces(traces::TracesArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -50,5 +53,6 @@ fn main() -> anyhow::Result<()> {
         Task::Bench(args) => bench::run(&args),
         Task::Fuzz(args) => fuzz::run(&args),
         Task::Soak(args) => soak::run(&args),
+        Task::Traces(args) => traces::run(&args),
     }
 }

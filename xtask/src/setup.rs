@@ -3,7 +3,8 @@
 //! 1. A nightly toolchain with rust-src (the XDP program is built with `-Z build-std=core`).
 //! 2. bpf-linker, built against the nightly's own libLLVM (no packaged LLVM has the BPF
 //!    target here), installed under target/tools so nothing global is assumed.
-//! 3. iproute2 (`ip`), for namespaces and veth pairs in the tests and the demo.
+//! 3. iproute2 (`ip`, `tc`, `ss`), for namespaces and veth pairs in the tests and the demo.
+//! 4. iperf3, the cross traffic of `cargo xtask traces`.
 
 use std::{fs, os::unix::fs::symlink, path::Path, process::Command};
 
@@ -25,7 +26,8 @@ pub fn ensure() -> Result<()> {
     ensure_nightly()?;
     ensure_bpf_linker()?;
     ensure_cargo_fuzz()?;
-    ensure_iproute2()
+    ensure_package("ip", &["-V"], "iproute2")?;
+    ensure_package("iperf3", &["--version"], "iperf3")
 }
 
 fn rustup() -> Command {
@@ -166,17 +168,24 @@ fn ensure_cargo_fuzz() -> Result<()> {
     )
 }
 
-fn ensure_iproute2() -> Result<()> {
-    if Command::new("ip")
-        .arg("-V")
+/// Installs Debian package `package` unless `program args` already runs.
+fn ensure_package(program: &str, args: &[&str], package: &str) -> Result<()> {
+    if Command::new(program)
+        .args(args)
         .output()
         .is_ok_and(|o| o.status.success())
     {
         return Ok(());
     }
-    println!("setup: installing iproute2");
-    let install =
-        || workspace::run(Command::new("apt-get").args(["install", "-y", "-q", "iproute2"]));
+    println!("setup: installing {package}");
+    // Non-interactive: iperf3's package asks whether to start a daemon.
+    let install = || {
+        workspace::run(
+            Command::new("apt-get")
+                .args(["install", "-y", "-q", package])
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )
+    };
     if install().is_err() {
         workspace::run(Command::new("apt-get").args(["update", "-q"]))?;
         install()?;

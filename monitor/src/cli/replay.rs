@@ -40,6 +40,12 @@ pub struct ReplayArgs {
     /// knows.
     #[arg(long, conflicts_with = "generate")]
     frontier: bool,
+    /// With --frontier, also read every family's frontier at these detection budgets (ms,
+    /// comma-separated): the fewest false suspicions it makes with a mean detection time
+    /// within each budget.
+    #[arg(long, requires = "frontier", value_delimiter = ',', value_name = "MS",
+          default_values_t = frontier::DEFAULT_BUDGETS_MS, value_parser = budget)]
+    budgets: Vec<f64>,
     /// Draw the frontiers into this SVG file: false suspicions per hour (log, 0 at the bottom)
     /// against detection time, one panel per trace, one curve per family.
     #[arg(long, requires = "frontier", value_name = "FILE")]
@@ -88,6 +94,15 @@ fn positive(text: &str) -> Result<f64, String> {
 }
 
 /// A detector spec, checked, kept as text (a frontier family is extended by its knob).
+fn budget(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!(
+            "{s:?}: a budget is a positive number of milliseconds"
+        )),
+    }
+}
+
 fn spec_text(text: &str) -> Result<String, String> {
     parse_spec(text)?;
     Ok(text.trim().to_string())
@@ -227,6 +242,14 @@ struct FamilyFrontier {
     points: Vec<Point>,
 }
 
+/// Every family's fewest false suspicions within one detection budget (`null`: none of its
+/// settings detects that fast), in the order of `families`.
+#[derive(Serialize)]
+struct BudgetRow {
+    budget_ms: f64,
+    false_suspicions: Vec<Option<u64>>,
+}
+
 #[derive(Serialize)]
 struct TraceFrontier {
     trace: String,
@@ -235,6 +258,7 @@ struct TraceFrontier {
     alive_ms: f64,
     tick_ms: f64,
     families: Vec<FamilyFrontier>,
+    budgets: Vec<BudgetRow>,
 }
 
 fn frontiers(
@@ -267,7 +291,7 @@ fn frontiers(
             .flat_map(|s| s.settings.iter().map(|(_, p)| p))
             .collect();
         let mut reports = replay_all(&t.arrivals, &jobs, clock).into_iter();
-        let families = sweeps
+        let families: Vec<FamilyFrontier> = sweeps
             .iter()
             .map(|s| {
                 let points: Vec<Option<Point>> = s
@@ -289,6 +313,17 @@ fn frontiers(
                 }
             })
             .collect();
+        let budgets = args
+            .budgets
+            .iter()
+            .map(|&budget_ms| BudgetRow {
+                budget_ms,
+                false_suspicions: families
+                    .iter()
+                    .map(|f: &FamilyFrontier| frontier::within_budget(&f.points, budget_ms))
+                    .collect(),
+            })
+            .collect();
         results.push(TraceFrontier {
             trace: t.name.clone(),
             heartbeats: t.arrivals.len(),
@@ -296,6 +331,7 @@ fn frontiers(
             alive_ms,
             tick_ms: clock.tick_ms,
             families,
+            budgets,
         });
     }
     if let Some(path) = &args.svg {
@@ -382,6 +418,35 @@ fn print_frontier(r: &TraceFrontier) {
                 p.mistakes_per_hour
             );
         }
+    }
+    print_budgets(r);
+}
+
+/// Budgets down, families across (numbered as listed above), fewest false suspicions in the
+/// cells; `-` where a family cannot detect that fast.
+fn print_budgets(r: &TraceFrontier) {
+    if r.budgets.is_empty() {
+        return;
+    }
+    println!();
+    println!("fewest false suspicions within a mean detection budget:");
+    for (i, f) in r.families.iter().enumerate() {
+        println!("  [{}] {}", i + 1, f.family);
+    }
+    print!("  {:>9}", "BUDGET_MS");
+    for i in 0..r.families.len() {
+        print!("  {:>6}", format!("[{}]", i + 1));
+    }
+    println!();
+    for row in &r.budgets {
+        print!("  {:>9}", row.budget_ms);
+        for cell in &row.false_suspicions {
+            print!(
+                "  {:>6}",
+                cell.map_or_else(|| "-".into(), |n| n.to_string())
+            );
+        }
+        println!();
     }
 }
 

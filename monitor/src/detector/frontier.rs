@@ -239,6 +239,21 @@ pub fn pareto(points: &[Point]) -> Vec<Point> {
     frontier
 }
 
+/// Detection budgets (ms) the frontier is read at by default (`--budgets`): from the fastest
+/// a 100 ms heartbeat allows to the slowest docs/tuning.md's defaults are judged over.
+pub const DEFAULT_BUDGETS_MS: [f64; 7] = [150.0, 200.0, 300.0, 500.0, 750.0, 1000.0, 1500.0];
+
+/// The fewest false suspicions a family reaches within a detection budget: the last frontier
+/// point (sorted by detection time, false suspicions falling) at or under `budget_ms`. None if
+/// even the family's fastest setting is slower than the budget.
+pub fn within_budget(frontier: &[Point], budget_ms: f64) -> Option<u64> {
+    frontier
+        .iter()
+        .take_while(|p| p.detection_ms <= budget_ms)
+        .last()
+        .map(|p| p.false_suspicions)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,6 +269,19 @@ mod tests {
             query_accuracy: 1.0,
             mistakes_per_hour: 0.0,
         }
+    }
+
+    #[test]
+    fn budgets_read_the_staircase() {
+        let frontier = pareto(&[
+            pt(1.0, 120.0, 9, 0.0),
+            pt(2.0, 200.0, 4, 0.0),
+            pt(3.0, 480.0, 0, 0.0),
+        ]);
+        assert_eq!(within_budget(&frontier, 100.0), None);
+        assert_eq!(within_budget(&frontier, 120.0), Some(9));
+        assert_eq!(within_budget(&frontier, 479.0), Some(4));
+        assert_eq!(within_budget(&frontier, 1500.0), Some(0));
     }
 
     #[test]
