@@ -13,6 +13,7 @@ pub mod detector;
 pub mod keyring;
 pub mod loaded;
 pub mod loadgen;
+pub mod metrics;
 pub mod peer_table;
 pub mod peer_view;
 pub mod pinning;

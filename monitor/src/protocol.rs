@@ -110,6 +110,12 @@ pub struct AgentStats {
     pub xdp: RunStats,
     /// What became of first heartbeats from unknown peers.
     pub admission: AdmissionCounters,
+    /// SIGHUP re-reads of the `--config` file: applied, and refused (the file was bad; the
+    /// running configuration was kept).
+    #[serde(default)]
+    pub config_reloads: u64,
+    #[serde(default)]
+    pub config_reload_failures: u64,
 }
 
 pub fn ok_reply(key: &str, value: impl Serialize) -> Value {

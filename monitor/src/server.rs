@@ -99,6 +99,12 @@ pub struct Recording {
 /// Answers requests; implemented by the agent.
 pub trait Handler: Send + Sync + 'static {
     fn handle(&self, request: Request) -> Response;
+
+    /// A client connected (`true`) or went away (`false`); for the metrics.
+    fn client(&self, _connected: bool) {}
+
+    /// A client was refused by the access policy; for the metrics.
+    fn refused(&self) {}
 }
 
 /// Accepts clients forever, each on its own task.
@@ -128,15 +134,18 @@ pub async fn serve<H: Handler>(
             .is_ok_and(|c| policy.allows(c.uid(), c.gid(), c.pid()));
         if !allowed {
             log::warn!("refused a socket client: not {}", policy.describe());
+            handler.refused();
             tokio::spawn(refuse(stream, policy));
             drop(permit);
             continue;
         }
         let handler = handler.clone();
         tokio::spawn(async move {
+            handler.client(true);
             if let Err(e) = serve_client(stream, handler.as_ref()).await {
                 log::debug!("client: {e}");
             }
+            handler.client(false);
             drop(permit);
         });
     }

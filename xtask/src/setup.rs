@@ -27,7 +27,14 @@ pub fn ensure() -> Result<()> {
     ensure_bpf_linker()?;
     ensure_cargo_fuzz()?;
     ensure_package("ip", &["-V"], "iproute2")?;
-    ensure_package("iperf3", &["--version"], "iperf3")
+    ensure_package("iperf3", &["--version"], "iperf3")?;
+    // tests/tests/metrics.rs: promtool and a real Prometheus server.
+    ensure_package("promtool", &["--version"], "prometheus")?;
+    // tests/tests/packaging.rs: the unit, the man pages, the agent with the unit's capabilities.
+    ensure_package("systemd-analyze", &["--version"], "systemd")?;
+    ensure_package("man", &["--version"], "man-db")?;
+    ensure_package("groff", &["--version"], "groff-base")?;
+    ensure_package("setpriv", &["--version"], "util-linux")
 }
 
 fn rustup() -> Command {

@@ -2,13 +2,14 @@
 //! suspicions and answers socket requests. Starting it (loading or adopting the program,
 //! binding the socket, the tasks) is `run`'s job.
 
+mod notify;
 mod run;
 
 use std::{
     os::fd::{AsFd, OwnedFd},
     sync::{
         Arc, Mutex, RwLock,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -18,15 +19,17 @@ use monitor_common::maps::{ArrivalRecord, Counters, PeerRecord, UnknownPeerRepor
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
-pub use self::run::{AgentConfig, run};
+pub use self::run::{AgentConfig, Reload, run};
 use crate::{
     admission::{Admission, AdmissionPolicy, Verdict},
     clock::monotonic_ns,
     counters::CounterTotals,
     detector::{
-        model::Estimate,
+        levels::Levels,
+        model::{DetectorParams, Estimate},
         tracker::{DetectorConfig, Event, PeerTracker, SweepTime},
     },
+    metrics::{self, AgentMetrics, KindLabel, PeerSeries, Scrape},
     peer_table::PeerTable,
     peer_view::{PeerView, WindowDetail, ip_addr},
     program,
@@ -45,7 +48,11 @@ pub struct Agent {
     registry: RwLock<Registry>,
     /// Sweep state, indexed by slot.
     trackers: Mutex<Vec<Option<PeerTracker>>>,
-    detector: DetectorConfig,
+    /// Replaced whole when SIGHUP changes the levels (`set_levels`), always while the
+    /// trackers are locked, so a sweep sees one config for all its peers.
+    detector: RwLock<Arc<DetectorConfig>>,
+    /// Whether the model reads the window's intervals (fixed for the agent's life).
+    needs_ring: bool,
     counters: PerCpuArray<MapData, Counters>,
     events: broadcast::Sender<Event>,
     iface: String,
@@ -55,6 +62,12 @@ pub struct Agent {
     sweeps: AtomicU64,
     stalls: AtomicU64,
     events_sent: AtomicU64,
+    /// Socket clients connected now.
+    clients: AtomicUsize,
+    /// SIGHUP re-reads of the configuration file that were applied, and that failed.
+    reloads: AtomicU64,
+    reload_failures: AtomicU64,
+    metrics: AgentMetrics,
     program_fd: OwnedFd,
     admission: Mutex<Admission>,
     expire_after_ns: Option<u64>,
@@ -95,7 +108,8 @@ impl Agent {
             table: parts.table,
             registry: RwLock::new(parts.registry),
             trackers: Mutex::new(vec![None; capacity]),
-            detector: parts.detector,
+            needs_ring: parts.detector.params.needs_ring(),
+            detector: RwLock::new(Arc::new(parts.detector)),
             counters: parts.counters,
             events,
             iface: parts.iface,
@@ -105,12 +119,53 @@ impl Agent {
             sweeps: AtomicU64::new(0),
             stalls: AtomicU64::new(0),
             events_sent: AtomicU64::new(0),
+            clients: AtomicUsize::new(0),
+            reloads: AtomicU64::new(0),
+            reload_failures: AtomicU64::new(0),
+            metrics: AgentMetrics::default(),
             program_fd: parts.program_fd,
             admission: Mutex::new(Admission::new(parts.admission)),
             expire_after_ns: parts.expire_after.map(|d| d.as_nanos() as u64),
             arrivals: broadcast::channel(ARRIVAL_BUFFER).0,
             recordings: Arc::default(),
         }
+    }
+
+    /// The detector configuration in effect (levels change on SIGHUP).
+    pub fn detector(&self) -> Arc<DetectorConfig> {
+        self.detector.read().expect("detector lock").clone()
+    }
+
+    /// Replaces the levels (SIGHUP). Each peer keeps the levels it is past; a new level it
+    /// is already past is raised as an event now, as it would have been had it been set
+    /// all along; a level that went away is simply gone.
+    pub fn set_levels(&self, levels: Levels) {
+        let mut trackers = self.trackers.lock().expect("trackers lock");
+        let old = self.detector();
+        let params = DetectorParams {
+            threshold: levels.highest(),
+            ..old.params.clone()
+        };
+        let new = Arc::new(DetectorConfig::new(params, levels));
+        *self.detector.write().expect("detector lock") = new.clone();
+        let time = SweepTime {
+            now_ns: monotonic_ns(),
+            wall_ms: wall_ms(),
+            hold: false,
+        };
+        let mut emit = |e| self.publish(e);
+        for t in trackers.iter_mut().flatten() {
+            t.relevel(&old, &new, time, &mut emit);
+        }
+        drop(trackers);
+    }
+
+    /// Replaces the admission policy (SIGHUP); its counters and token bucket carry on.
+    pub fn set_admission(&self, policy: AdmissionPolicy) {
+        self.admission
+            .lock()
+            .expect("admission lock")
+            .set_policy(policy);
     }
 
     /// A receiver of every event published from now on.
@@ -120,6 +175,20 @@ impl Agent {
 
     fn publish(&self, event: Event) {
         self.events_sent.fetch_add(1, Ordering::Relaxed);
+        let kind = match &event {
+            Event::Suspect { crossed_at, .. } => {
+                let latency_ms = wall_ms() - crossed_at;
+                self.metrics
+                    .event_latency_seconds
+                    .observe(latency_ms.max(0.0) / 1000.0);
+                "suspect"
+            }
+            Event::Recover { .. } => "recover",
+            Event::Admit { .. } => "admit",
+            Event::Forget { .. } => "forget",
+            Event::Lagged { .. } => "lagged",
+        };
+        self.metrics.events.get_or_create(&KindLabel { kind }).inc();
         // No subscriber is not an error: the event simply has no audience.
         let _ = self.events.send(event);
     }
@@ -127,7 +196,7 @@ impl Agent {
     /// A slot's record and, for the models that need them, its window's intervals: one
     /// consistent copy of the slot for those, the record alone (and no intervals) for the rest.
     fn read(&self, slot: u32) -> Option<(PeerRecord, Vec<u32>)> {
-        if self.detector.params.needs_ring() {
+        if self.needs_ring {
             self.table.snapshot(slot)
         } else {
             Some((self.table.record(slot)?, Vec::new()))
@@ -206,7 +275,13 @@ impl Agent {
             self.read(slot)?
         };
         let now = monotonic_ns();
-        let mut view = PeerView::new(&record, &ring, now, &self.detector, self.qos(slot, id, now));
+        let mut view = PeerView::new(
+            &record,
+            &ring,
+            now,
+            &self.detector(),
+            self.qos(slot, id, now),
+        );
         if window {
             view.window = Some(WindowDetail::new(&record, ring));
         }
@@ -224,7 +299,7 @@ impl Agent {
     /// A peer unchanged since the last sweep is judged from the sweep's cached estimate and one
     /// word read from the mmap; only candidates get their record copied and phi computed.
     pub fn suspects(&self, threshold: f64) -> Vec<PeerView> {
-        let crossing = self.detector.params.level_silences(&[threshold]);
+        let crossing = self.detector().params.level_silences(&[threshold]);
         // A hair of slack for the bisection; the exact phi decides at the end.
         let beyond = |last_ns: u64, estimate: &Estimate, now: u64| {
             now.saturating_sub(last_ns) as f64 / 1e6
@@ -247,7 +322,7 @@ impl Agent {
             };
             if !beyond(
                 record.last_arrival_ns,
-                &self.detector.estimate(&record, &ring),
+                &self.detector().estimate(&record, &ring),
                 now,
             ) {
                 continue;
@@ -256,7 +331,7 @@ impl Agent {
                 &record,
                 &ring,
                 now,
-                &self.detector,
+                &self.detector(),
                 tracker.map(|t| t.qos(now)),
             );
             if view.phi >= threshold {
@@ -282,7 +357,7 @@ impl Agent {
                     .as_ref()
                     .filter(|t| t.peer_id == id)
                     .map(|t| t.qos(now));
-                PeerView::new(&record, &ring, now, &self.detector, qos)
+                PeerView::new(&record, &ring, now, &self.detector(), qos)
             })
             .collect();
         drop(trackers);
@@ -299,9 +374,9 @@ impl Agent {
             iface: self.iface.clone(),
             xdp_mode: self.mode.clone(),
             port: self.port,
-            window: self.detector.params.window,
-            model: self.detector.params.model.name().into(),
-            levels: self.detector.levels.as_slice().to_vec(),
+            window: self.detector().params.window,
+            model: self.detector().params.model.name().into(),
+            levels: self.detector().levels.as_slice().to_vec(),
             peers: registry.len(),
             capacity: registry.capacity(),
             uptime_s: self.started.elapsed().as_secs_f64(),
@@ -312,6 +387,8 @@ impl Agent {
             kernel,
             xdp: program::run_stats(self.program_fd.as_fd()).unwrap_or_default(),
             admission: self.admission.lock().expect("admission lock").counters,
+            config_reloads: self.reloads.load(Ordering::Relaxed),
+            config_reload_failures: self.reload_failures.load(Ordering::Relaxed),
         })
     }
 
@@ -382,6 +459,7 @@ impl Agent {
     /// A peer whose heartbeat count has not moved costs one load from the mmap and a compare
     /// of the clock with its next deadline; only a changed peer's record is copied.
     pub fn sweep(&self, now_ns: u64, hold: bool) {
+        let started = std::time::Instant::now();
         let time = SweepTime {
             now_ns,
             wall_ms: wall_ms(),
@@ -390,13 +468,15 @@ impl Agent {
         let registry = self.registry.read().expect("registry lock");
         self.stop_unwanted_tracing(&registry);
         let mut trackers = self.trackers.lock().expect("trackers lock");
+        // Under the trackers lock: the levels cannot change during the sweep.
+        let detector = self.detector();
         let mut emit = |e| self.publish(e);
         let mut expired = Vec::new();
         for (id, slot) in registry.iter() {
             let tracker = &mut trackers[slot as usize];
             match tracker {
                 Some(t) if t.peer_id == id && t.heartbeats() == self.table.heartbeats(slot) => {
-                    t.check_deadlines(&self.detector, time, &mut emit);
+                    t.check_deadlines(&detector, time, &mut emit);
                     if self
                         .expire_after_ns
                         .is_some_and(|e| now_ns.saturating_sub(t.last_heard().0) > e)
@@ -412,10 +492,10 @@ impl Agent {
                         continue;
                     }
                     if tracker.as_ref().is_none_or(|t| t.peer_id != id) {
-                        *tracker = Some(PeerTracker::new(&record, &ring, &self.detector));
+                        *tracker = Some(PeerTracker::new(&record, &ring, &detector));
                     }
                     let t = tracker.as_mut().expect("just set");
-                    t.observe(&record, &ring, &self.detector, time, &mut emit);
+                    t.observe(&record, &ring, &detector, time, &mut emit);
                 }
             }
         }
@@ -428,10 +508,101 @@ impl Agent {
             }
         }
         self.sweeps.fetch_add(1, Ordering::Relaxed);
+        self.metrics
+            .sweep_seconds
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    /// What a metrics scrape reads: levels and phi of every peer from the sweep's trackers
+    /// (no kernel read per peer), the selected peers, and `stats`.
+    fn scrape_now(&self, series: &PeerSeries) -> Scrape {
+        let now = monotonic_ns();
+        let detector = self.detector();
+        let levels = detector.levels.as_slice().to_vec();
+        let mut peers_at = vec![0u64; levels.len() + 1];
+        let mut phi_le = vec![0u64; metrics::PHI_BUCKETS.len()];
+        // (phi, id, silence s, crossed) of every tracked peer, for the top-K and the ids.
+        let mut all: Vec<(f64, u64, f64, u8)> = Vec::new();
+        let keep_all = series.top > 0 || !series.ids.is_empty();
+        {
+            let trackers = self.trackers.lock().expect("trackers lock");
+            for t in trackers.iter().flatten() {
+                let crossed = t.crossed();
+                peers_at[(crossed as usize).min(levels.len())] += 1;
+                let (last, estimate) = t.last_heard();
+                let phi = detector.phi(estimate, last, now);
+                for (n, &le) in phi_le.iter_mut().zip(&metrics::PHI_BUCKETS) {
+                    if phi <= le {
+                        *n += 1;
+                    }
+                }
+                if keep_all {
+                    let silence = now.saturating_sub(last) as f64 / 1e9;
+                    all.push((phi, t.peer_id, silence, crossed));
+                }
+            }
+        }
+        let level_of = |crossed: u8| {
+            if crossed == 0 {
+                0.0
+            } else {
+                levels[(crossed as usize - 1).min(levels.len() - 1)]
+            }
+        };
+        let mut selected: Vec<(u64, f64, f64, f64)> = Vec::new();
+        for &id in &series.ids {
+            if let Some(p) = all.iter().find(|p| p.1 == id) {
+                selected.push((id, p.0, p.2, level_of(p.3)));
+            }
+        }
+        if series.top > 0 && !all.is_empty() {
+            let k = series.top.min(all.len());
+            all.select_nth_unstable_by(k - 1, |a, b| b.0.total_cmp(&a.0));
+            let mut top = all[..k].to_vec();
+            top.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            for p in top {
+                if !selected.iter().any(|s| s.0 == p.1) {
+                    selected.push((p.1, p.0, p.2, level_of(p.3)));
+                }
+            }
+        }
+        Scrape {
+            stats: self
+                .stats()
+                .map_err(|e| log::warn!("metrics scrape: {e}"))
+                .ok(),
+            levels,
+            peers_at,
+            phi_le,
+            selected,
+            socket_clients: self.clients.load(Ordering::Relaxed) as u64,
+        }
+    }
+}
+
+impl metrics::Source for Agent {
+    fn scrape(&self, series: &PeerSeries) -> Scrape {
+        self.scrape_now(series)
+    }
+
+    fn metrics(&self) -> &AgentMetrics {
+        &self.metrics
     }
 }
 
 impl Handler for Agent {
+    fn client(&self, connected: bool) {
+        if connected {
+            self.clients.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.clients.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn refused(&self) {
+        self.metrics.socket_refusals.inc();
+    }
+
     fn handle(&self, request: Request) -> Response {
         Response::Reply(match request {
             Request::Record { ids, duration_ms } => match self.record(&ids, duration_ms) {
@@ -444,7 +615,7 @@ impl Handler for Agent {
             },
             Request::Peers => ok_reply("peers", self.peers()),
             Request::Suspects { threshold } => {
-                let threshold = threshold.unwrap_or_else(|| self.detector.levels.highest());
+                let threshold = threshold.unwrap_or_else(|| self.detector().levels.highest());
                 let mut reply = ok_reply("suspects", self.suspects(threshold));
                 reply["threshold"] = json!(threshold);
                 reply

@@ -17,7 +17,10 @@ use monitor_common::{
     maps::{Counters, LAYOUT_VERSION, META_MAGIC, PeerSlot, PinnedMeta},
 };
 
-use super::{Agent, AgentParts};
+use super::{
+    Agent, AgentParts,
+    notify::{self, Notifier},
+};
 use crate::{
     access::{self, AccessPolicy},
     admission::{self, AdmissionPolicy},
@@ -30,6 +33,7 @@ use crate::{
     },
     keyring::KeyRing,
     loaded::LoadedProgram,
+    metrics,
     peer_table::PeerTable,
     pinning,
     program::{self, AttachMode},
@@ -67,10 +71,117 @@ pub struct AgentConfig {
     /// A sweep that comes this much later than the previous one means the agent itself was
     /// not scheduled; new suspicions are held for as long as the stall lasted.
     pub stall_bound: Duration,
+    /// Serve Prometheus metrics on this address (`GET /metrics`).
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Peers that get series of their own in the metrics.
+    pub metrics_peers: metrics::PeerSeries,
+    /// Re-reads the configuration (`--config` file and the same command line) on SIGHUP.
+    pub reload: Option<Reload>,
+}
+
+/// Makes the configuration afresh from its sources, as at start.
+#[derive(Clone)]
+pub struct Reload {
+    /// What is re-read, for the logs.
+    pub source: PathBuf,
+    pub read: Arc<dyn Fn() -> Result<AgentConfig> + Send + Sync>,
+}
+
+impl std::fmt::Debug for Reload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Reload({})", self.source.display())
+    }
+}
+
+/// What a SIGHUP changed, applied to the running agent: levels, admission, per-peer metric
+/// series and the auth key change live; anything else is named in a log line and waits for
+/// a restart. Returns the configuration now in effect.
+fn apply_reload(
+    agent: &Agent,
+    current: &AgentConfig,
+    new: AgentConfig,
+    series: &std::sync::RwLock<metrics::PeerSeries>,
+) -> AgentConfig {
+    let mut effective = current.clone();
+    if new.levels != current.levels {
+        log::info!("SIGHUP: levels {} -> {}", current.levels, new.levels);
+        agent.set_levels(new.levels.clone());
+        effective.levels = new.levels.clone();
+        effective.detector.threshold = new.levels.highest();
+    }
+    if new.admission != current.admission {
+        log::info!("SIGHUP: admission policy changed");
+        agent.set_admission(new.admission.clone());
+        effective.admission = new.admission.clone();
+    }
+    if new.metrics_peers != current.metrics_peers {
+        log::info!(
+            "SIGHUP: per-peer metric series: {} ids, top {}",
+            new.metrics_peers.ids.len(),
+            new.metrics_peers.top
+        );
+        *series.write().expect("series lock") = new.metrics_peers.clone();
+        effective.metrics_peers = new.metrics_peers.clone();
+    }
+    // What cannot change under a running program and socket.
+    let mut fixed = Vec::new();
+    let mut check = |name: &str, same: bool| {
+        if !same {
+            fixed.push(name.to_string());
+        }
+    };
+    check("iface", new.iface == current.iface);
+    check("port", new.port == current.port);
+    check("socket", new.socket == current.socket);
+    check("socket-group", new.socket_group == current.socket_group);
+    check("peers", new.peers_file == current.peers_file);
+    check("xdp-mode", new.mode == current.mode);
+    check("capacity", new.capacity == current.capacity);
+    check(
+        "pass-heartbeats",
+        new.pass_heartbeats == current.pass_heartbeats,
+    );
+    check(
+        "unknown-report-rate",
+        new.unknown_reports_per_sec == current.unknown_reports_per_sec,
+    );
+    let detector_same = DetectorParams {
+        threshold: 0.0,
+        ..new.detector.clone()
+    } == DetectorParams {
+        threshold: 0.0,
+        ..current.detector.clone()
+    };
+    check(
+        "detector (model, window and the other detector flags)",
+        detector_same,
+    );
+    check(
+        "sweep-interval",
+        new.sweep_interval == current.sweep_interval,
+    );
+    check("auth-key-file", new.auth_key_file == current.auth_key_file);
+    check("auth-grace", new.auth_grace == current.auth_grace);
+    check("expire-after", new.expire_after == current.expire_after);
+    check("pin-path", new.pin_path == current.pin_path);
+    check("stall-bound", new.stall_bound == current.stall_bound);
+    check("metrics-addr", new.metrics_addr == current.metrics_addr);
+    if !fixed.is_empty() {
+        log::warn!(
+            "SIGHUP: {} changed; not applied until a restart",
+            fixed.join(", ")
+        );
+    }
+    effective
 }
 
 /// Sweeps forever; detects its own stalls (Cassandra pauses convictions the same way).
-async fn sweep_loop(agent: Arc<Agent>, interval: Duration, stall_bound: Duration) {
+async fn sweep_loop(
+    agent: Arc<Agent>,
+    interval: Duration,
+    stall_bound: Duration,
+    mut notifier: Notifier,
+) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last = monotonic_ns();
@@ -89,6 +200,8 @@ async fn sweep_loop(agent: Arc<Agent>, interval: Duration, stall_bound: Duration
             );
         }
         agent.sweep(now, now < hold_until);
+        // The watchdog hears from the sweep itself: a stalled sweep stops the pings.
+        notifier.tick(&agent);
     }
 }
 
@@ -137,6 +250,14 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         .map(access::group_id)
         .transpose()?;
     let (listener, _socket_guard) = server::bind(&config.socket, group)?;
+    let metrics_listener = match config.metrics_addr {
+        Some(addr) => Some(
+            metrics::bind(addr)
+                .await
+                .with_context(|| format!("binding the metrics listener on {addr}"))?,
+        ),
+        None => None,
+    };
     let policy = AccessPolicy::current(group);
     // Read the key before anything is loaded: a bad key file stops the start cleanly.
     let key = config
@@ -233,29 +354,66 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         ring_reader::consume(arrivals, move |arrival| agent.on_arrival(arrival))
     };
 
-    let reload_keys = async move {
-        let mut hup = hup;
-        loop {
-            hup.recv().await;
-            match &keyring {
-                Some(ring) => {
-                    if let Err(e) = ring.rotate() {
-                        log::error!("{e:#}; keeping the current keys");
+    let series = Arc::new(std::sync::RwLock::new(config.metrics_peers.clone()));
+    let serve_metrics = async {
+        match metrics_listener {
+            Some(listener) => {
+                log::info!(
+                    "serving metrics on http://{}/metrics",
+                    listener.local_addr().map_or("?".into(), |a| a.to_string())
+                );
+                let registry = Arc::new(metrics::registry(&agent, series.clone()));
+                metrics::serve(listener, registry).await
+            }
+            None => std::future::pending().await,
+        }
+    };
+
+    let reload = {
+        let agent = agent.clone();
+        let series = series.clone();
+        let mut current = config.clone();
+        async move {
+            let mut hup = hup;
+            loop {
+                hup.recv().await;
+                if let Some(reload) = &current.reload {
+                    match (reload.read)() {
+                        Ok(new) => {
+                            current = apply_reload(&agent, &current, new, &series);
+                            agent.reloads.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            log::error!("SIGHUP: {e:#}; keeping the running configuration");
+                            agent.reload_failures.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                 }
-                None => log::info!("SIGHUP: no --auth-key-file to reload"),
+                match &keyring {
+                    Some(ring) => {
+                        if let Err(e) = ring.rotate() {
+                            log::error!("{e:#}; keeping the current keys");
+                        }
+                    }
+                    None => log::info!("SIGHUP: no --auth-key-file to reload"),
+                }
             }
         }
     };
 
+    // Serving from here on: the socket is bound and the program attached.
+    let mut notifier = Notifier::from_env(config.sweep_interval);
+    notifier.ready(&agent);
     tokio::select! {
-        () = reload_keys => {}
+        () = reload => {}
         r = server::serve(listener, agent.clone(), policy) => r.context("serving the socket")?,
         r = reports => r.context("reading unknown-peer reports")?,
         r = arrivals => r.context("reading traced arrivals")?,
-        () = sweep_loop(agent.clone(), config.sweep_interval, config.stall_bound) => {}
+        r = serve_metrics => r.context("serving metrics")?,
+        () = sweep_loop(agent.clone(), config.sweep_interval, config.stall_bound, notifier) => {}
         () = shutdown => log::info!("shutting down: detaching from {}", config.iface),
     }
+    notify::stopping();
     match &pinned {
         Some(dir) => log::info!(
             "the program stays attached and recording, pinned at {}; `monitor detach --iface {}` removes it",

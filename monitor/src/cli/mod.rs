@@ -1,7 +1,10 @@
 //! One module per subcommand.
 
+mod completions;
+mod config_file;
 mod detach;
 mod loadgen;
+mod manpage;
 mod query;
 mod record;
 mod replay;
@@ -11,7 +14,9 @@ mod watch;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use std::ffi::{OsStr, OsString};
+
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -43,6 +48,51 @@ enum Command {
     Replay(replay::ReplayArgs),
     /// Record every arrival of some peers from a running agent, as traces for `replay`.
     Record(record::RecordArgs),
+    /// Print the completion script of a shell (bash, zsh, fish) for `monitor`.
+    Completions(completions::CompletionsArgs),
+    /// Print the man page monitor(1), or with --out DIR write one page per subcommand.
+    Manpage(manpage::ManpageArgs),
+}
+
+/// The command line, with `monitor run --config FILE`'s settings placed before the command
+/// line's own (see `config_file`); `monitor run --print-config` prints and exits here.
+pub fn parse() -> Cli {
+    let argv = match with_config_file(std::env::args_os().collect()) {
+        Ok(argv) => argv,
+        Err(e) => {
+            eprintln!("monitor: {e}");
+            std::process::exit(2);
+        }
+    };
+    let cmd = Cli::command();
+    let matches = cmd.clone().get_matches_from(&argv);
+    if let Some(run) = matches.subcommand_matches("run")
+        && run.get_flag("print_config")
+    {
+        let run_cmd = cmd.find_subcommand("run").expect("run is a subcommand");
+        print!("{}", config_file::print(run_cmd, run));
+        std::process::exit(0);
+    }
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
+/// `argv` with the settings of `monitor run --config FILE` inserted after `run`.
+pub fn with_config_file(argv: Vec<OsString>) -> Result<Vec<OsString>, String> {
+    // Only `run` reads a file, and the subcommand is the first argument (no global options).
+    if argv.get(1).map(OsString::as_os_str) != Some(OsStr::new("run")) {
+        return Ok(argv);
+    }
+    let command_line = &argv[2..];
+    let Some(path) = config_file::config_path(command_line)? else {
+        return Ok(argv);
+    };
+    let cmd = Cli::command();
+    let run = cmd.find_subcommand("run").expect("run is a subcommand");
+    let file = config_file::file_args(&path, run, command_line).map_err(|e| e.to_string())?;
+    let mut out = argv[..2].to_vec();
+    out.extend(file);
+    out.extend_from_slice(command_line);
+    Ok(out)
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -55,6 +105,8 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Loadgen(args) => loadgen::loadgen(args),
         Command::Replay(args) => replay::replay(args),
         Command::Record(args) => record::record(args),
+        Command::Completions(args) => completions::completions(args),
+        Command::Manpage(args) => manpage::manpage(args),
     }
 }
 

@@ -23,6 +23,15 @@ use monitor_common::{
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
+    /// Read settings from this TOML file: one key per long flag, spelled the same
+    /// (`iface = "eth0"`, `levels = [1, 3, 8]`, `metrics-addr = "127.0.0.1:9464"`); flags on
+    /// the command line override it. SIGHUP re-reads it (docs/operations.md).
+    #[arg(long, value_name = "FILE", help_heading = "Configuration")]
+    config: Option<PathBuf>,
+    /// Print the effective configuration (file, flags, defaults) as TOML that --config
+    /// accepts, and exit.
+    #[arg(long, help_heading = "Configuration")]
+    print_config: bool,
     /// Network interface whose incoming heartbeats are watched.
     #[arg(long, short)]
     iface: String,
@@ -121,6 +130,17 @@ pub struct RunArgs {
     /// Timeout of the fixed model, ms.
     #[arg(long, default_value_t = DetectorParams::DEFAULT.timeout_ms, value_parser = positive, help_heading = "Detector")]
     timeout_ms: f64,
+    /// Serve Prometheus metrics (OpenMetrics text) on this address, at /metrics. Off unless
+    /// given; e.g. 127.0.0.1:9464 (the port is only a suggestion).
+    #[arg(long, value_name = "HOST:PORT", help_heading = "Metrics")]
+    metrics_addr: Option<std::net::SocketAddr>,
+    /// Give this peer series of its own (phi, silence, level); repeat or comma-separate.
+    #[arg(long = "metrics-peer", value_name = "ID", value_delimiter = ',', value_parser = monitor::admission::parse_peer_id, help_heading = "Metrics")]
+    metrics_peers: Vec<u64>,
+    /// Give the K peers with the highest phi at each scrape series of their own (with
+    /// --metrics-peer, at most 1000 in all).
+    #[arg(long, value_name = "K", default_value_t = 0, help_heading = "Metrics")]
+    metrics_top: usize,
     /// How often every peer is checked for crossed levels (bounds event latency).
     #[arg(long, default_value = "50ms", value_parser = parse_duration, help_heading = "Detector")]
     sweep_interval: Duration,
@@ -158,6 +178,49 @@ fn positive(text: &str) -> Result<f64, String> {
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let reload = args.config.clone().map(|source| {
+        // The same command line, with the file read afresh: what a restart would run.
+        let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        agent::Reload {
+            source,
+            read: std::sync::Arc::new(move || {
+                let argv = super::with_config_file(argv.clone()).map_err(anyhow::Error::msg)?;
+                let matches =
+                    <super::Cli as clap::CommandFactory>::command().try_get_matches_from(argv)?;
+                match <super::Cli as clap::FromArgMatches>::from_arg_matches(&matches)?.command {
+                    super::Command::Run(args) => agent_config(args),
+                    _ => anyhow::bail!("the command line is no longer `monitor run`"),
+                }
+            }),
+        }
+    });
+    let config = AgentConfig {
+        reload,
+        ..agent_config(args)?
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        // Handlers first, before the socket exists: a client that sees the agent answer may
+        // signal it at once, and the default action would kill it mid-way.
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        let shutdown = async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        };
+        agent::run(config, shutdown).await
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The agent's configuration from the parsed flags (also what SIGHUP re-makes).
+fn agent_config(args: RunArgs) -> anyhow::Result<AgentConfig> {
     if args.sweep_interval.is_zero() {
         anyhow::bail!("--sweep-interval must be greater than zero");
     }
@@ -182,12 +245,22 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             ..DetectorParams::DEFAULT
         },
     };
+    let metrics_peers = monitor::metrics::PeerSeries {
+        ids: args.metrics_peers,
+        top: args.metrics_top,
+    };
+    metrics_peers
+        .validate()
+        .map_err(|e| anyhow::anyhow!("--metrics-peer/--metrics-top: {e}"))?;
+    if args.metrics_addr.is_none() && (!metrics_peers.ids.is_empty() || metrics_peers.top > 0) {
+        anyhow::bail!("--metrics-peer and --metrics-top need --metrics-addr");
+    }
     let pin_path = match (args.pin_path, args.persist) {
         (Some(path), _) => Some(path),
         (None, true) => Some(monitor::pinning::default_pin_path(&args.iface)),
         (None, false) => None,
     };
-    let config = AgentConfig {
+    Ok(AgentConfig {
         iface: args.iface,
         port: args.port,
         socket: args.socket,
@@ -210,24 +283,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         socket_group: args.socket_group,
         expire_after: args.expire_after,
         stall_bound: args.stall_bound,
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    runtime.block_on(async {
-        // Handlers first, before the socket exists: a client that sees the agent answer may
-        // signal it at once, and the default action would kill it mid-way.
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate())?;
-        let mut int = signal(SignalKind::interrupt())?;
-        let shutdown = async move {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-        };
-        agent::run(config, shutdown).await
-    })?;
-    Ok(ExitCode::SUCCESS)
+        metrics_addr: args.metrics_addr,
+        metrics_peers,
+        reload: None,
+    })
 }

@@ -164,6 +164,11 @@ impl PeerTracker {
         self.heartbeats
     }
 
+    /// Levels crossed since the peer was last heard (0 to the number of levels).
+    pub fn crossed(&self) -> u8 {
+        self.crossed
+    }
+
     /// Arrival of the last heartbeat seen, and the estimate made from the window then.
     pub fn last_heard(&self) -> (u64, &Estimate) {
         (self.last_arrival_ns, &self.cold.estimate)
@@ -247,6 +252,50 @@ impl PeerTracker {
             if self.crossed as usize == levels.len() {
                 self.cold.counter.suspect(now_ns);
             }
+        }
+    }
+
+    /// The levels changed from `old` to `new`: the peer is past the new levels whose
+    /// deadlines have passed. A level it is past now and was not past before (a new level, or
+    /// one that moved below its phi) is raised as an event, with the time it was crossed;
+    /// levels it was already past raise nothing again.
+    pub fn relevel(
+        &mut self,
+        old: &DetectorConfig,
+        new: &DetectorConfig,
+        time: SweepTime,
+        emit: &mut impl FnMut(Event),
+    ) {
+        let was_past: Vec<f64> = old.levels.as_slice()[..self.crossed as usize].to_vec();
+        let was_convicted = self.crossed as usize == old.levels.as_slice().len();
+        let levels = new.levels.as_slice();
+        self.crossed = 0;
+        loop {
+            let deadline = self.deadline(new);
+            if deadline > time.now_ns {
+                break;
+            }
+            let level = levels[self.crossed as usize];
+            if !was_past.contains(&level) {
+                let silence_ms = time.now_ns.saturating_sub(self.last_arrival_ns) as f64 / 1e6;
+                let late_ms = (time.now_ns - deadline) as f64 / 1e6;
+                emit(Event::Suspect {
+                    id: self.peer_id,
+                    level,
+                    phi: new.params.phi(&self.cold.estimate, silence_ms),
+                    silence_ms,
+                    at: time.wall_ms as u64,
+                    crossed_at: time.wall_ms - late_ms,
+                });
+            }
+            self.crossed += 1;
+        }
+        self.next_deadline_ns = self.deadline(new);
+        let convicted = self.crossed as usize == levels.len();
+        if convicted && !was_convicted {
+            self.cold.counter.suspect(time.now_ns);
+        } else if was_convicted && !convicted {
+            self.cold.counter.trust(time.now_ns);
         }
     }
 
