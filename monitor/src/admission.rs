@@ -140,13 +140,13 @@ impl Admission {
         }
     }
 
-    /// Whether a peer first heard from `source` may take a slot now.
     /// A new policy (SIGHUP); the counters carry on, the bucket is capped at the new rate.
     pub fn set_policy(&mut self, policy: AdmissionPolicy) {
         self.tokens = self.tokens.min(policy.rate_per_sec as f64);
         self.policy = policy;
     }
 
+    /// Whether a peer first heard from `source` may take a slot now.
     pub fn decide(&mut self, source: Option<std::net::IpAddr>, now: std::time::Instant) -> Verdict {
         if !self.policy.auto {
             self.counters.disabled += 1;

@@ -14,6 +14,9 @@ pub fn decode<T: aya::Pod>(bytes: &[u8]) -> Option<T> {
     Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) })
 }
 
+/// Records handled before the reader gives other tasks a turn.
+const YIELD_EVERY: usize = 512;
+
 /// Delivers every record of `ring` to `on_record`, forever (until reading fails).
 pub async fn consume<T: aya::Pod>(
     ring: RingBuf<MapData>,
@@ -26,11 +29,25 @@ pub async fn consume<T: aya::Pod>(
     loop {
         let mut guard = fd.readable_mut().await?;
         let ring = guard.get_inner_mut();
+        let mut batch = 0usize;
+        let mut drained = true;
         while let Some(item) = ring.next() {
             if let Some(record) = decode(&item) {
                 on_record(record);
             }
+            batch += 1;
+            if batch == YIELD_EVERY {
+                // A ring refilled as fast as it is read (50,000 peers starting at once) must
+                // not hold this worker thread: the socket and the sweep share the runtime.
+                drained = false;
+                break;
+            }
         }
-        guard.clear_ready();
+        if drained {
+            guard.clear_ready();
+        } else {
+            drop(guard);
+            tokio::task::yield_now().await;
+        }
     }
 }

@@ -330,10 +330,11 @@ fn a_flood_of_forged_ids_leaves_admitted_peers_untouched_and_the_agent_responsiv
     let stats = agent.ask(json!({"op": "stats"}))["stats"].clone();
     let kernel = &stats["kernel"];
     assert!(kernel["unknown_peer"].as_u64().unwrap() >= sent, "{stats}");
-    // Reports reach the agent at the kernel's rate, and admissions at the agent's.
+    // Reports reach the agent at the kernel's rate, which is the admission rate per CPU (one
+    // knob), and admissions at the agent's.
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
     assert!(
-        kernel["unknown_reported"].as_u64().unwrap() <= 1000 * cpus * 6,
+        kernel["unknown_reported"].as_u64().unwrap() <= 200 * cpus * 6,
         "{stats}"
     );
     let admitted = stats["admission"]["admitted"].as_u64().unwrap();
@@ -439,4 +440,55 @@ fn silent_peers_expire_and_their_slots_are_reused() {
         agent.ask(json!({"op": "stats"}))["stats"]["peers"],
         json!(2)
     );
+}
+
+/// Onboarding with the defaults: 50,000 peers that start sending at once are all admitted.
+/// How fast is printed (the bar is 5 s; timing is a benchmark figure, not asserted
+/// here beyond a generous bound, since these machines are shared).
+#[test]
+fn fifty_thousand_peers_starting_at_once_are_all_admitted_with_the_defaults() {
+    require_root();
+    let pair = NetnsPair::new(55);
+    let agent = AgentProcess::start(&pair, &[]);
+    let started = std::time::Instant::now();
+    let load = std::thread::spawn({
+        let (ns_b, target) = (pair.ns_b.clone(), format!("{}:7946", pair.addr_a));
+        move || {
+            let args: Vec<String> = [
+                "--to",
+                &target,
+                "--peers",
+                "50000",
+                "--rate",
+                "2",
+                "--duration",
+                "10s",
+            ]
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+            integration_tests::soak::loadgen(&monitor_bin(), &ns_b, &args)
+        }
+    });
+    let mut admitted_after = None;
+    while started.elapsed() < Duration::from_secs(10) {
+        let stats = agent.ask(json!({"op": "stats"}))["stats"].clone();
+        if stats["peers"] == json!(50_000) {
+            admitted_after = Some(started.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let stats = agent.ask(json!({"op": "stats"}))["stats"].clone();
+    let after = admitted_after.unwrap_or_else(|| panic!("not all admitted in 10 s: {stats}"));
+    println!(
+        "50,000 peers admitted {:.2} s after they started (admission: {}, kernel reported {}, suppressed {})",
+        after.as_secs_f64(),
+        stats["admission"],
+        stats["kernel"]["unknown_reported"],
+        stats["kernel"]["unknown_suppressed"]
+    );
+    assert_eq!(stats["admission"]["full"], json!(0), "{stats}");
+    drop(agent);
+    let _ = load.join();
 }

@@ -67,8 +67,11 @@ pub struct RunArgs {
     /// reused (default: never).
     #[arg(long, value_parser = parse_duration)]
     expire_after: Option<Duration>,
-    /// Admissions on a first heartbeat per second, at most (a burst of one second's worth).
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Admissions on a first heartbeat per second, at most (a burst of one second's worth);
+    /// also how many reports of unknown peers each CPU's XDP program may send the agent per
+    /// second. The default admits 50,000 peers that start at once within a few seconds; with
+    /// untrusted senders and no --auth-key-file or --admit-from, lower it (docs/security.md).
+    #[arg(long, default_value_t = DEFAULT_ADMIT_RATE, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
     admit_rate: u32,
     /// Pass heartbeats on to the network stack after recording them (default: consume them).
     #[arg(long)]
@@ -88,9 +91,6 @@ pub struct RunArgs {
     /// How long the previous key stays valid after a rotation.
     #[arg(long, default_value = "60s", value_parser = parse_duration, help_heading = "Security")]
     auth_grace: Duration,
-    /// Unknown-peer reports each CPU may send the agent per second (caps the cost of floods).
-    #[arg(long, default_value_t = 1000)]
-    unknown_report_rate: u32,
     /// The whole detector as one spec, in `monitor replay`'s grammar (e.g.
     /// `phi:model=loss,min_std_ms=10`): what replay judged best on a recorded trace runs here
     /// unchanged. Replaces --model and the other detector flags, which then may not be given.
@@ -149,6 +149,10 @@ pub struct RunArgs {
     #[arg(long, default_value = "1s", value_parser = parse_duration, help_heading = "Detector")]
     stall_bound: Duration,
 }
+
+/// Admissions per second by default: 50,000 peers starting at once are admitted in about
+/// 2 s (a burst of 20,000, then 20,000 a second; the rest re-reported by their next heartbeat).
+const DEFAULT_ADMIT_RATE: u32 = 20_000;
 
 fn outage_factor(text: &str) -> Result<u32, String> {
     monitor::detector::spec::parse_outage_factor(text)
@@ -273,7 +277,8 @@ fn agent_config(args: RunArgs) -> anyhow::Result<AgentConfig> {
             rate_per_sec: args.admit_rate,
         },
         pass_heartbeats: args.pass_heartbeats,
-        unknown_reports_per_sec: args.unknown_report_rate,
+        // One knob: the kernel reports at most what the agent may admit, per CPU.
+        unknown_reports_per_sec: args.admit_rate,
         detector,
         levels: args.levels,
         sweep_interval: args.sweep_interval,
