@@ -33,11 +33,17 @@ pub fn ip(args: &[&str]) {
 impl NetnsPair {
     /// Creates the pair; `subnet` is the third octet of 10.211.<subnet>.0/24.
     pub fn new(subnet: u8) -> Self {
+        Self::named(subnet, ["hbma", "hbmb"], ["hbva", "hbvb"])
+    }
+
+    /// Creates the pair with names of a test's own: namespaces and veth ends are named by
+    /// [`unique_name`] from these prefixes (`a` side first).
+    pub fn named(subnet: u8, ns_prefixes: [&str; 2], iface_prefixes: [&str; 2]) -> Self {
         let pair = Self {
-            ns_a: unique_name("hbma"),
-            ns_b: unique_name("hbmb"),
-            iface_a: unique_name("hbva"),
-            iface_b: unique_name("hbvb"),
+            ns_a: unique_name(ns_prefixes[0]),
+            ns_b: unique_name(ns_prefixes[1]),
+            iface_a: unique_name(iface_prefixes[0]),
+            iface_b: unique_name(iface_prefixes[1]),
             addr_a: format!("10.211.{subnet}.1"),
             addr_b: format!("10.211.{subnet}.2"),
             addr6_a: format!("fd00:211:{subnet}::1"),

@@ -34,7 +34,12 @@ pub fn ensure() -> Result<()> {
     ensure_package("systemd-analyze", &["--version"], "systemd")?;
     ensure_package("man", &["--version"], "man-db")?;
     ensure_package("groff", &["--version"], "groff-base")?;
-    ensure_package("setpriv", &["--version"], "util-linux")
+    // tests/tests/fleet.rs: real JetStream servers (a 3-node cluster among them).
+    ensure_package("nats-server", &["--version"], "nats-server")?;
+    ensure_package("setpriv", &["--version"], "util-linux")?;
+    // tests/tests/senders.rs: the example senders in C and Python (examples/).
+    ensure_package("cc", &["--version"], "gcc")?;
+    ensure_package("python3", &["--version"], "python3")
 }
 
 fn rustup() -> Command {
