@@ -36,8 +36,6 @@ pub fn ensure() -> Result<()> {
     ensure_package("groff", &["--version"], "groff-base")?;
     // tests/tests/fleet.rs: real JetStream servers (a 3-node cluster among them).
     ensure_package("nats-server", &["--version"], "nats-server")?;
-    // tests/tests/fleet.rs: real JetStream servers (a 3-node cluster among them).
-    ensure_package("nats-server", &["--version"], "nats-server")?;
     ensure_package("setpriv", &["--version"], "util-linux")?;
     // tests/tests/senders.rs: the example senders in C and Python (examples/).
     ensure_package("cc", &["--version"], "gcc")?;
