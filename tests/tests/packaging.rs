@@ -753,3 +753,239 @@ fn manpage_out_writes_a_page_per_subcommand() {
         assert!(run_page.contains(flag), "monitor-run(1) lacks {flag}");
     }
 }
+
+/// What runs in the container once the unit has started: a line `HBM key=value` per fact,
+/// then power off. The watchdog is put to work: the agent is stopped for longer than
+/// WatchdogSec=, so systemd must kill it and start a new one, which adopts the pinned program.
+const BOOT_REPORT: &str = r#"#!/bin/sh
+unit=heartbeat-monitor
+sock=/run/heartbeat-monitor/monitor.sock
+facts() {
+    systemctl show -p ActiveState -p SubState -p NRestarts -p StatusText -p Result "$unit" | sed "s/^/HBM $1./"
+}
+sleep 12   # longer than WatchdogSec=10s: the pings must have reached systemd
+facts first
+pid=$(systemctl show -p MainPID --value "$unit")
+echo "HBM first.capeff=$(sed -n 's/^CapEff:[[:space:]]*//p' /proc/$pid/status)"
+echo "HBM first.nonewprivs=$(sed -n 's/^NoNewPrivs:[[:space:]]*//p' /proc/$pid/status)"
+echo "HBM first.seccomp=$(sed -n 's/^Seccomp:[[:space:]]*//p' /proc/$pid/status)"
+test -S "$sock" && echo "HBM first.socket=yes"
+/opt/hbm/monitor query --socket "$sock" --json stats | sed 's/^/HBM first.stats=/'
+ls /sys/fs/bpf/heartbeat-monitor/pkg0 | tr '\n' ' ' | sed 's/^/HBM first.pins=/'; echo
+ip link show pkg0 | grep -q 'prog/xdp' && echo "HBM first.xdp=yes"
+systemctl reload "$unit"; echo "HBM reload.exit=$?"
+facts reload
+kill -STOP "$pid"; sleep 12; kill -CONT "$pid"
+i=0; while [ $i -lt 40 ]; do
+    [ "$(systemctl show -p ActiveState --value "$unit")" = active ] && [ "$(systemctl show -p MainPID --value "$unit")" != "$pid" ] && break
+    sleep 0.25; i=$((i+1))
+done
+facts restarted
+/opt/hbm/monitor query --socket "$sock" --json stats | sed 's/^/HBM restarted.stats=/'
+journalctl --no-pager -o cat -u "$unit" | sed 's/^/HBM journal: /'
+systemctl stop "$unit"
+facts stopped
+echo "HBM done=yes"
+"#;
+
+/// systemd 252 as PID 1 of a container booted from this machine's /usr (systemd-nspawn, an
+/// empty /etc, a network namespace of its own with a veth pair) runs the unit as shipped,
+/// bar one drop-in that points ExecStart= at the binary under test: it becomes active once
+/// READY=1 arrives, shows the STATUS= line, keeps the service alive past WatchdogSec= on the
+/// pings, and restarts it when the agent stalls; the sandbox leaves the agent exactly its three
+/// capabilities, no_new_privs, a seccomp filter, its socket and its pins on bpffs.
+#[test]
+fn the_unit_runs_under_systemd_with_its_sandbox_and_watchdog() {
+    require_root();
+    let dir = TempDir::new("hbmpkgboot");
+    let d = |name: &str| dir.0.join(name);
+    let unit = unit_text();
+    std::fs::write(d("heartbeat-monitor.service"), &unit).unwrap();
+    let exec = unit
+        .lines()
+        .find(|l| l.starts_with("ExecStart="))
+        .expect("ExecStart=")
+        .replace(UNIT_BINARY, "/opt/hbm/monitor");
+    std::fs::create_dir(d("dropin")).unwrap();
+    std::fs::write(
+        d("dropin/binary.conf"),
+        format!("[Service]\nExecStart=\n{exec}\n"),
+    )
+    .unwrap();
+    std::fs::write(d("default"), "IFACE=pkg0\nMONITOR_ARGS=--persist\n").unwrap();
+    let ip = std::fs::canonicalize(
+        ["/usr/sbin/ip", "/usr/bin/ip", "/sbin/ip"]
+            .iter()
+            .find(|p| Path::new(p).exists())
+            .expect("ip"),
+    )
+    .unwrap();
+    let ip = ip.display();
+    std::fs::write(
+        d("hbm-veth.service"),
+        format!(
+            "[Unit]\nBefore=heartbeat-monitor.service\n[Service]\nType=oneshot\n\
+             RemainAfterExit=yes\nExecStart={ip} link add pkg0 type veth peer name pkg1\n\
+             ExecStart={ip} link set pkg0 up\nExecStart={ip} link set pkg1 up\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        d("hbm-report.service"),
+        "[Unit]\nAfter=heartbeat-monitor.service\n[Service]\nType=oneshot\n\
+         StandardOutput=journal+console\nExecStart=/bin/sh /opt/hbm/report.sh\n\
+         ExecStartPost=/bin/systemctl --no-block poweroff\n",
+    )
+    .unwrap();
+    std::fs::write(
+        d("hbm-test.target"),
+        "[Unit]\nWants=hbm-veth.service heartbeat-monitor.service hbm-report.service\n",
+    )
+    .unwrap();
+    std::fs::write(d("report.sh"), BOOT_REPORT).unwrap();
+    // A booted host has bpffs at /sys/fs/bpf (systemd mounts it); a container gets none.
+    let fs = Bpffs::mount();
+
+    let bind = |from: PathBuf, to: &str| format!("--bind-ro={}:{to}", from.display());
+    let etc = "/etc/systemd/system";
+    let machine = unique_name("hbm-pkg-boot");
+    let mut nspawn = Command::new("systemd-nspawn");
+    nspawn
+        .args(["--directory=/", "--volatile=yes", "--private-network"])
+        .arg(format!("--machine={machine}"))
+        // No systemd on this host to register with or to allocate a scope from.
+        .args(["--register=no", "--keep-unit"])
+        // The container's own limits, not the unit's: nspawn keeps CAP_BPF and CAP_PERFMON
+        // and bpf() from containers unless told.
+        .args([
+            "--capability=CAP_BPF,CAP_PERFMON",
+            "--system-call-filter=bpf",
+        ])
+        .arg(bind(
+            d("heartbeat-monitor.service"),
+            &format!("{etc}/heartbeat-monitor.service"),
+        ))
+        .arg(bind(
+            d("dropin"),
+            &format!("{etc}/heartbeat-monitor.service.d"),
+        ))
+        .arg(bind(
+            d("hbm-veth.service"),
+            &format!("{etc}/hbm-veth.service"),
+        ))
+        .arg(bind(
+            d("hbm-report.service"),
+            &format!("{etc}/hbm-report.service"),
+        ))
+        .arg(bind(
+            d("hbm-test.target"),
+            &format!("{etc}/hbm-test.target"),
+        ))
+        .arg(bind(d("default"), "/etc/default/heartbeat-monitor"))
+        .arg(bind(d("report.sh"), "/opt/hbm/report.sh"))
+        .arg(bind(
+            monitor_bin().canonicalize().unwrap(),
+            "/opt/hbm/monitor",
+        ))
+        .arg(format!("--bind={}:/sys/fs/bpf", fs.0.0.display()))
+        .args([
+            "--boot",
+            "--",
+            "--unit=hbm-test.target",
+            "systemd.firstboot=off",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = nspawn
+        .spawn()
+        .expect("systemd-nspawn (cargo xtask setup installs systemd-container)");
+    let stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        use std::io::Read;
+        let mut all = String::new();
+        let _ = std::io::BufReader::new(stdout).read_to_string(&mut all);
+        all
+    });
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let console = reader.join().unwrap();
+    let stderr = stderr_of(&mut child);
+    let facts: Vec<&str> = console
+        .lines()
+        .filter_map(|l| l.split_once("HBM ").map(|(_, fact)| fact))
+        .collect();
+    for fact in &facts {
+        println!("{fact}");
+    }
+    let has = |fact: &str| facts.iter().any(|f| f == &fact);
+    let value = |key: &str| {
+        facts
+            .iter()
+            .find_map(|f| f.strip_prefix(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("no {key} in the container's report"))
+    };
+    assert!(
+        has("done=yes"),
+        "the container did not finish its report ({status:?}); console:\n{console}\n{stderr}"
+    );
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "nspawn: {status:?} {stderr}"
+    );
+
+    // Started on READY=1, with the agent's status line, alive past the watchdog period.
+    assert_eq!(value("first.ActiveState"), "active");
+    assert_eq!(value("first.SubState"), "running");
+    assert_eq!(value("first.NRestarts"), "0", "restarted before the stall");
+    assert!(
+        value("first.StatusText").starts_with("0 peers, 0 suspected (phi >= 8) on pkg0"),
+        "{}",
+        value("first.StatusText")
+    );
+    // The sandbox: exactly CAP_NET_ADMIN (12), CAP_PERFMON (38), CAP_BPF (39).
+    let wanted: u64 = unit_capabilities()
+        .iter()
+        .map(|c| 1u64 << capability_bit(c))
+        .sum();
+    assert_eq!(
+        u64::from_str_radix(value("first.capeff"), 16).unwrap(),
+        wanted
+    );
+    assert_eq!(value("first.nonewprivs"), "1");
+    assert_eq!(value("first.seccomp"), "2", "a seccomp filter");
+    assert!(has("first.socket=yes"));
+    assert!(has("first.xdp=yes"));
+    let stats: serde_json::Value = serde_json::from_str(value("first.stats")).unwrap();
+    assert_eq!(stats["stats"]["xdp_mode"], json!("native"), "{stats}");
+    let pins = value("first.pins");
+    assert!(
+        pins.contains("link") && pins.contains("prog"),
+        "pins: {pins}"
+    );
+    // ExecReload= signals the agent, which stays.
+    assert_eq!(value("reload.exit"), "0");
+    assert_eq!(value("reload.ActiveState"), "active");
+    // Stalled past WatchdogSec=: killed, restarted, the pinned program adopted.
+    assert!(
+        has("journal: heartbeat-monitor.service: Watchdog timeout (limit 10s)!"),
+        "no watchdog timeout in the journal"
+    );
+    assert_eq!(value("restarted.NRestarts"), "1");
+    assert_eq!(value("restarted.ActiveState"), "active");
+    let stats: serde_json::Value = serde_json::from_str(value("restarted.stats")).unwrap();
+    assert_eq!(stats["stats"]["xdp_mode"], json!("adopted"), "{stats}");
+    // And it stops cleanly.
+    assert_eq!(value("stopped.ActiveState"), "inactive");
+    assert_eq!(value("stopped.Result"), "success");
+}

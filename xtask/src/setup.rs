@@ -34,6 +34,7 @@ pub fn ensure() -> Result<()> {
     ensure_package("systemd-analyze", &["--version"], "systemd")?;
     ensure_package("man", &["--version"], "man-db")?;
     ensure_package("groff", &["--version"], "groff-base")?;
+    ensure_package("systemd-nspawn", &["--version"], "systemd-container")?;
     // tests/tests/fleet.rs: real JetStream servers (a 3-node cluster among them).
     ensure_package("nats-server", &["--version"], "nats-server")?;
     ensure_package("setpriv", &["--version"], "util-linux")?;
