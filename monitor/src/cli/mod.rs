@@ -10,6 +10,7 @@ mod record;
 mod replay;
 mod run;
 mod send;
+mod top;
 mod watch;
 
 use std::process::ExitCode;
@@ -52,6 +53,8 @@ enum Command {
     Completions(completions::CompletionsArgs),
     /// Print the man page monitor(1), or with --out DIR write one page per subcommand.
     Manpage(manpage::ManpageArgs),
+    /// A live terminal view of a running agent: peers by suspicion, counts per level, events.
+    Top(top::TopArgs),
 }
 
 /// The command line, with `monitor run --config FILE`'s settings placed before the command
@@ -107,6 +110,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Record(args) => record::record(args),
         Command::Completions(args) => completions::completions(args),
         Command::Manpage(args) => manpage::manpage(args),
+        Command::Top(args) => top::top(args),
     }
 }
 
