@@ -37,6 +37,8 @@ pub fn ensure() -> Result<()> {
     ensure_package("systemd-nspawn", &["--version"], "systemd-container")?;
     // tests/tests/fleet.rs: real JetStream servers (a 3-node cluster among them).
     ensure_package("nats-server", &["--version"], "nats-server")?;
+    // tests/tests/top.rs: `monitor top` driven in a real terminal.
+    ensure_package("tmux", &["-V"], "tmux")?;
     ensure_package("setpriv", &["--version"], "util-linux")?;
     // tests/tests/senders.rs: the example senders in C and Python (examples/).
     ensure_package("cc", &["--version"], "gcc")?;
