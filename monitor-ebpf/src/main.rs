@@ -19,6 +19,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::XdpContext,
 };
+use aya_log_ebpf::warn;
 use monitor_common::{
     auth::{AuthKey, KEY_SLOTS},
     config::{XDP_FLAG_PASS_HEARTBEATS, XdpConfig},
@@ -78,10 +79,12 @@ pub fn monitor(ctx: XdpContext) -> u32 {
         }
         Parsed::Malformed => {
             counters.malformed += 1;
+            // Cold path; the level is fixed at load (`monitor run --kernel-log`), off by default.
+            warn!(&ctx, "malformed heartbeat to port {}: passed on", config.port);
             xdp_action::XDP_PASS
         }
         Parsed::Heartbeat(hb) => {
-            record::record(&hb, &config, counters);
+            record::record(&ctx, &hb, &config, counters);
             if config.flags & XDP_FLAG_PASS_HEARTBEATS != 0 {
                 xdp_action::XDP_PASS
             } else {

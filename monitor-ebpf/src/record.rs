@@ -4,7 +4,8 @@
 use core::intrinsics::atomic_xadd;
 use core::intrinsics::{AtomicOrdering, atomic_cxchg};
 
-use aya_ebpf::helpers::bpf_ktime_get_ns;
+use aya_ebpf::{helpers::bpf_ktime_get_ns, programs::XdpContext};
+use aya_log_ebpf::{debug, warn};
 use monitor_common::{
     auth::{KEY_CURRENT, KEY_PREVIOUS, siphash24_24},
     config::{XDP_FLAG_REQUIRE_AUTH, XdpConfig},
@@ -17,7 +18,7 @@ use crate::{ARRIVALS, AUTH_KEYS, PEER_INDEX, PEER_STATE, UNKNOWN_PEERS, parse::H
 const NS_PER_SEC: u64 = 1_000_000_000;
 
 #[inline(always)]
-pub fn record(hb: &Heartbeat, config: &XdpConfig, counters: &mut Counters) {
+pub fn record(ctx: &XdpContext, hb: &Heartbeat, config: &XdpConfig, counters: &mut Counters) {
     let peer_id = hb.peer_id;
     let slot = match unsafe { PEER_INDEX.get(&peer_id) } {
         Some(&index) => PEER_STATE.get_ptr_mut(index),
@@ -26,6 +27,7 @@ pub fn record(hb: &Heartbeat, config: &XdpConfig, counters: &mut Counters) {
     if config.flags & XDP_FLAG_REQUIRE_AUTH != 0 && !authentic(hb) {
         // Forged, replayed under another key, or unsigned: never an arrival, never reported.
         counters.auth_failures += 1;
+        warn!(ctx, "heartbeat of peer {} (seq {}) failed authentication: dropped", peer_id, hb.seq);
         if let Some(slot) = slot {
             let slot = unsafe { &mut *slot };
             if try_lock(&mut slot.lock) {
@@ -40,6 +42,7 @@ pub fn record(hb: &Heartbeat, config: &XdpConfig, counters: &mut Counters) {
     let now = unsafe { bpf_ktime_get_ns() };
     let Some(slot) = slot else {
         counters.unknown_peer += 1;
+        debug!(ctx, "heartbeat of unknown peer {}", peer_id);
         report_unknown(hb, peer_id, now, config, counters);
         return;
     };
@@ -48,6 +51,7 @@ pub fn record(hb: &Heartbeat, config: &XdpConfig, counters: &mut Counters) {
     let slot = unsafe { &mut *slot };
     if !try_lock(&mut slot.lock) {
         counters.contended += 1;
+        debug!(ctx, "peer {}: slot busy on another CPU, heartbeat not recorded", peer_id);
         return;
     }
     // Checked under the lock: the agent may have forgotten this peer and handed the slot to

@@ -55,16 +55,18 @@ pub struct LoadedProgram {
 impl LoadedProgram {
     /// Loads and verifies the program with `capacity` slots and maps its peer table.
     pub fn load(config: &XdpConfig, capacity: u32) -> Result<Self, LoadedError> {
-        Self::load_pinned(config, capacity, None)
+        Self::load_pinned(config, capacity, None, program::KernelLog::Off)
     }
 
-    /// As `load`, and pins every map under `pin_dir` if given (see `pinning`).
+    /// As `load`, and pins every map under `pin_dir` if given (see `pinning`); the program
+    /// logs its cold paths at `log`.
     pub fn load_pinned(
         config: &XdpConfig,
         capacity: u32,
         pin_dir: Option<&std::path::Path>,
+        log: program::KernelLog,
     ) -> Result<Self, LoadedError> {
-        let mut ebpf = program::load(config, capacity)?;
+        let mut ebpf = program::load_with_log(config, capacity, log)?;
         if let Some(dir) = pin_dir {
             crate::pinning::pin_maps(dir, &ebpf)?;
         }

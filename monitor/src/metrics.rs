@@ -574,6 +574,7 @@ mod tests {
                     xdp: RunStats {
                         run_count: 1003,
                         run_time_ns: 2_000_000,
+                        id: 7,
                     },
                     admission: AdmissionCounters {
                         admitted: 4,

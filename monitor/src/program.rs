@@ -69,9 +69,42 @@ impl fmt::Display for AttachMode {
     }
 }
 
+/// What the XDP program logs on its cold paths (aya-log), fixed at load: `off` compiles every
+/// log statement out at verification, so the hot path pays nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum KernelLog {
+    /// Nothing.
+    #[default]
+    Off,
+    /// Malformed heartbeats and authentication failures.
+    Warn,
+    /// Also heartbeats of unknown peers and slots busy on another CPU.
+    Debug,
+}
+
+impl KernelLog {
+    /// The value of aya-log's `AYA_LOG_LEVEL` (its `Level` numbering: error 1 .. trace 5).
+    pub fn aya_level(self) -> u8 {
+        match self {
+            KernelLog::Off => 0,
+            KernelLog::Warn => 2,
+            KernelLog::Debug => 4,
+        }
+    }
+}
+
 /// Validates `config`, loads the object with `capacity` peer slots and loads (verifies) the
-/// XDP program. Nothing is attached yet.
+/// XDP program. Nothing is attached yet. Kernel logging off.
 pub fn load(config: &XdpConfig, capacity: u32) -> Result<Ebpf, ProgramLoadError> {
+    load_with_log(config, capacity, KernelLog::Off)
+}
+
+/// As `load`, with the program's cold-path logging at `log`.
+pub fn load_with_log(
+    config: &XdpConfig,
+    capacity: u32,
+    log: KernelLog,
+) -> Result<Ebpf, ProgramLoadError> {
     if OBJECT.is_empty() {
         return Err(ProgramLoadError::NotBuilt);
     }
@@ -81,8 +114,10 @@ pub fn load(config: &XdpConfig, capacity: u32) -> Result<Ebpf, ProgramLoadError>
     if capacity == 0 {
         return Err(ProgramLoadError::Capacity);
     }
+    let level = log.aya_level();
     let mut ebpf = EbpfLoader::new()
         .override_global(CONFIG_SYMBOL, config, true)
+        .override_global(aya_log::LEVEL, &level, false)
         .map_max_entries(PEER_INDEX_MAP, capacity)
         .map_max_entries(PEER_STATE_MAP, capacity)
         .load(OBJECT)
@@ -106,6 +141,9 @@ pub fn xdp_mut(ebpf: &mut Ebpf) -> Result<&mut Xdp, ProgramLoadError> {
 pub struct RunStats {
     pub run_count: u64,
     pub run_time_ns: u64,
+    /// The kernel's id of the program (for finding its maps).
+    #[serde(skip)]
+    pub id: u32,
 }
 
 /// Reads run statistics with BPF_OBJ_GET_INFO_BY_FD (aya 0.14 does not expose them).
@@ -142,6 +180,7 @@ pub fn run_stats(program_fd: std::os::fd::BorrowedFd<'_>) -> io::Result<RunStats
     Ok(RunStats {
         run_count: info.run_cnt,
         run_time_ns: info.run_time_ns,
+        id: info.id,
     })
 }
 

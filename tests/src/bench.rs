@@ -79,6 +79,49 @@ pub fn prog_test_run_ns(repeat: u32) -> f64 {
     result.duration.as_nanos() as f64
 }
 
+/// What `--kernel-log` costs, by BPF_PROG_TEST_RUN: ns per run of a valid heartbeat (the hot
+/// path, which logs nothing) and of a malformed one (a cold path that logs at warn), with the
+/// program loaded with logging off and at debug.
+#[derive(Debug, Clone, Serialize)]
+pub struct KernelLogCost {
+    pub heartbeat_off_ns: f64,
+    pub heartbeat_debug_ns: f64,
+    pub malformed_off_ns: f64,
+    pub malformed_debug_ns: f64,
+}
+
+pub fn kernel_log_cost(repeat: u32) -> KernelLogCost {
+    let run = |log: program::KernelLog, malformed: bool| {
+        let mut loaded =
+            LoadedProgram::load_pinned(&XdpConfig::DEFAULT, 16, None, log).expect("load");
+        loaded
+            .registry
+            .admit(&loaded.table, 7, monotonic_ns())
+            .expect("admit");
+        let mut packet = Packet::heartbeat_v4(7, 1).build();
+        if malformed {
+            // The UDP payload cut to 3 bytes: addressed to the port, too short for a header.
+            packet.truncate(packet.len() - monitor_common::wire::HEADER_LEN + 3);
+        }
+        let xdp = program::xdp_mut(&mut loaded.ebpf).expect("xdp");
+        let result = xdp
+            .test_run(TestRunOptions {
+                data_in: Some(&packet),
+                repeat,
+                ..TestRunOptions::default()
+            })
+            .expect("BPF_PROG_TEST_RUN");
+        result.duration.as_nanos() as f64
+    };
+    use program::KernelLog::{Debug, Off};
+    KernelLogCost {
+        heartbeat_off_ns: run(Off, false),
+        heartbeat_debug_ns: run(Debug, false),
+        malformed_off_ns: run(Off, true),
+        malformed_debug_ns: run(Debug, true),
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct SweepTimings {
     pub peers: u32,

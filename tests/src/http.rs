@@ -1,6 +1,7 @@
 //! Plain HTTP/1.0 GETs made from inside a network namespace (a thread that joins it with
 //! setns), so tests reach servers bound to a namespace's loopback: the agent's metrics
-//! endpoint, a Prometheus server started there.
+//! endpoint, a Prometheus server started there; and anything else a test must do from inside
+//! one (`in_netns`).
 
 use std::{
     io::{Read, Write},
@@ -52,6 +53,20 @@ pub fn get_in(
     })
     .join()
     .map_err(|_| "the request thread panicked".to_string())?
+}
+
+/// Runs `f` on a thread of its own inside namespace `ns`.
+pub fn in_netns<T: Send + 'static>(
+    ns: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, String> {
+    let ns = ns.to_string();
+    std::thread::spawn(move || {
+        enter(&ns)?;
+        Ok(f())
+    })
+    .join()
+    .map_err(|_| "the thread in the namespace panicked".to_string())?
 }
 
 /// Moves the calling thread into namespace `ns` (only this thread: setns is per thread).

@@ -71,6 +71,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     println!("==> kernel cost through BPF_PROG_TEST_RUN");
     let test_run = probe_json(&tools.probe, &["kernel"])?;
     let test_run_ns = test_run["ns_per_packet"].as_f64().unwrap_or(f64::NAN);
+    println!("==> kernel logging off and on (--kernel-log), BPF_PROG_TEST_RUN");
+    let log_cost = probe_json(&tools.probe, &["kernel-log"])?;
 
     let mut rows = Vec::new();
     for &peers in &scales {
@@ -103,7 +105,18 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         if args.quick { 3 } else { 10 },
     )?;
 
-    let table = render(test_run_ns, &rows, &ingest, &paths);
+    let mut table = render(test_run_ns, &rows, &ingest, &paths);
+    let ns = |k: &str| log_cost[k].as_f64().unwrap_or(f64::NAN);
+    let _ = writeln!(
+        table,
+        "\nKernel logging (`--kernel-log`), BPF_PROG_TEST_RUN, ns per packet: valid heartbeat \
+         {:.0} off / {:.0} debug (it logs nothing); malformed heartbeat {:.0} off / {:.0} debug \
+         (one warn line)",
+        ns("heartbeat_off_ns"),
+        ns("heartbeat_debug_ns"),
+        ns("malformed_off_ns"),
+        ns("malformed_debug_ns"),
+    );
     println!("\n{table}");
     if !args.no_record {
         record(

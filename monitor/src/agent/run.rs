@@ -31,6 +31,7 @@ use crate::{
         model::{DetectorParams, Model},
         tracker::DetectorConfig,
     },
+    kernel_log,
     keyring::KeyRing,
     loaded::LoadedProgram,
     metrics,
@@ -77,6 +78,8 @@ pub struct AgentConfig {
     pub metrics_peers: metrics::PeerSeries,
     /// Re-reads the configuration (`--config` file and the same command line) on SIGHUP.
     pub reload: Option<Reload>,
+    /// What the XDP program logs on its cold paths (fixed when it is loaded).
+    pub kernel_log: program::KernelLog,
 }
 
 /// Makes the configuration afresh from its sources, as at start.
@@ -170,6 +173,7 @@ fn apply_reload(
     check("pin-path", new.pin_path == current.pin_path);
     check("stall-bound", new.stall_bound == current.stall_bound);
     check("metrics-addr", new.metrics_addr == current.metrics_addr);
+    check("kernel-log", new.kernel_log == current.kernel_log);
     if !fixed.is_empty() {
         log::warn!(
             "SIGHUP: {} changed; not applied until a restart",
@@ -282,9 +286,22 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         outage_factor: xdp.outage_factor,
         ..PinnedMeta::default()
     };
-    let kernel = match &config.pin_path {
+    let mut kernel = match &config.pin_path {
         Some(dir) if pinning::has_state(dir) => adopt(dir, &expected)?,
         _ => load_and_attach(&config, &xdp, expected)?,
+    };
+    let kernel_logger = match (config.kernel_log, &mut kernel.ebpf) {
+        (program::KernelLog::Off, _) => None,
+        (_, Some(ebpf)) => Some(kernel_log::of_loaded(ebpf)?),
+        (_, None) => {
+            log::warn!(
+                "--kernel-log: the adopted program logs at the level it was loaded with; a new level takes effect after `monitor detach`"
+            );
+            // Off when it was loaded off: then the program has no log lines to read.
+            kernel_log::of_adopted(kernel.program_fd.as_fd())
+                .map_err(|e| log::warn!("--kernel-log: {e}"))
+                .ok()
+        }
     };
     let Kernel {
         table,
@@ -359,6 +376,12 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     };
 
     let series = Arc::new(std::sync::RwLock::new(config.metrics_peers.clone()));
+    let forward_kernel_log = async {
+        match kernel_logger {
+            Some(logger) => kernel_log::forward(logger).await,
+            None => std::future::pending().await,
+        }
+    };
     let serve_metrics = async {
         match metrics_listener {
             Some(listener) => {
@@ -414,6 +437,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         r = reports => r.context("reading unknown-peer reports")?,
         r = arrivals => r.context("reading traced arrivals")?,
         r = serve_metrics => r.context("serving metrics")?,
+        r = forward_kernel_log => r.context("reading the XDP program's log")?,
         () = sweep_loop(agent.clone(), config.sweep_interval, config.stall_bound, notifier) => {}
         () = shutdown => log::info!("shutting down: detaching from {}", config.iface),
     }
@@ -475,7 +499,12 @@ fn load_and_attach(config: &AgentConfig, xdp: &XdpConfig, meta: PinnedMeta) -> R
     if let Some(dir) = &config.pin_path {
         pinning::prepare(dir)?;
     }
-    let loaded = LoadedProgram::load_pinned(xdp, config.capacity, config.pin_path.as_deref());
+    let loaded = LoadedProgram::load_pinned(
+        xdp,
+        config.capacity,
+        config.pin_path.as_deref(),
+        config.kernel_log,
+    );
     let result = (|| {
         let LoadedProgram {
             mut ebpf,

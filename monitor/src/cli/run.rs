@@ -141,6 +141,12 @@ pub struct RunArgs {
     /// --metrics-peer, at most 1000 in all).
     #[arg(long, value_name = "K", default_value_t = 0, help_heading = "Metrics")]
     metrics_top: usize,
+    /// What the XDP program logs on its cold paths, shown among the agent's lines under the
+    /// target `kernel`: warn (malformed heartbeats, authentication failures), debug (also
+    /// unknown peers and busy slots). Off costs nothing: disabled lines are removed when the
+    /// program is verified.
+    #[arg(long, value_enum, default_value_t = monitor::program::KernelLog::Off)]
+    kernel_log: monitor::program::KernelLog,
     /// How often every peer is checked for crossed levels (bounds event latency).
     #[arg(long, default_value = "50ms", value_parser = parse_duration, help_heading = "Detector")]
     sweep_interval: Duration,
@@ -291,5 +297,6 @@ fn agent_config(args: RunArgs) -> anyhow::Result<AgentConfig> {
         metrics_addr: args.metrics_addr,
         metrics_peers,
         reload: None,
+        kernel_log: args.kernel_log,
     })
 }

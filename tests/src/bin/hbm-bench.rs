@@ -20,6 +20,11 @@ enum Probe {
         #[arg(long, default_value_t = 1_000_000)]
         repeat: u32,
     },
+    /// What kernel logging costs (TEST_RUN): hot and cold path, logging off and at debug.
+    KernelLog {
+        #[arg(long, default_value_t = 1_000_000)]
+        repeat: u32,
+    },
     /// One full pass over N peers: mmap vs aya's map iterator, and the agent's sweep.
     Sweep {
         #[arg(long)]
@@ -83,6 +88,9 @@ fn main() {
     let out = match Cli::parse().probe {
         Probe::Kernel { repeat } => {
             serde_json::json!({ "ns_per_packet": bench::prog_test_run_ns(repeat) })
+        }
+        Probe::KernelLog { repeat } => {
+            serde_json::to_value(bench::kernel_log_cost(repeat)).unwrap()
         }
         Probe::Sweep { peers } => serde_json::to_value(bench::sweep_timings(peers)).unwrap(),
         Probe::Socket {
