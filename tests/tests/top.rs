@@ -3,6 +3,7 @@
 //! shows (polling), never for a fixed time.
 
 use std::{
+    path::PathBuf,
     process::{Command, Output},
     time::{Duration, Instant},
 };
@@ -19,11 +20,11 @@ const LIVE: u64 = 4101;
 const DEAD: u64 = 4102;
 const WAIT: Duration = Duration::from_secs(20);
 
-/// A detached tmux session on a tmux server of its own, killed on drop (also when a test
-/// panics). Panes stay after their process exits (`remain-on-exit`), so its exit status can
-/// be read.
+/// A detached tmux session on a tmux server of its own (its socket in a temporary directory),
+/// killed on drop (also when a test panics). Panes stay after their process exits
+/// (`remain-on-exit`), so its exit status can be read.
 struct Tmux {
-    server: String,
+    server: PathBuf,
     session: String,
     _dir: TempDir,
 }
@@ -35,7 +36,7 @@ impl Tmux {
         // In the configuration, so it holds before the pane's process can exit.
         std::fs::write(&conf, "set -g remain-on-exit on\n").expect("write tmux.conf");
         let tmux = Self {
-            server: unique_name("hbmtop"),
+            server: dir.0.join("tmux.sock"),
             session: unique_name("hbmtop"),
             _dir: dir,
         };
@@ -62,7 +63,8 @@ impl Tmux {
 
     fn run(&self, args: &[&str]) -> Output {
         Command::new("tmux")
-            .args(["-L", &self.server])
+            .arg("-S")
+            .arg(&self.server)
             .args(args)
             .output()
             .expect("running tmux (cargo xtask setup installs it)")
