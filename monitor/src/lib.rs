@@ -10,6 +10,7 @@ pub mod client;
 pub mod clock;
 pub mod counters;
 pub mod detector;
+pub mod fleet;
 pub mod kernel_log;
 pub mod keyring;
 pub mod loaded;

@@ -78,6 +78,8 @@ pub struct AgentConfig {
     pub metrics_peers: metrics::PeerSeries,
     /// Re-reads the configuration (`--config` file and the same command line) on SIGHUP.
     pub reload: Option<Reload>,
+    /// Publish events, verdicts and liveness to a fleet on NATS JetStream (docs/fleet.md).
+    pub fleet: Option<crate::fleet::FleetConfig>,
     /// What the XDP program logs on its cold paths (fixed when it is loaded).
     pub kernel_log: program::KernelLog,
 }
@@ -173,6 +175,9 @@ fn apply_reload(
     check("pin-path", new.pin_path == current.pin_path);
     check("stall-bound", new.stall_bound == current.stall_bound);
     check("metrics-addr", new.metrics_addr == current.metrics_addr);
+    for name in crate::fleet::FleetConfig::changed(&current.fleet, &new.fleet) {
+        check(name, false);
+    }
     check("kernel-log", new.kernel_log == current.kernel_log);
     if !fixed.is_empty() {
         log::warn!(
@@ -375,6 +380,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         ring_reader::consume(arrivals, move |arrival| agent.on_arrival(arrival))
     };
 
+    // Subscribed here, before the first sweep; publishes from a task of its own.
+    let fleet = crate::fleet::start(agent.clone(), config.fleet.clone());
+
     let series = Arc::new(std::sync::RwLock::new(config.metrics_peers.clone()));
     let forward_kernel_log = async {
         match kernel_logger {
@@ -437,6 +445,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         r = reports => r.context("reading unknown-peer reports")?,
         r = arrivals => r.context("reading traced arrivals")?,
         r = serve_metrics => r.context("serving metrics")?,
+        r = fleet => r.context("publishing to the fleet")?,
         r = forward_kernel_log => r.context("reading the XDP program's log")?,
         () = sweep_loop(agent.clone(), config.sweep_interval, config.stall_bound, notifier) => {}
         () = shutdown => log::info!("shutting down: detaching from {}", config.iface),

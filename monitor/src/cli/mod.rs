@@ -3,6 +3,7 @@
 mod completions;
 mod config_file;
 mod detach;
+mod fleet;
 mod loadgen;
 mod manpage;
 mod query;
@@ -55,6 +56,9 @@ enum Command {
     Manpage(manpage::ManpageArgs),
     /// A live terminal view of a running agent: peers by suspicion, counts per level, events.
     Top(top::TopArgs),
+    /// The fleet's view on NATS JetStream: peers enough live monitors hold down, each
+    /// monitor's view of a peer, fleet events (monitors publish with `run --nats`).
+    Fleet(fleet::FleetArgs),
 }
 
 /// The command line, with `monitor run --config FILE`'s settings placed before the command
@@ -111,6 +115,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Completions(args) => completions::completions(args),
         Command::Manpage(args) => manpage::manpage(args),
         Command::Top(args) => top::top(args),
+        Command::Fleet(args) => fleet::fleet(args),
     }
 }
 

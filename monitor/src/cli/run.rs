@@ -154,6 +154,27 @@ pub struct RunArgs {
     /// as long as the stall lasted (its view of time cannot be trusted yet).
     #[arg(long, default_value = "1s", value_parser = parse_duration, help_heading = "Detector")]
     stall_bound: Duration,
+    /// Publish every event, the current verdict on every suspected peer and this monitor's
+    /// liveness to a fleet on NATS JetStream at these server URLs (comma-separated, e.g.
+    /// nats://10.0.0.5:4222,nats://10.0.0.6:4222); `monitor fleet` reads the fleet's view.
+    /// Off unless given (docs/fleet.md).
+    #[arg(long, value_name = "URL", value_delimiter = ',', help_heading = "Fleet")]
+    nats: Vec<String>,
+    /// This monitor's name in the fleet: letters, digits, '-' and '_' (default: the host
+    /// name's first label).
+    #[arg(long, value_name = "NAME", requires = "nats", help_heading = "Fleet")]
+    observer: Option<String>,
+    /// NATS credentials file (user JWT and NKey seed) for --nats.
+    #[arg(long, value_name = "FILE", requires = "nats", help_heading = "Fleet")]
+    nats_creds: Option<PathBuf>,
+    /// Replicas of the event stream and the verdict bucket when this monitor creates them
+    /// (3 on a 3-node JetStream cluster; existing ones are used as they are).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5), help_heading = "Fleet")]
+    nats_replicas: u8,
+    /// Events held while NATS is unreachable; beyond it the oldest are dropped and the whole
+    /// state is re-published on reconnect.
+    #[arg(long, value_name = "N", default_value_t = monitor::fleet::DEFAULT_BUFFER, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000_000), help_heading = "Fleet")]
+    nats_buffer: usize,
 }
 
 /// Admissions per second by default: 50,000 peers starting at once are admitted in about
@@ -265,6 +286,21 @@ fn agent_config(args: RunArgs) -> anyhow::Result<AgentConfig> {
     if args.metrics_addr.is_none() && (!metrics_peers.ids.is_empty() || metrics_peers.top > 0) {
         anyhow::bail!("--metrics-peer and --metrics-top need --metrics-addr");
     }
+    let fleet = if args.nats.is_empty() {
+        None
+    } else {
+        let fleet = monitor::fleet::FleetConfig {
+            urls: args.nats,
+            observer: args
+                .observer
+                .unwrap_or_else(monitor::fleet::default_observer),
+            creds: args.nats_creds,
+            replicas: args.nats_replicas.into(),
+            buffer: args.nats_buffer,
+        };
+        fleet.validate()?;
+        Some(fleet)
+    };
     let pin_path = match (args.pin_path, args.persist) {
         (Some(path), _) => Some(path),
         (None, true) => Some(monitor::pinning::default_pin_path(&args.iface)),
@@ -297,6 +333,7 @@ fn agent_config(args: RunArgs) -> anyhow::Result<AgentConfig> {
         metrics_addr: args.metrics_addr,
         metrics_peers,
         reload: None,
+        fleet,
         kernel_log: args.kernel_log,
     })
 }

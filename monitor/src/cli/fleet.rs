@@ -1,0 +1,341 @@
+//! `monitor fleet`: the fleet's view from NATS JetStream (docs/fleet.md): which peers enough
+//! live observers hold down, every observer's view of one peer, the observers themselves,
+//! and the fleet's events as they happen.
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use clap::{Args, Subcommand};
+use monitor::fleet::{
+    FleetError,
+    consumer::{self, Fleet},
+    quorum::{Convictions, FleetChange, FleetView, Quorum, Rule},
+    unix_ms,
+};
+use serde_json::{Value, json};
+
+#[derive(Debug, Args)]
+pub struct FleetArgs {
+    /// NATS server URLs (comma-separated); any server of the cluster will do.
+    #[arg(
+        long,
+        value_name = "URL",
+        value_delimiter = ',',
+        default_value = "nats://127.0.0.1:4222"
+    )]
+    nats: Vec<String>,
+    /// NATS credentials file (user JWT and NKey seed).
+    #[arg(long, value_name = "FILE")]
+    nats_creds: Option<PathBuf>,
+    /// Print JSON (one object per reply or event line) instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: FleetCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum FleetCommand {
+    /// Ask about the fleet's current view.
+    Query {
+        #[command(subcommand)]
+        what: Query,
+    },
+    /// Follow the fleet: a `down` event when a peer reaches the quorum, `up` when it no
+    /// longer does (live observers' verdicts only); with --events, every observer's events.
+    Watch(WatchArgs),
+}
+
+#[derive(Debug, Clone, Copy, Args)]
+struct RuleArgs {
+    /// Live observers that must agree: a count, or `majority` (more than half of the live
+    /// observers).
+    #[arg(long, value_name = "K", default_value = "majority")]
+    quorum: Quorum,
+    /// The level (phi threshold) each of them must have reached.
+    #[arg(long, value_name = "L", default_value_t = 8.0, value_parser = positive)]
+    level: f64,
+}
+
+impl RuleArgs {
+    fn rule(self) -> Rule {
+        Rule {
+            quorum: self.quorum,
+            level: self.level,
+        }
+    }
+}
+
+fn positive(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("{text:?} is not a positive number")),
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum Query {
+    /// Peers at least K live observers hold at level L or higher.
+    Suspects(RuleArgs),
+    /// Every observer's view of one peer.
+    Peer {
+        /// Peer id, decimal or 0x hex.
+        #[arg(value_parser = monitor::admission::parse_peer_id)]
+        id: u64,
+    },
+    /// Every observer with a liveness record: live or not, and its publishing counters.
+    Observers,
+}
+
+#[derive(Debug, Args)]
+struct WatchArgs {
+    #[command(flatten)]
+    rule: RuleArgs,
+    /// Follow every observer's raw events on the stream instead (suspect, recover, admit,
+    /// forget, resync, ...), each with its observer and sequence number.
+    #[arg(long)]
+    events: bool,
+    /// With --events: from the first event the stream holds, not from now.
+    #[arg(long, requires = "events")]
+    from_start: bool,
+}
+
+pub fn fleet(args: FleetArgs) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let json = args.json;
+    match runtime.block_on(run(args)) {
+        Ok(code) => Ok(code),
+        Err(e) if json => {
+            println!("{}", json!({"ok": false, "error": e.to_string()}));
+            Ok(ExitCode::FAILURE)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn run(args: FleetArgs) -> Result<ExitCode, FleetError> {
+    let fleet = Fleet::connect(&args.nats, args.nats_creds.as_deref()).await?;
+    match args.command {
+        FleetCommand::Query { what } => query(&fleet, what, args.json).await,
+        FleetCommand::Watch(w) if w.events => events(&fleet, w.from_start, args.json).await,
+        FleetCommand::Watch(w) => watch(&fleet, w.rule.rule(), args.json).await,
+    }
+}
+
+fn warn_malformed(malformed: &[String]) {
+    for e in malformed {
+        eprintln!("monitor fleet: skipped: {e}");
+    }
+}
+
+fn level_text(level: Option<f64>) -> String {
+    level.map_or("-".into(), |l| format!("{l}"))
+}
+
+async fn query(fleet: &Fleet, what: Query, json_out: bool) -> Result<ExitCode, FleetError> {
+    let (view, malformed) = fleet.snapshot().await?;
+    let now = unix_ms();
+    if !json_out {
+        warn_malformed(&malformed);
+    }
+    let reply = match what {
+        Query::Suspects(r) => {
+            let rule = r.rule();
+            let live = view.live_count(now);
+            let suspects = view.suspects(now, rule);
+            if !json_out {
+                println!(
+                    "{} peers down: quorum {} of {live} live observers at level {} or higher",
+                    suspects.len(),
+                    rule.quorum,
+                    rule.level
+                );
+                println!("{:>20}  {:>6}  observers", "id", "level");
+                for s in &suspects {
+                    println!("{:>20}  {:>6}  {}", s.id, s.level, s.observers.join(","));
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            json!({"ok": true, "quorum": rule.quorum.to_string(), "level": rule.level,
+                   "live_observers": live, "suspects": suspects, "malformed": malformed.len()})
+        }
+        Query::Peer { id } => {
+            let views = view.peer(id, now);
+            if !json_out {
+                println!(
+                    "{:<24} {:>5} {:>6} {:>10} {:>12}",
+                    "observer", "live", "level", "phi", "silent_s"
+                );
+                for v in &views {
+                    println!(
+                        "{:<24} {:>5} {:>6} {:>10} {:>12}",
+                        v.observer,
+                        v.live,
+                        level_text(v.level),
+                        v.phi.map_or("-".into(), |p| format!("{p:.2}")),
+                        v.since
+                            .map_or("-".into(), |s| format!("{:.1}", (now - s) / 1000.0)),
+                    );
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            json!({"ok": true, "peer": id, "observers": views, "malformed": malformed.len()})
+        }
+        Query::Observers => {
+            let observers = view.observers(now);
+            if !json_out {
+                println!(
+                    "{:<24} {:>5} {:>8} {:>9} {:>10} {:>10} {:>8} {:>8}",
+                    "observer",
+                    "live",
+                    "age_s",
+                    "suspects",
+                    "events",
+                    "published",
+                    "dropped",
+                    "resyncs"
+                );
+                for o in &observers {
+                    let l = &o.liveness;
+                    println!(
+                        "{:<24} {:>5} {:>8.1} {:>9} {:>10} {:>10} {:>8} {:>8}",
+                        o.observer,
+                        o.live,
+                        o.age_ms / 1000.0,
+                        l.suspects,
+                        l.events,
+                        l.published,
+                        l.dropped,
+                        l.resyncs
+                    );
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            json!({"ok": true, "observers": observers, "malformed": malformed.len()})
+        }
+    };
+    println!("{reply}");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_malformed(json_out: bool, source: &str, error: &str, count: u64) {
+    if json_out {
+        println!(
+            "{}",
+            json!({"event": "malformed", "source": source, "error": error, "count": count})
+        );
+    } else {
+        eprintln!("monitor fleet: skipped ({count} so far): {error}");
+    }
+}
+
+fn print_change(change: &FleetChange, json_out: bool) {
+    if json_out {
+        println!("{}", serde_json::to_value(change).unwrap_or(Value::Null));
+        return;
+    }
+    match change {
+        FleetChange::Down { suspect, at } => println!(
+            "{at} down {} level {} by {}",
+            suspect.id,
+            suspect.level,
+            suspect.observers.join(",")
+        ),
+        FleetChange::Up { id, at } => println!("{at} up {id}"),
+    }
+}
+
+/// Fleet events: judged afresh on every bucket change of a peer, and for every peer four
+/// times a second (observers go stale without any write).
+async fn watch(fleet: &Fleet, rule: Rule, json_out: bool) -> Result<ExitCode, FleetError> {
+    let mut reader = loop {
+        match fleet.bucket(">", true).await? {
+            Some(reader) => break reader,
+            None => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    };
+    let mut view = FleetView::default();
+    let mut convictions = Convictions::default();
+    let mut malformed = 0u64;
+    // Until the snapshot is read, changes are not reported one by one.
+    let mut started = reader.current();
+    if started {
+        for c in convictions.update_all(&view, unix_ms(), rule) {
+            print_change(&c, json_out);
+        }
+    }
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            entry = reader.next() => {
+                let Some(entry) = entry else {
+                    return Err(FleetError::JetStream("the bucket watch ended".into()));
+                };
+                let entry = entry?;
+                match consumer::apply(&mut view, &entry) {
+                    Ok(change) if started => {
+                        let changes = match change {
+                            monitor::fleet::quorum::Change::Peer(id) =>
+                                convictions.update_peers(&view, [id], unix_ms(), rule),
+                            monitor::fleet::quorum::Change::Observer(_) =>
+                                convictions.update_all(&view, unix_ms(), rule),
+                        };
+                        for c in changes {
+                            print_change(&c, json_out);
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        malformed += 1;
+                        print_malformed(json_out, "bucket", &e, malformed);
+                    }
+                }
+                if !started && reader.current() {
+                    started = true;
+                    for c in convictions.update_all(&view, unix_ms(), rule) {
+                        print_change(&c, json_out);
+                    }
+                }
+            }
+            _ = tick.tick(), if started => {
+                for c in convictions.update_all(&view, unix_ms(), rule) {
+                    print_change(&c, json_out);
+                }
+            }
+        }
+    }
+}
+
+/// Every observer's events from the stream, validated; malformed ones are counted and
+/// skipped.
+async fn events(fleet: &Fleet, from_start: bool, json_out: bool) -> Result<ExitCode, FleetError> {
+    let mut reader = fleet.events(from_start).await?;
+    let mut malformed = 0u64;
+    while let Some(raw) = reader.next().await {
+        let raw = raw?;
+        match raw.parse() {
+            Ok(event) if json_out => println!("{}", event.body),
+            Ok(event) => println!(
+                "{} {} #{} {}{}",
+                event.body["at"].as_u64().unwrap_or(0),
+                event.observer,
+                event.seq,
+                event.kind,
+                event.id.map_or(String::new(), |id| format!(" {id}"))
+                    + &event.level.map_or(String::new(), |l| format!(" level {l}")),
+            ),
+            Err(e) => {
+                malformed += 1;
+                print_malformed(
+                    json_out,
+                    "stream",
+                    &format!("subject {:?}: {e}", raw.subject),
+                    malformed,
+                );
+            }
+        }
+    }
+    Err(FleetError::JetStream("the stream ended".into()))
+}
