@@ -14,23 +14,44 @@ pub struct Client {
     writer: UnixStream,
 }
 
+/// What went wrong, each cause said once: the message includes the underlying error, so
+/// `source()` is empty and a chain printer (`{:#}` of anyhow) does not repeat it.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("connecting to the agent at {path}: {source} (is `monitor run` running?)")]
-    Connect { path: String, source: io::Error },
+    #[error("connecting to the agent at {path}: {error}{}", connect_hint(.error))]
+    Connect { path: String, error: io::Error },
     #[error("talking to the agent: {0}")]
-    Io(#[from] io::Error),
+    Io(io::Error),
     #[error("the agent closed the connection")]
     Closed,
     #[error("the agent sent a line that is not JSON: {0}")]
     BadReply(serde_json::Error),
 }
 
+impl From<io::Error> for ClientError {
+    fn from(error: io::Error) -> Self {
+        ClientError::Io(error)
+    }
+}
+
+/// What to check when the socket cannot be reached.
+fn connect_hint(error: &io::Error) -> &'static str {
+    match error.kind() {
+        io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => {
+            " (is `monitor run` running?)"
+        }
+        io::ErrorKind::PermissionDenied => {
+            " (the socket serves root, the agent's user and its --socket-group)"
+        }
+        _ => "",
+    }
+}
+
 impl Client {
     pub fn connect(path: &Path) -> Result<Self, ClientError> {
-        let stream = UnixStream::connect(path).map_err(|source| ClientError::Connect {
+        let stream = UnixStream::connect(path).map_err(|error| ClientError::Connect {
             path: path.display().to_string(),
-            source,
+            error,
         })?;
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
         Ok(Self {
