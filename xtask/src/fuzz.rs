@@ -1,8 +1,14 @@
 //! Fuzzing with cargo-fuzz (libFuzzer): the heartbeat parser (checked against the kernel's
-//! field-wise rules) and the socket request parser. Seeds live in fuzz/corpus/<target>; a run
-//! adds what it finds there, so a long local run followed by a commit keeps the corpus growing.
+//! field-wise rules) and the socket request parser. The committed seeds in fuzz/corpus/<target>
+//! are only read: a run writes what it finds to its working corpus, target/fuzz-corpus/<target>
+//! (libFuzzer writes new inputs to the first corpus directory it is given), so the tree is left
+//! as found and later runs start from everything earlier ones found. To grow the seeds, merge
+//! the inputs that add coverage into them and commit:
+//! `cargo +nightly fuzz run TARGET fuzz/corpus/TARGET target/fuzz-corpus/TARGET -- -merge=1`.
 
-use anyhow::{Result, bail};
+use std::fs;
+
+use anyhow::{Context, Result, bail};
 use clap::Args;
 
 use crate::{setup, workspace};
@@ -40,12 +46,16 @@ pub fn run(args: &FuzzArgs) -> Result<()> {
 /// Runs one target for `seconds`; a crash fails with libFuzzer's report and reproducer.
 pub fn fuzz(target: &str, seconds: u64) -> Result<()> {
     println!("fuzz: {target} for {seconds} s");
-    let corpus = format!("fuzz/corpus/{target}");
+    let working = workspace::root().join("target/fuzz-corpus").join(target);
+    fs::create_dir_all(&working)
+        .with_context(|| format!("creating the working corpus {}", working.display()))?;
+    let seeds = format!("fuzz/corpus/{target}");
     workspace::run(
         workspace::command("rustup")
-            .args([
-                "run", "nightly", "cargo", "fuzz", "run", target, &corpus, "--",
-            ])
+            .args(["run", "nightly", "cargo", "fuzz", "run", target])
+            // New inputs go to the first directory; the seeds are only read.
+            .arg(&working)
+            .args([seeds.as_str(), "--"])
             .arg(format!("-max_total_time={seconds}"))
             .args(["-rss_limit_mb=2048", "-print_final_stats=1"])
             // Userspace code only: the XDP object is not needed to fuzz parsers.
