@@ -1,6 +1,10 @@
 //! The heartbeat monitor agent as a library: loading the XDP program, reading peer slots
 //! through an mmap, admitting peers, and serving the socket protocol. The `monitor` binary is
 //! a thin CLI over this.
+//!
+//! A service that only sends heartbeats needs [`sender`] (a sending loop, or the bytes of
+//! one heartbeat) and [`auth_key`] (reading a key file, signing); one that asks the agent
+//! about its peers needs [`client`] and the reply types in [`protocol`].
 
 pub mod access;
 pub mod admission;

@@ -1,30 +1,127 @@
-//! A heartbeat sender: what each peer runs (`monitor send`).
+//! A heartbeat sender: what each peer runs (`monitor send`), and what a service embeds to
+//! send its own heartbeats.
+//!
+//! Three levels, pick the one that fits:
+//!
+//! - [`run`] is the whole sending loop on a blocking thread: fixed schedule, optional jitter
+//!   and signing, transient send errors logged and survived.
+//! - [`heartbeat`] builds (and with a key, signs) the 32 bytes of one heartbeat, for a
+//!   service that sends from its own socket or event loop (tokio, mio, ...).
+//! - [`monitor_common::wire::HeartbeatHeader`] and [`crate::auth_key::sign`] are the pieces
+//!   underneath, as docs/wire-format.md describes them byte by byte.
+//!
+//! Keys are read with [`crate::auth_key::read_key_file`] (32 hex digits, mode 0600) or parsed
+//! with [`crate::auth_key::parse_key`].
+//!
+//! ```no_run
+//! use std::{
+//!     sync::{Arc, atomic::{AtomicBool, Ordering}},
+//!     time::Duration,
+//! };
+//!
+//! use monitor::sender::{self, SenderConfig};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // Heartbeats as peer 17 every 100 ms, signed, on a thread of their own until told to stop.
+//! let mut config = SenderConfig::new("192.0.2.1:7946".parse()?, 17);
+//! config.interval = Duration::from_millis(100);
+//! config.key = Some(monitor::auth_key::read_key_file("/etc/heartbeat/key".as_ref())?);
+//! let stop = Arc::new(AtomicBool::new(false));
+//! let sending = std::thread::spawn({
+//!     let stop = stop.clone();
+//!     move || sender::run(&config, || !stop.load(Ordering::Relaxed))
+//! });
+//! // ... the service runs ...
+//! stop.store(true, Ordering::Relaxed);
+//! let sent = sending.join().expect("sender thread")?;
+//! println!("sent {sent} heartbeats");
+//!
+//! // Or one datagram at a time, from a socket of the service's own.
+//! let socket = std::net::UdpSocket::bind("0.0.0.0:0")?;
+//! let incarnation = sender::unix_time_incarnation();
+//! for seq in 0..3 {
+//!     socket.send_to(&sender::heartbeat(17, incarnation, seq, None), "192.0.2.1:7946")?;
+//!     std::thread::sleep(Duration::from_millis(100));
+//! }
+//! # Ok(())
+//! # }
+//! ```
 
 use std::{
     io,
     net::{SocketAddr, UdpSocket},
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use monitor_common::wire::HeartbeatHeader;
+pub use monitor_common::auth::AuthKey;
+use monitor_common::wire::{HEADER_LEN, HeartbeatHeader};
 
+/// What [`run`] sends, where and how often. [`SenderConfig::new`] fills in the defaults of
+/// `monitor send`.
 #[derive(Debug, Clone)]
 pub struct SenderConfig {
+    /// The monitor's address and heartbeat port (default port 7946).
     pub to: SocketAddr,
+    /// This peer's id: what the monitor knows it by.
     pub id: u64,
+    /// Time between heartbeats (nominal: the schedule is start + k * interval).
     pub interval: Duration,
     /// Each send is moved by a uniform random offset in [-jitter, +jitter].
     pub jitter: Duration,
     /// Stop after this many heartbeats (None: forever).
     pub count: Option<u64>,
+    /// Sender epoch: must grow across restarts, or the monitor takes the new heartbeats for
+    /// stragglers of the old epoch ([`unix_time_incarnation`] does, for restarts more than a
+    /// second apart).
     pub incarnation: u32,
+    /// Sequence number of the first heartbeat; +1 per heartbeat after it.
     pub first_seq: u64,
     /// Sign every heartbeat with this key.
-    pub key: Option<monitor_common::auth::AuthKey>,
+    pub key: Option<AuthKey>,
+}
+
+impl SenderConfig {
+    /// Heartbeats to `to` as peer `id`, with `monitor send`'s defaults: every 100 ms, no
+    /// jitter, forever, incarnation from the clock, sequence from 0, unsigned.
+    pub fn new(to: SocketAddr, id: u64) -> Self {
+        Self {
+            to,
+            id,
+            interval: Duration::from_millis(100),
+            jitter: Duration::ZERO,
+            count: None,
+            incarnation: unix_time_incarnation(),
+            first_seq: 0,
+            key: None,
+        }
+    }
+}
+
+/// Seconds since the Unix epoch as an incarnation: grows across restarts more than a second
+/// apart.
+pub fn unix_time_incarnation() -> u32 {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    u32::try_from(secs).unwrap_or(u32::MAX)
+}
+
+/// The 32 bytes of one heartbeat, ready to send as a UDP payload; with a key, signed (auth
+/// flag set, SipHash-2-4 tag over bytes 0..24).
+pub fn heartbeat(id: u64, incarnation: u32, seq: u64, key: Option<&AuthKey>) -> [u8; HEADER_LEN] {
+    let mut header = HeartbeatHeader::new(id, incarnation, seq);
+    if let Some(key) = key {
+        crate::auth_key::sign(&mut header, key);
+    }
+    header.to_bytes()
 }
 
 /// Sends heartbeats on a fixed schedule (start + k * interval, plus jitter), so sleeping late
-/// once does not shift every later heartbeat. Returns how many were sent.
+/// once does not shift every later heartbeat, until `config.count` are sent or `keep_going`
+/// (asked before each heartbeat) returns false. Blocks the calling thread; returns how many
+/// were sent. Fails only if the socket cannot be set up; an error sending one heartbeat (no
+/// route yet, ICMP feedback) is logged and the next one goes out on time.
 pub fn run(config: &SenderConfig, mut keep_going: impl FnMut() -> bool) -> io::Result<u64> {
     let bind: SocketAddr = if config.to.is_ipv4() {
         "0.0.0.0:0".parse().expect("literal")
@@ -42,12 +139,13 @@ pub fn run(config: &SenderConfig, mut keep_going: impl FnMut() -> bool) -> io::R
         if let Some(wait) = due.checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
         }
-        let mut header =
-            HeartbeatHeader::new(config.id, config.incarnation, config.first_seq + sent);
-        if let Some(key) = &config.key {
-            crate::auth_key::sign(&mut header, key);
-        }
-        match socket.send(&header.to_bytes()) {
+        let datagram = heartbeat(
+            config.id,
+            config.incarnation,
+            config.first_seq + sent,
+            config.key.as_ref(),
+        );
+        match socket.send(&datagram) {
             Ok(_) => {}
             // A transient error (no route yet, ICMP feedback) must not kill a heartbeat sender.
             Err(e) => log::warn!("sending heartbeat {}: {e}", config.first_seq + sent),
@@ -69,5 +167,40 @@ fn jittered(nominal: Instant, jitter: Duration, rng: &mut fastrand::Rng) -> Inst
         nominal
             .checked_sub(Duration::from_nanos(span - offset))
             .unwrap_or(nominal)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use monitor_common::{
+        auth::tag,
+        wire::{FLAG_AUTH, HeartbeatHeader},
+    };
+
+    use super::*;
+
+    #[test]
+    fn a_heartbeat_is_the_header_and_signed_with_a_key() {
+        let plain = heartbeat(7, 1, 42, None);
+        assert_eq!(plain, HeartbeatHeader::new(7, 1, 42).to_bytes());
+        assert_eq!(plain[24..], [0; 8]);
+        let key = crate::auth_key::parse_key("000102030405060708090a0b0c0d0e0f").unwrap();
+        let signed = heartbeat(7, 1, 42, Some(&key));
+        let header = HeartbeatHeader::decode(&signed).unwrap();
+        assert_eq!(
+            (header.peer_id(), header.incarnation(), header.seq()),
+            (7, 1, 42)
+        );
+        assert_eq!(header.flags, FLAG_AUTH);
+        assert_eq!(
+            u64::from_le_bytes(header.tag),
+            tag(&key, signed[..24].try_into().unwrap())
+        );
+        // The known answer the C and Python senders check in --self-test.
+        let hex: String = signed.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(
+            hex,
+            "48420101000000010000000000000007000000000000002a40aad048c3a11742"
+        );
     }
 }
