@@ -1,0 +1,479 @@
+//! Fleet on NATS JetStream with real servers: nats-server processes started here (in a
+//! namespace of their own, their stores in temp dirs, killed by pid on drop), two or three
+//! real agents with the real XDP path, each in its own namespace watching the same senders
+//! (each peer sends to every observer), and `monitor fleet` reading the fleet's view.
+//! Topology: tests/src/fleet_net.rs. Conditions are polled, never slept on.
+//!
+//! The tests take the same subnets (60..=69, each in namespaces of their own), and two of
+//! them at once would crowd 2 cores: they run one at a time.
+
+use std::{
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use integration_tests::{
+    fleet_net::{FleetNet, NatsServer, Observer, events_by_observer, suspect_ids, wait_for},
+    require_root,
+};
+use serde_json::{Value, json};
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+const LOCAL: &str = "nats://127.0.0.1:4222";
+
+/// Every observer's view of `id`, by observer: (live, level).
+fn peer_levels(net: &FleetNet, urls: &str, id: u64) -> Vec<(String, bool, Option<f64>)> {
+    let reply = net.fleet(urls, &["query", "peer", &id.to_string()]);
+    assert_eq!(reply["ok"], json!(true), "{reply}");
+    reply["observers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| {
+            (
+                o["observer"].as_str().unwrap().to_string(),
+                o["live"].as_bool().unwrap(),
+                o["level"].as_f64(),
+            )
+        })
+        .collect()
+}
+
+fn live_observers(net: &FleetNet, urls: &str) -> Vec<Value> {
+    let reply = net.fleet(urls, &["query", "observers"]);
+    assert_eq!(reply["ok"], json!(true), "{reply}");
+    live_in(&reply)
+}
+
+fn live_in(reply: &Value) -> Vec<Value> {
+    reply["observers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["live"] == json!(true))
+        .cloned()
+        .collect()
+}
+
+/// Live observers, or `None` while the cluster cannot answer (a stream leader being
+/// elected after a node loss takes a few seconds: queries time out meanwhile).
+fn live_observers_eventually(net: &FleetNet, urls: &str) -> Option<Vec<Value>> {
+    let reply = net.fleet(urls, &["query", "observers"]);
+    (reply["ok"] == json!(true)).then(|| live_in(&reply))
+}
+
+/// The sequence numbers of one observer's events are exactly 1..=n, each once.
+fn assert_contiguous(observer: &str, events: &[(u64, Value)]) -> u64 {
+    let mut seqs: Vec<u64> = events.iter().map(|(s, _)| *s).collect();
+    seqs.sort_unstable();
+    let n = seqs.len() as u64;
+    assert_eq!(
+        seqs,
+        (1..=n).collect::<Vec<_>>(),
+        "{observer}: events lost or repeated"
+    );
+    n
+}
+
+#[test]
+fn quorum_liveness_and_bad_input_with_three_observers() {
+    require_root();
+    let _serial = serial();
+    let net = FleetNet::new(3);
+    let _nats = NatsServer::start(&net.nats_ns, 4222);
+    let mut observers: Vec<Observer> = net
+        .observers
+        .iter()
+        .map(|o| Observer::start(o, &format!("nats://{}:4222", o.nats_addr), &[]))
+        .collect();
+    // Peers 1, 2 and 3, each sending to every observer.
+    let mut senders: std::collections::BTreeMap<(u64, usize), _> = (1..=3u64)
+        .flat_map(|id| (0..3).map(move |i| (id, i)))
+        .map(|(id, i)| ((id, i), net.sender(id, i)))
+        .collect();
+    let watch = net.watch(LOCAL, &["--quorum", "2"]);
+    let events = net.watch(LOCAL, &["--events", "--from-start"]);
+    wait_for("three live observers", Duration::from_secs(20), || {
+        (live_observers(&net, LOCAL).len() == 3).then_some(())
+    });
+    wait_for(
+        "every agent watches peers 1-3",
+        Duration::from_secs(20),
+        || {
+            observers
+                .iter()
+                .all(|o| {
+                    o.ask(json!({"op": "peers"}))
+                        .and_then(|r| r["peers"].as_array().map(|p| p.len() == 3))
+                        == Some(true)
+                })
+                .then_some(())
+        },
+    );
+
+    // Peer 2 is cut off from obs-a only: a lone suspicion.
+    drop(senders.remove(&(2, 0)));
+    wait_for(
+        "obs-a holds peer 2 at level 8",
+        Duration::from_secs(20),
+        || {
+            peer_levels(&net, LOCAL, 2)
+                .iter()
+                .any(|(o, live, level)| o == "obs-a" && *live && *level == Some(8.0))
+                .then_some(())
+        },
+    );
+    let at2 = net.fleet(LOCAL, &["query", "suspects", "--quorum", "2"]);
+    assert!(!suspect_ids(&at2).contains(&2), "{at2}");
+    let at1 = net.fleet(LOCAL, &["query", "suspects", "--quorum", "1"]);
+    let lone = at1["suspects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == json!(2))
+        .unwrap_or_else(|| panic!("peer 2 not convicted at quorum 1: {at1}"));
+    assert_eq!(lone["observers"], json!(["obs-a"]), "{at1}");
+    assert_eq!(lone["level"], json!(8.0));
+
+    // Peer 1 dies: every observer sees it, the fleet convicts at quorum 2.
+    for i in 0..3 {
+        drop(senders.remove(&(1, i)));
+    }
+    let reply = wait_for("peer 1 down at quorum 2", Duration::from_secs(20), || {
+        let r = net.fleet(LOCAL, &["query", "suspects", "--quorum", "2"]);
+        r["suspects"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == json!(1) && s["observers"].as_array().unwrap().len() == 3)
+            .map(|_| r.clone())
+    });
+    assert_eq!(suspect_ids(&reply), vec![1], "{reply}");
+    assert_eq!(reply["live_observers"], json!(3));
+    wait_for("watch reports peer 1 down", Duration::from_secs(10), || {
+        watch
+            .snapshot()
+            .iter()
+            .any(|l| l["event"] == json!("down") && l["id"] == json!(1))
+            .then_some(())
+    });
+    assert!(
+        !watch.snapshot().iter().any(|l| l["id"] == json!(2)),
+        "the lone suspicion of peer 2 reached the fleet watch at quorum 2: {:?}",
+        watch.snapshot()
+    );
+
+    // Bad input on the bucket and the stream: skipped and counted, nobody crashes.
+    net.publish_raw(4222, "$KV.heartbeat-verdicts.1.obs-x", b"not json");
+    net.publish_raw(4222, "$KV.heartbeat-verdicts.observers.obs-y", b"[1,2");
+    net.publish_raw(4222, "$KV.heartbeat-verdicts.bogus", b"{}");
+    net.publish_raw(4222, "heartbeat.events.obs-z", b"\xff\xfegarbage");
+    net.publish_raw(
+        4222,
+        "heartbeat.events.obs-a",
+        br#"{"event":"suspect","observer":"obs-b","seq":1,"id":1}"#,
+    );
+    let reply = net.fleet(LOCAL, &["query", "suspects", "--quorum", "2"]);
+    assert_eq!(reply["ok"], json!(true), "{reply}");
+    assert_eq!(suspect_ids(&reply), vec![1], "{reply}");
+    assert_eq!(reply["malformed"], json!(3), "{reply}");
+    wait_for(
+        "the watch counts 3 bad bucket entries",
+        Duration::from_secs(10),
+        || {
+            watch
+                .snapshot()
+                .iter()
+                .any(|l| l["event"] == json!("malformed") && l["count"] == json!(3))
+                .then_some(())
+        },
+    );
+    wait_for(
+        "the event follower counts 2 bad events",
+        Duration::from_secs(10),
+        || {
+            events
+                .snapshot()
+                .iter()
+                .any(|l| {
+                    l["event"] == json!("malformed")
+                        && l["source"] == json!("stream")
+                        && l["count"] == json!(2)
+                })
+                .then_some(())
+        },
+    );
+    for o in observers.iter_mut() {
+        assert!(o.alive(), "an agent died on bad input");
+    }
+
+    // obs-c is killed: its verdicts stop counting once its liveness record is 3 s old, not
+    // before (it was rewritten at most 1 s before the kill).
+    let at3 = net.fleet(LOCAL, &["query", "suspects", "--quorum", "3"]);
+    assert_eq!(suspect_ids(&at3), vec![1], "{at3}");
+    observers[2].kill();
+    let killed = Instant::now();
+    wait_for("obs-c stops counting", Duration::from_secs(10), || {
+        let r = net.fleet(LOCAL, &["query", "suspects", "--quorum", "3"]);
+        suspect_ids(&r).is_empty().then_some(())
+    });
+    let after = killed.elapsed();
+    assert!(
+        after >= Duration::from_millis(1900) && after <= Duration::from_secs(5),
+        "obs-c stopped counting {after:?} after it was killed (bound: 3 s after its last record)"
+    );
+    let view = peer_levels(&net, LOCAL, 1);
+    assert!(
+        view.contains(&("obs-c".into(), false, Some(8.0))),
+        "obs-c's verdict stays in the bucket, not counted: {view:?}"
+    );
+    let at2 = net.fleet(LOCAL, &["query", "suspects", "--quorum", "2"]);
+    assert_eq!(suspect_ids(&at2), vec![1], "{at2}");
+    assert_eq!(at2["live_observers"], json!(2));
+
+    // Peer 1 comes back to obs-a and obs-b: up again at quorum 2.
+    senders.insert((1, 0), net.sender(1, 0));
+    senders.insert((1, 1), net.sender(1, 1));
+    wait_for("watch reports peer 1 up", Duration::from_secs(10), || {
+        watch
+            .snapshot()
+            .iter()
+            .any(|l| l["event"] == json!("up") && l["id"] == json!(1))
+            .then_some(())
+    });
+
+    // Nothing published by the live observers was lost: sequence numbers are contiguous,
+    // and every suspicion of peer 1 is there, each level once.
+    let by = events_by_observer(&events.snapshot());
+    for name in ["obs-a", "obs-b", "obs-c"] {
+        let evs = by
+            .get(name)
+            .unwrap_or_else(|| panic!("no events from {name}"));
+        assert_contiguous(name, evs);
+        let levels: Vec<f64> = evs
+            .iter()
+            .filter(|(_, e)| e["event"] == json!("suspect") && e["id"] == json!(1))
+            .map(|(_, e)| e["level"].as_f64().unwrap())
+            .collect();
+        assert_eq!(levels, vec![1.0, 3.0, 8.0], "{name}");
+    }
+}
+
+#[test]
+fn events_survive_the_loss_of_one_of_three_nats_nodes() {
+    require_root();
+    let _serial = serial();
+    let net = FleetNet::new(2);
+    let mut nodes: Vec<NatsServer> = (0..3)
+        .map(|n| NatsServer::cluster_node(&net.nats_ns, 4222, n))
+        .collect();
+    // The cluster's JetStream is usable once a metadata leader is elected.
+    wait_for(
+        "a JetStream metadata leader",
+        Duration::from_secs(30),
+        || {
+            nodes
+                .iter()
+                .any(|n| {
+                    n.log_text()
+                        .contains("JetStream cluster new metadata leader")
+                })
+                .then_some(())
+        },
+    );
+    let all = "nats://127.0.0.1:4222,nats://127.0.0.1:4223,nats://127.0.0.1:4224";
+    let observers: Vec<Observer> = net
+        .observers
+        .iter()
+        .map(|o| {
+            let urls: Vec<String> = (4222..4225)
+                .map(|p| format!("nats://{}:{p}", o.nats_addr))
+                .collect();
+            Observer::start(o, &urls.join(","), &["--nats-replicas", "3"])
+        })
+        .collect();
+    let mut senders: std::collections::BTreeMap<(u64, usize), _> = (1..=4u64)
+        .flat_map(|id| (0..2).map(move |i| (id, i)))
+        .map(|(id, i)| ((id, i), net.sender(id, i)))
+        .collect();
+    wait_for("two live observers", Duration::from_secs(30), || {
+        (live_observers_eventually(&net, all)?.len() == 2).then_some(())
+    });
+    let events = net.watch(all, &["--events", "--from-start"]);
+    let suspected = |id: u64| {
+        let by = events_by_observer(&events.snapshot());
+        ["obs-a", "obs-b"].iter().all(|o| {
+            by.get(*o).is_some_and(|evs| {
+                evs.iter().any(|(_, e)| {
+                    e["event"] == json!("suspect")
+                        && e["id"] == json!(id)
+                        && e["level"] == json!(8.0)
+                })
+            })
+        })
+    };
+    for id in [1, 2] {
+        for i in 0..2 {
+            drop(senders.remove(&(id, i)));
+        }
+    }
+    wait_for(
+        "peers 1 and 2 suspected by both",
+        Duration::from_secs(20),
+        || (suspected(1) && suspected(2)).then_some(()),
+    );
+
+    // The node obs-a is connected to crashes; events keep flowing through the other two.
+    let port = net
+        .connected_port(0, &[4222, 4223, 4224])
+        .unwrap_or_else(|| panic!("obs-a is connected to no node: {}", net.sockets()));
+    let crashed = usize::from(port - 4222);
+    nodes[crashed].kill();
+    for id in [3, 4] {
+        for i in 0..2 {
+            drop(senders.remove(&(id, i)));
+        }
+    }
+    for id in [1, 2] {
+        for i in 0..2 {
+            senders.insert((id, i), net.sender(id, i));
+        }
+    }
+    let rest = (4222..4225)
+        .filter(|&p| p != port)
+        .map(|p| format!("nats://127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let rest = rest.as_str();
+    wait_for(
+        "peers 3 and 4 suspected, 1 and 2 recovered, after the node loss",
+        // Electing new leaders (the metadata leader too, when it was the lost node) takes
+        // 2.9 a few seconds, sometimes more on 2 busy cores.
+        Duration::from_secs(60),
+        || {
+            let by = events_by_observer(&events.snapshot());
+            let recovered = |id: u64| {
+                ["obs-a", "obs-b"].iter().all(|o| {
+                    by.get(*o).is_some_and(|evs| {
+                        evs.iter()
+                            .any(|(_, e)| e["event"] == json!("recover") && e["id"] == json!(id))
+                    })
+                })
+            };
+            (suspected(3) && suspected(4) && recovered(1) && recovered(2)).then_some(())
+        },
+    );
+    // Every event each observer took from its agent is on the stream once: its counters
+    // (events taken, resync markers) against the contiguous sequence numbers seen.
+    let counts = wait_for(
+        "the observers' counters settle",
+        Duration::from_secs(20),
+        || {
+            let by = events_by_observer(&events.snapshot());
+            let live = live_observers_eventually(&net, rest)?;
+            let settled: Vec<(String, u64)> = live
+                .iter()
+                .filter(|o| {
+                    o["buffered"] == json!(0)
+                        && o["published"]
+                            == json!(o["events"].as_u64().unwrap() + o["resyncs"].as_u64().unwrap())
+                })
+                .filter_map(|o| {
+                    let name = o["observer"].as_str().unwrap();
+                    let expected = o["events"].as_u64()? + o["resyncs"].as_u64()?;
+                    let seen = by.get(name).map_or(0, |e| e.len() as u64);
+                    (seen == expected).then(|| (name.to_string(), expected))
+                })
+                .collect();
+            (settled.len() == 2).then_some(settled)
+        },
+    );
+    let by = events_by_observer(&events.snapshot());
+    for (name, expected) in &counts {
+        assert_eq!(assert_contiguous(name, &by[name]), *expected, "{name}");
+    }
+    let live = wait_for("the cluster answers", Duration::from_secs(20), || {
+        live_observers_eventually(&net, rest)
+    });
+    for o in live {
+        assert_eq!(o["dropped"], json!(0), "{o}");
+    }
+    let reply = wait_for(
+        "peers 3 and 4 down at quorum 2",
+        Duration::from_secs(20),
+        || {
+            let r = net.fleet(rest, &["query", "suspects", "--quorum", "2"]);
+            (r["ok"] == json!(true) && suspect_ids(&r) == vec![3, 4]).then_some(r)
+        },
+    );
+    assert_eq!(reply["live_observers"], json!(2), "{reply}");
+    drop(observers);
+}
+
+#[test]
+fn a_burst_of_suspicions_is_published_and_consumed_whole() {
+    require_root();
+    let _serial = serial();
+    const PEERS: u64 = 2000;
+    let net = FleetNet::new(1);
+    let _nats = NatsServer::start(&net.nats_ns, 4222);
+    let o = &net.observers[0];
+    let observer = Observer::start(o, &format!("nats://{}:4222", o.nats_addr), &[]);
+    let events = net.watch(LOCAL, &["--events", "--from-start"]);
+    // 2000 peers, then all of them silent at once.
+    let loadgen = integration_tests::agent_process::spawn({
+        let mut cmd = FleetNet::command_in(&net.senders_ns, &integration_tests::monitor_bin());
+        cmd.args([
+            "loadgen",
+            "--to",
+            &format!("{}:7946", o.addr),
+            "--peers",
+            &PEERS.to_string(),
+            "--rate",
+            "20",
+            "--duration",
+            "60s",
+            "--kill",
+            "1.0",
+            "--after",
+            "4s",
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null());
+        cmd
+    });
+    let suspects_at = |level: f64, evs: &[Value]| {
+        evs.iter()
+            .filter(|e| e["event"] == json!("suspect") && e["level"] == json!(level))
+            .count() as u64
+    };
+    wait_for(
+        "every peer's suspicion at 1, 3 and 8 on the stream",
+        Duration::from_secs(40),
+        || {
+            let evs = events.snapshot();
+            [1.0, 3.0, 8.0]
+                .iter()
+                .all(|&l| suspects_at(l, &evs) == PEERS)
+                .then_some(())
+        },
+    );
+    drop(loadgen);
+    let by = events_by_observer(&events.snapshot());
+    assert_contiguous("obs-a", &by["obs-a"]);
+    let reply = net.fleet(LOCAL, &["query", "suspects", "--quorum", "1"]);
+    assert_eq!(
+        suspect_ids(&reply).len() as u64,
+        PEERS,
+        "verdicts in the bucket"
+    );
+    let live = live_observers(&net, LOCAL);
+    assert_eq!(live[0]["dropped"], json!(0), "{}", live[0]);
+    let stats = observer.ask(json!({"op": "stats"})).expect("agent answers");
+    assert_eq!(stats["stats"]["peers"], json!(PEERS));
+}
