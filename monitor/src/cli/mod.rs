@@ -61,6 +61,13 @@ enum Command {
     Fleet(fleet::FleetArgs),
 }
 
+impl Cli {
+    /// Whether this is the long-running agent (`monitor run`), as against a one-shot command.
+    pub fn serves(&self) -> bool {
+        matches!(self.command, Command::Run(_))
+    }
+}
+
 /// The command line, with `monitor run --config FILE`'s settings placed before the command
 /// line's own (see `config_file`); `monitor run --print-config` prints and exits here.
 pub fn parse() -> Cli {
