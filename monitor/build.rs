@@ -7,8 +7,8 @@ use std::{env, fs, path::PathBuf};
 
 fn main() -> anyhow::Result<()> {
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));
-    // Every bin of monitor-ebpf: the XDP program, and the trace tooling's impairment.
-    let objects = ["monitor", "impair"].map(|name| out_dir.join(name));
+    // Every bin of monitor-ebpf: the XDP program, the bench's floor, the traces' impairment.
+    let objects = ["monitor", "floor", "impair"].map(|name| out_dir.join(name));
     println!("cargo:rerun-if-env-changed=PATH");
     println!("cargo:rerun-if-env-changed=AYA_BUILD_SKIP");
     let skip = env::var("AYA_BUILD_SKIP").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));

@@ -14,6 +14,10 @@ use monitor_common::{
 /// The XDP object built by build.rs (empty when bpf-linker was missing at build time).
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/monitor"));
 
+/// The floor program (`monitor-ebpf/src/floor.rs`): parse to the UDP port and drop. Never
+/// loaded by the agent; `cargo xtask bench` measures the monitor against it.
+pub static FLOOR_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/floor"));
+
 /// The Gilbert-Elliott dropper (`monitor-ebpf/src/impair.rs`) that `cargo xtask traces` puts on
 /// a sender's interface. Never loaded by the agent; it lives here because the one eBPF build
 /// makes every program, and the trace tooling reaches it through this crate.

@@ -96,6 +96,29 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         if args.quick { 2 } else { 3 },
     )?;
 
+    println!("==> the floor program, the monitor and the socket path, same stream");
+    let floor_test_run = probe_json(&tools.probe, &["floor-test-run"])?;
+    let floor_scales: Vec<u64> = [1000u64, 50_000]
+        .into_iter()
+        .filter(|p| scales.contains(p))
+        .collect();
+    let mut floor_rows = Vec::new();
+    for &peers in &floor_scales {
+        interrupt.check()?;
+        floor_rows.push(floor_comparison(
+            &tools,
+            &net,
+            &dir.0,
+            peers,
+            if args.quick { 3 } else { 10 },
+        )?);
+    }
+    let floor_table = render_floor(
+        floor_test_run["ns_per_packet"].as_f64().unwrap_or(f64::NAN),
+        test_run_ns,
+        &floor_rows,
+    );
+
     println!("==> XDP path against a userspace UDP receiver, same stream");
     let paths = path_comparison(
         &tools,
@@ -105,7 +128,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         if args.quick { 3 } else { 10 },
     )?;
 
-    let mut table = render(test_run_ns, &rows, &ingest, &paths);
+    let mut table = floor_table;
+    table.push_str(&render(test_run_ns, &rows, &ingest, &paths));
     let ns = |k: &str| log_cost[k].as_f64().unwrap_or(f64::NAN);
     let _ = writeln!(
         table,
@@ -527,6 +551,144 @@ fn path_comparison(
         busy1 - busy0,
     );
     Ok(Paths { pps, xdp, socket })
+}
+
+/// One receiver of the floor comparison: what it cost per packet.
+struct Receiver {
+    sent: u64,
+    /// Kernel ns per packet from bpf_stats (XDP programs only).
+    kernel_ns: Option<f64>,
+    /// Busy CPU seconds of the whole machine per million packets sent (sender included, the
+    /// same for every receiver).
+    machine_s_per_m: f64,
+}
+
+struct FloorRow {
+    peers: u64,
+    pps: f64,
+    floor: Receiver,
+    monitor: Receiver,
+    socket: Receiver,
+}
+
+/// The same stream (`peers` x 10 Hz for `seconds`) into the floor program, the monitor and
+/// the userspace socket path, one after another in this run: the monitor's cost as a multiple
+/// of the least any XDP program pays, and of what the socket path pays.
+fn floor_comparison(
+    tools: &Tools,
+    net: &NetPair,
+    dir: &Path,
+    peers: u64,
+    seconds: u64,
+) -> Result<FloorRow> {
+    let pps = peers as f64 * RATE_HZ;
+    let per_m = |busy: f64, sent: u64| busy / sent.max(1) as f64 * 1e6;
+
+    // The floor, attached by the probe for the stream's length and a little more.
+    let mut probe = Process::spawn(
+        NetPair::in_ns(net.ns_monitor, &tools.probe)
+            .args(["floor", "--iface", net.if_monitor, "--duration-s"])
+            .arg((seconds as f64 + 1.5).to_string())
+            .stdout(Stdio::piped()),
+    )?;
+    let line = probe.read_line()?;
+    if !line.contains("attached") {
+        bail!("floor probe: {line}");
+    }
+    let busy0 = system_busy_s()?;
+    let sent = finish_json(loadgen(tools, net, peers, RATE_HZ, seconds as f64, None)?)?;
+    let busy1 = system_busy_s()?;
+    let stats = finish_json(probe)?;
+    let sent_n = sent["sent"].as_u64().unwrap_or(0);
+    let runs = stats["run_count"].as_f64().unwrap_or(0.0);
+    let floor = Receiver {
+        sent: sent_n,
+        kernel_ns: (runs > 0.0).then(|| stats["run_time_ns"].as_f64().unwrap_or(0.0) / runs),
+        machine_s_per_m: per_m(busy1 - busy0, sent_n),
+    };
+
+    let agent = Agent::start(tools, net, dir, peers, &[])?;
+    let before = agent.stats()?;
+    let busy0 = system_busy_s()?;
+    let sent = finish_json(loadgen(tools, net, peers, RATE_HZ, seconds as f64, None)?)?;
+    std::thread::sleep(Duration::from_millis(200));
+    let busy1 = system_busy_s()?;
+    let after = agent.stats()?;
+    agent.process.stop();
+    let d = |k: &str| {
+        after["xdp"][k].as_f64().unwrap_or(0.0) - before["xdp"][k].as_f64().unwrap_or(0.0)
+    };
+    let sent_n = sent["sent"].as_u64().unwrap_or(0);
+    let monitor = Receiver {
+        sent: sent_n,
+        kernel_ns: (d("run_count") > 0.0).then(|| d("run_time_ns") / d("run_count")),
+        machine_s_per_m: per_m(busy1 - busy0, sent_n),
+    };
+
+    let receiver = Process::spawn(
+        NetPair::in_ns(net.ns_monitor, &tools.probe)
+            .args(["receiver", "--bind", &net.target(), "--duration-s"])
+            .arg((seconds + 1).to_string())
+            .stdout(Stdio::piped()),
+    )?;
+    std::thread::sleep(Duration::from_millis(300));
+    let busy0 = system_busy_s()?;
+    let sent = finish_json(loadgen(tools, net, peers, RATE_HZ, seconds as f64, None)?)?;
+    let busy1 = system_busy_s()?;
+    let _ = finish_json(receiver)?;
+    let sent_n = sent["sent"].as_u64().unwrap_or(0);
+    let socket = Receiver {
+        sent: sent_n,
+        kernel_ns: None,
+        machine_s_per_m: per_m(busy1 - busy0, sent_n),
+    };
+    Ok(FloorRow {
+        peers,
+        pps,
+        floor,
+        monitor,
+        socket,
+    })
+}
+
+fn render_floor(floor_test_run_ns: f64, monitor_test_run_ns: f64, rows: &[FloorRow]) -> String {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "Against the floor (a parse-to-UDP-port-and-drop XDP program), same stream, same run:\n\n\
+         BPF_PROG_TEST_RUN, one IPv4 heartbeat: floor {floor_test_run_ns:.0} ns, monitor \
+         {monitor_test_run_ns:.0} ns ({:.1}x the floor)\n",
+        monitor_test_run_ns / floor_test_run_ns
+    );
+    let _ = writeln!(
+        t,
+        "| peers | pps | receiver | sent | kernel ns/pkt (bpf_stats) | x floor | machine CPU-s per 1M pkts | x floor |"
+    );
+    let _ = writeln!(t, "|---:|---:|---|---:|---:|---:|---:|---:|");
+    for r in rows {
+        for (name, x) in [
+            ("floor", &r.floor),
+            ("monitor", &r.monitor),
+            ("socket path", &r.socket),
+        ] {
+            let ns = x.kernel_ns.map_or("-".into(), |v| format!("{v:.0}"));
+            let ns_ratio = match (x.kernel_ns, r.floor.kernel_ns) {
+                (Some(a), Some(b)) if b > 0.0 => format!("{:.1}x", a / b),
+                _ => "-".into(),
+            };
+            let _ = writeln!(
+                t,
+                "| {} | {:.0} | {name} | {} | {ns} | {ns_ratio} | {:.3} | {:.2}x |",
+                r.peers,
+                r.pps,
+                x.sent,
+                x.machine_s_per_m,
+                x.machine_s_per_m / r.floor.machine_s_per_m,
+            );
+        }
+    }
+    t.push('\n');
+    t
 }
 
 fn f(v: &Value, path: &[&str]) -> f64 {

@@ -20,6 +20,21 @@ enum Probe {
         #[arg(long, default_value_t = 1_000_000)]
         repeat: u32,
     },
+    /// The floor program's cost per heartbeat through BPF_PROG_TEST_RUN, ns.
+    FloorTestRun {
+        #[arg(long, default_value_t = 1_000_000)]
+        repeat: u32,
+    },
+    /// Attach the floor program to IFACE for a while; prints `{"attached":true}`, then its run
+    /// statistics (kernel.bpf_stats_enabled must be 1).
+    Floor {
+        #[arg(long)]
+        iface: String,
+        #[arg(long, default_value_t = monitor_common::wire::DEFAULT_PORT)]
+        port: u16,
+        #[arg(long)]
+        duration_s: f64,
+    },
     /// What kernel logging costs (TEST_RUN): hot and cold path, logging off and at debug.
     KernelLog {
         #[arg(long, default_value_t = 1_000_000)]
@@ -88,6 +103,25 @@ fn main() {
     let out = match Cli::parse().probe {
         Probe::Kernel { repeat } => {
             serde_json::json!({ "ns_per_packet": bench::prog_test_run_ns(repeat) })
+        }
+        Probe::FloorTestRun { repeat } => {
+            serde_json::json!({ "ns_per_packet": bench::floor_test_run_ns(repeat) })
+        }
+        Probe::Floor {
+            iface,
+            port,
+            duration_s,
+        } => {
+            let stats = bench::floor_attached(
+                &iface,
+                port,
+                Duration::from_secs_f64(duration_s),
+                || {
+                    println!("{{\"attached\":true}}");
+                    let _ = std::io::Write::flush(&mut std::io::stdout());
+                },
+            );
+            serde_json::json!({ "run_count": stats.run_count, "run_time_ns": stats.run_time_ns })
         }
         Probe::KernelLog { repeat } => {
             serde_json::to_value(bench::kernel_log_cost(repeat)).unwrap()
