@@ -233,7 +233,7 @@ impl FleetNet {
 }
 
 /// Moves this thread into the network namespace `ns`.
-fn enter_netns(ns: &str) {
+pub fn enter_netns(ns: &str) {
     use std::os::fd::AsRawFd;
     let f = std::fs::File::open(format!("/run/netns/{ns}")).expect("open netns");
     // SAFETY: setns on a namespace fd we hold, for this thread only.
