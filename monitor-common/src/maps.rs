@@ -84,8 +84,12 @@ pub struct PeerRecord {
     pub last_seq: u64,
     /// Heartbeats accepted (in order, not duplicates).
     pub heartbeats: u64,
-    /// Sequence numbers skipped (net of late arrivals that filled a gap).
+    /// Sequence numbers skipped (net of late arrivals that filled a counted gap).
     pub lost: u64,
+    /// Which of the [`crate::slot::MISSING_SPAN`] sequence numbers below `last_seq` were
+    /// counted in `lost` and have not arrived since: bit i is `last_seq - 1 - i`. Only a late
+    /// heartbeat whose bit is set takes one off `lost` (and clears it).
+    pub missing: u64,
     /// Heartbeats repeating the last accepted sequence number.
     pub duplicates: u64,
     /// Heartbeats older than the last accepted one (or from an older incarnation).
@@ -145,6 +149,7 @@ impl PeerRecord {
             last_seq: 0,
             heartbeats: 0,
             lost: 0,
+            missing: 0,
             duplicates: 0,
             out_of_order: 0,
             auth_failures: 0,
@@ -177,7 +182,7 @@ const _: () = assert!(core::mem::offset_of!(UnknownPeerReport, src_addr) % 8 == 
 
 /// Version of everything a restarted agent reads from pinned maps: bump it whenever a map's
 /// layout or meaning changes, so an agent never misreads state pinned by another build.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 /// "HBMPIN\0\0".
 pub const META_MAGIC: u64 = u64::from_le_bytes(*b"HBMPIN\0\0");
 

@@ -19,6 +19,10 @@
 //!    to wait out the next one. A run of more than [`OUTAGE_RUN`] such intervals in a row is
 //!    the path itself (the sender slowed down, the route changed): from then on they count,
 //!    until an ordinary interval ends the run.
+//! 6. Loss: an accepted heartbeat adds the sequence numbers it skipped to `lost`, and marks them
+//!    in `missing` (the [`MISSING_SPAN`] numbers below the last accepted one). A late heartbeat
+//!    takes one off `lost` only if its number is marked there, and clears the mark: replays,
+//!    second copies and numbers older than the span leave `lost` alone.
 
 use crate::{
     config::{XDP_FLAG_GAPLESS_WINDOW, XdpConfig},
@@ -75,11 +79,23 @@ pub fn arrive(
     let restarted = !first && incarnation > record.incarnation;
     let lost = if first || restarted {
         0
-    } else if incarnation < record.incarnation || seq < record.last_seq {
+    } else if incarnation < record.incarnation {
+        // A straggler or replay from an older epoch: that epoch's gaps are no longer tracked.
         record.out_of_order += 1;
-        // A late heartbeat fills a gap that was counted as lost.
-        if record.lost > 0 {
-            record.lost -= 1;
+        return Outcome::OutOfOrder;
+    } else if seq < record.last_seq {
+        record.out_of_order += 1;
+        // A late heartbeat fills a gap that was counted as lost, once, if the gap is within
+        // the MISSING_SPAN sequence numbers below the last accepted one and this number is
+        // still missing there. A replay of a number that arrived, a second copy of a late one,
+        // or anything older than the tracked span changes nothing.
+        let back = record.last_seq - 1 - seq;
+        if back < MISSING_SPAN {
+            let bit = 1u64 << back;
+            if record.missing & bit != 0 {
+                record.missing &= !bit;
+                record.lost = record.lost.saturating_sub(1);
+            }
         }
         return Outcome::OutOfOrder;
     } else if seq == record.last_seq {
@@ -90,6 +106,11 @@ pub fn arrive(
     };
 
     record.lost += lost;
+    record.missing = if first || restarted {
+        0
+    } else {
+        track_missing(record.missing, lost)
+    };
     if restarted {
         record.restarts += 1;
         record.burst_left = 0;
@@ -103,6 +124,29 @@ pub fn arrive(
     record.last_seq = seq;
     record.incarnation = incarnation;
     Outcome::Accepted { lost }
+}
+
+/// Sequence numbers below the last accepted one whose late arrival is recognised as filling a
+/// counted gap (the width of `PeerRecord::missing`).
+pub const MISSING_SPAN: u64 = 64;
+
+/// `PeerRecord::missing` after an accepted heartbeat `lost + 1` numbers above the previous
+/// one: the old bits move up by that much (numbers that fall out of the span are forgotten),
+/// and the `lost` numbers just skipped become the lowest bits. Shifts by 64 or more are
+/// spelled out (they are undefined on the BPF target and panic in debug builds).
+#[inline(always)]
+fn track_missing(missing: u64, lost: u64) -> u64 {
+    let moved = if lost >= MISSING_SPAN - 1 {
+        0
+    } else {
+        missing << (lost + 1)
+    };
+    let skipped = if lost >= MISSING_SPAN {
+        u64::MAX
+    } else {
+        (1u64 << lost) - 1
+    };
+    moved | skipped
 }
 
 #[inline(always)]
@@ -194,4 +238,115 @@ pub fn window_intervals(slot: &PeerSlot, window: u32) -> impl Iterator<Item = u3
     // The oldest sample sits at `head` when the ring is full, at 0 before.
     let start = if samples >= window { head } else { 0 };
     (0..samples).map(move |i| slot.ring_us[((start + i) % window) as usize])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn config() -> XdpConfig {
+        XdpConfig {
+            window: 8,
+            ..XdpConfig::default()
+        }
+    }
+
+    /// A slot that accepted `seqs` (incarnation 1), 10 ms apart.
+    fn after(seqs: impl IntoIterator<Item = u64>) -> PeerSlot {
+        let mut slot = PeerSlot::admitted(7, 0);
+        for (i, seq) in seqs.into_iter().enumerate() {
+            let outcome = arrive(&mut slot, (i as u64 + 1) * 10 * MS, seq, 1, &config());
+            assert!(
+                matches!(outcome, Outcome::Accepted { .. }),
+                "{seq}: {outcome:?}"
+            );
+        }
+        slot
+    }
+
+    fn late(slot: &mut PeerSlot, seq: u64) -> Outcome {
+        arrive(slot, 1000 * MS, seq, 1, &config())
+    }
+
+    #[test]
+    fn a_late_heartbeat_fills_its_counted_gap_once() {
+        let mut slot = after([1, 2, 5]);
+        assert_eq!(slot.record.lost, 2);
+        assert_eq!(slot.record.missing, 0b11);
+        assert_eq!(late(&mut slot, 3), Outcome::OutOfOrder);
+        assert_eq!((slot.record.lost, slot.record.missing), (1, 0b01));
+        assert_eq!(late(&mut slot, 4), Outcome::OutOfOrder);
+        assert_eq!((slot.record.lost, slot.record.missing), (0, 0));
+        assert_eq!(slot.record.out_of_order, 2);
+    }
+
+    #[test]
+    fn a_duplicate_of_a_late_heartbeat_fills_nothing() {
+        let mut slot = after([1, 2, 5]);
+        late(&mut slot, 3);
+        assert_eq!(late(&mut slot, 3), Outcome::OutOfOrder);
+        assert_eq!(slot.record.lost, 1, "4 is still missing");
+        assert_eq!(slot.record.out_of_order, 2);
+    }
+
+    #[test]
+    fn a_replayed_old_heartbeat_fills_nothing() {
+        // 2 arrived; 4 and 5 did not.
+        let mut slot = after([1, 2, 3, 6]);
+        assert_eq!(slot.record.lost, 2);
+        for seq in [1, 2, 3] {
+            assert_eq!(late(&mut slot, seq), Outcome::OutOfOrder);
+        }
+        assert_eq!(slot.record.lost, 2);
+        assert_eq!(slot.record.out_of_order, 3);
+        // From an older incarnation, even a number that is missing in this one.
+        assert_eq!(arrive(&mut slot, 0, 4, 0, &config()), Outcome::OutOfOrder);
+        assert_eq!(slot.record.lost, 2);
+    }
+
+    #[test]
+    fn a_late_heartbeat_below_the_tracked_span_fills_nothing() {
+        // 2 is lost, then 3..=67 arrive in order: 67 - 1 - 2 = 64, out of the span.
+        let mut slot = after([1].into_iter().chain(3..=3 + MISSING_SPAN));
+        assert_eq!((slot.record.lost, slot.record.missing), (1, 0));
+        late(&mut slot, 2);
+        assert_eq!(slot.record.lost, 1);
+        // One fewer in order (up to 66) and it is still inside: bit 63.
+        let mut slot = after([1].into_iter().chain(3..3 + MISSING_SPAN));
+        assert_eq!(slot.record.missing, 1 << 63);
+        late(&mut slot, 2);
+        assert_eq!((slot.record.lost, slot.record.missing), (0, 0));
+    }
+
+    #[test]
+    fn gaps_wider_than_the_span_track_their_newest_numbers() {
+        let mut slot = after([1, 102]);
+        assert_eq!((slot.record.lost, slot.record.missing), (100, u64::MAX));
+        late(&mut slot, 101);
+        late(&mut slot, 38); // 102 - 1 - 63: the oldest tracked
+        late(&mut slot, 37); // beyond the span
+        assert_eq!(slot.record.lost, 98);
+        // Exactly 63 and 64 lost: the shifts at the edge.
+        let slot = after([1, 65]);
+        assert_eq!((slot.record.lost, slot.record.missing), (63, u64::MAX >> 1));
+        let slot = after([1, 66]);
+        assert_eq!((slot.record.lost, slot.record.missing), (64, u64::MAX));
+        // Older gaps move up as newer heartbeats arrive, and still fill.
+        let mut slot = after([1, 3, 4, 7]);
+        assert_eq!(slot.record.missing, 0b1_0011);
+        late(&mut slot, 2);
+        assert_eq!((slot.record.lost, slot.record.missing), (2, 0b0_0011));
+    }
+
+    #[test]
+    fn a_restart_forgets_the_old_epochs_gaps() {
+        let mut slot = after([1, 4]);
+        assert_eq!(slot.record.lost, 2);
+        arrive(&mut slot, 100 * MS, 10, 2, &config());
+        assert_eq!(slot.record.missing, 0);
+        late(&mut slot, 2);
+        assert_eq!(slot.record.lost, 2);
+    }
 }

@@ -62,6 +62,10 @@ pub struct WindowDetail {
     pub burst_heartbeats: u32,
     pub burst_gaps: u32,
     pub outage_run: u16,
+    /// Which of the 64 sequence numbers below `last_seq` were counted lost and have not
+    /// arrived late since (bit i: `last_seq - 1 - i`); only those can still take one off `lost`.
+    #[serde(default)]
+    pub missing: u64,
 }
 
 impl WindowDetail {
@@ -76,6 +80,7 @@ impl WindowDetail {
             burst_heartbeats: record.burst_heartbeats,
             burst_gaps: record.burst_gaps,
             outage_run: record.outage_run,
+            missing: record.missing,
         }
     }
 }

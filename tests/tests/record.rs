@@ -127,6 +127,7 @@ fn recorded_arrivals_replay_to_the_kernels_window() {
             "burst_heartbeats": r.burst_heartbeats,
             "burst_gaps": r.burst_gaps,
             "outage_run": r.outage_run,
+            "missing": r.missing,
         },
     });
     let from_kernel: Value = json!({

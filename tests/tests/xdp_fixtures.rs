@@ -365,6 +365,25 @@ fn sequence_tracking_counts_lost_duplicates_and_late_arrivals() {
     );
     let c = fx.counters();
     assert_eq!((c.heartbeats, c.duplicates, c.out_of_order), (4, 1, 1));
+
+    // Only a late heartbeat that fills a counted gap takes one off `lost`: 12 again (a second
+    // copy of a late one), 10 and 14 (replays of accepted ones) change nothing; 13 does.
+    for seq in [12, 10, 14] {
+        fx.run(&Packet::heartbeat_v4(PEER, seq).build());
+        let r = fx.record(PEER);
+        assert_eq!((r.lost, r.missing), (1, 0b10), "after {seq}");
+    }
+    fx.run(&Packet::heartbeat_v4(PEER, 13).build());
+    let r = fx.record(PEER);
+    assert_eq!((r.lost, r.missing, r.out_of_order), (0, 0, 5));
+    // A gap that has fallen out of the tracked span is not filled: 16 is lost, then 17..=80,
+    // and 16 is 80 - 1 - 16 = 63 below: still tracked; after 81 it is not.
+    for seq in 17..=81 {
+        fx.run(&Packet::heartbeat_v4(PEER, seq).build());
+    }
+    assert_eq!(fx.record(PEER).lost, 1);
+    fx.run(&Packet::heartbeat_v4(PEER, 16).build());
+    assert_eq!(fx.record(PEER).lost, 1, "below the span: no decrement");
 }
 
 #[test]
