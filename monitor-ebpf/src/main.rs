@@ -1,4 +1,5 @@
-//! XDP program: recognise heartbeats, timestamp them, update the sender's peer slot.
+//! XDP program (and the same logic as a TC classifier, `monitor_tc`): recognise heartbeats,
+//! timestamp them, update the sender's peer slot.
 //!
 //! Per packet: parse Ethernet (+ up to two VLAN tags), IPv4 (IHL honoured, fragments skipped)
 //! or IPv6, UDP; match the heartbeat port; validate the header with the rules shared with
@@ -14,10 +15,11 @@ mod parse;
 mod record;
 
 use aya_ebpf::{
-    bindings::xdp_action,
-    macros::{map, xdp},
+    EbpfContext,
+    bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
+    macros::{classifier, map, xdp},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
-    programs::XdpContext,
+    programs::{TcContext, XdpContext},
 };
 use aya_log_ebpf::warn;
 use monitor_common::{
@@ -29,7 +31,7 @@ use monitor_common::{
     },
 };
 
-use crate::parse::Parsed;
+use crate::parse::{Packet, Parsed};
 
 /// Written by the agent before load (aya `override_global`); read-only to the program.
 #[unsafe(no_mangle)]
@@ -64,33 +66,74 @@ fn config() -> XdpConfig {
     unsafe { core::ptr::read_volatile(&CONFIG) }
 }
 
-#[xdp]
-pub fn monitor(ctx: XdpContext) -> u32 {
+/// What a hook does with the packet it was given.
+enum Verdict {
+    Pass,
+    Drop,
+}
+
+/// The one path of both hooks: parse, count, record.
+#[inline(always)]
+fn handle<C: Packet + EbpfContext>(ctx: &C) -> Verdict {
     let Some(counters) = COUNTERS.get_ptr_mut(0) else {
-        return xdp_action::XDP_PASS;
+        return Verdict::Pass;
     };
-    // SAFETY: per-CPU value; XDP runs to completion on this CPU, nothing else writes it.
+    // SAFETY: per-CPU value; XDP and TC programs run to completion on this CPU, nothing else
+    // writes it.
     let counters = unsafe { &mut *counters };
     let config = config();
-    match parse::parse(&ctx, config.port) {
+    match parse::parse(ctx, config.port) {
         Parsed::NotHeartbeat => {
             counters.not_heartbeat += 1;
-            xdp_action::XDP_PASS
+            Verdict::Pass
         }
         Parsed::Malformed => {
             counters.malformed += 1;
             // Cold path; the level is fixed at load (`monitor run --kernel-log`), off by default.
-            warn!(&ctx, "malformed heartbeat to port {}: passed on", config.port);
-            xdp_action::XDP_PASS
+            warn!(ctx, "malformed heartbeat to port {}: passed on", config.port);
+            Verdict::Pass
         }
         Parsed::Heartbeat(hb) => {
-            record::record(&ctx, &hb, &config, counters);
+            record::record(ctx, &hb, &config, counters);
             if config.flags & XDP_FLAG_PASS_HEARTBEATS != 0 {
-                xdp_action::XDP_PASS
+                Verdict::Pass
             } else {
-                xdp_action::XDP_DROP
+                Verdict::Drop
             }
         }
+    }
+}
+
+#[xdp]
+pub fn monitor(ctx: XdpContext) -> u32 {
+    match handle(&ctx) {
+        Verdict::Pass => xdp_action::XDP_PASS,
+        Verdict::Drop => xdp_action::XDP_DROP,
+    }
+}
+
+/// The deepest byte the parser reads: Ethernet, two VLAN tags and IP options end by byte 128
+/// (`parse` refuses a UDP header further in), then UDP (8) and the heartbeat header (32).
+const PULL_BYTES: u32 = 128 + 8 + 32;
+
+/// The same logic at TC ingress (`monitor run --hook tc`; attached as a TCX link), so the
+/// monitor runs beside another XDP program on the interface. For TCX, TC_ACT_OK is TCX_PASS
+/// (the next program, or the stack) and TC_ACT_SHOT is TCX_DROP.
+#[classifier]
+pub fn monitor_tc(ctx: TcContext) -> i32 {
+    // An skb may be non-linear: make the headers the parser reads directly accessible. Most
+    // are already (the helper may copy a cloned skb), so only call it when they are not.
+    let want = if ctx.len() < PULL_BYTES {
+        ctx.len()
+    } else {
+        PULL_BYTES
+    };
+    if ctx.data_end() - ctx.data() < want as usize && ctx.pull_data(want).is_err() {
+        return TC_ACT_OK as i32;
+    }
+    match handle(&ctx) {
+        Verdict::Pass => TC_ACT_OK as i32,
+        Verdict::Drop => TC_ACT_SHOT as i32,
     }
 }
 

@@ -2,7 +2,7 @@
 
 use core::mem::size_of;
 
-use aya_ebpf::programs::XdpContext;
+use aya_ebpf::programs::{TcContext, XdpContext};
 use monitor_common::{
     maps::{FAMILY_IPV4, FAMILY_IPV6},
     wire::{HeartbeatHeader, split_first_word, validate_fields},
@@ -45,9 +45,40 @@ const ETH_P_8021AD: u16 = EtherType::Ieee8021ad as u16;
 /// IPv4 "more fragments" flag and fragment offset, in host order of the 16-bit field.
 const IPV4_MF_OR_OFFSET: u16 = 0x3fff;
 
+/// Direct packet access, the one thing the parser needs from its hook's context: XDP and TC
+/// run the same parser (and the same record path) on their own contexts.
+pub trait Packet {
+    fn data(&self) -> usize;
+    fn data_end(&self) -> usize;
+}
+
+impl Packet for XdpContext {
+    #[inline(always)]
+    fn data(&self) -> usize {
+        XdpContext::data(self)
+    }
+    #[inline(always)]
+    fn data_end(&self) -> usize {
+        XdpContext::data_end(self)
+    }
+}
+
+/// The caller makes the headers linear first (`bpf_skb_pull_data`, see `monitor_tc`): a
+/// non-linear skb's direct-access window may end before the heartbeat does.
+impl Packet for TcContext {
+    #[inline(always)]
+    fn data(&self) -> usize {
+        TcContext::data(self)
+    }
+    #[inline(always)]
+    fn data_end(&self) -> usize {
+        TcContext::data_end(self)
+    }
+}
+
 /// A pointer to a `T` at `offset`, if the whole `T` lies inside the packet.
 #[inline(always)]
-fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Option<*const T> {
+fn ptr_at<C: Packet, T>(ctx: &C, offset: usize) -> Option<*const T> {
     let start = ctx.data();
     let end = ctx.data_end();
     if start + offset + size_of::<T>() > end {
@@ -57,7 +88,7 @@ fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Option<*const T> {
 }
 
 #[inline(always)]
-pub fn parse(ctx: &XdpContext, port: u16) -> Parsed {
+pub fn parse<C: Packet>(ctx: &C, port: u16) -> Parsed {
     match parse_inner(ctx, port) {
         Some(parsed) => parsed,
         None => Parsed::NotHeartbeat,
@@ -65,7 +96,7 @@ pub fn parse(ctx: &XdpContext, port: u16) -> Parsed {
 }
 
 #[inline(always)]
-fn parse_inner(ctx: &XdpContext, port: u16) -> Option<Parsed> {
+fn parse_inner<C: Packet>(ctx: &C, port: u16) -> Option<Parsed> {
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
     let mut ether_type = unsafe { (*eth).ether_type };
     let mut offset = EthHdr::LEN;
@@ -128,7 +159,7 @@ fn parse_inner(ctx: &XdpContext, port: u16) -> Option<Parsed> {
         return None;
     }
     // From here on it is addressed to us: anything wrong is malformed, not foreign.
-    let Some(header) = ptr_at::<HeartbeatHeader>(ctx, offset + UdpHdr::LEN) else {
+    let Some(header) = ptr_at::<C, HeartbeatHeader>(ctx, offset + UdpHdr::LEN) else {
         return Some(Parsed::Malformed);
     };
     let payload_len = (u16::from_be_bytes(udp.len) as usize).wrapping_sub(UdpHdr::LEN);

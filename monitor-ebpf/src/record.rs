@@ -4,7 +4,7 @@
 use core::intrinsics::atomic_xadd;
 use core::intrinsics::{AtomicOrdering, atomic_cxchg};
 
-use aya_ebpf::{helpers::bpf_ktime_get_ns, programs::XdpContext};
+use aya_ebpf::{EbpfContext, helpers::bpf_ktime_get_ns};
 use aya_log_ebpf::{debug, warn};
 use monitor_common::{
     auth::{KEY_CURRENT, KEY_PREVIOUS, siphash24_24},
@@ -17,8 +17,14 @@ use monitor_common::{
 use crate::{ARRIVALS, AUTH_KEYS, PEER_INDEX, PEER_STATE, UNKNOWN_PEERS, parse::Heartbeat};
 const NS_PER_SEC: u64 = 1_000_000_000;
 
+/// Shared by the XDP and the TC hook; `ctx` only feeds aya-log, which takes any context.
 #[inline(always)]
-pub fn record(ctx: &XdpContext, hb: &Heartbeat, config: &XdpConfig, counters: &mut Counters) {
+pub fn record<C: EbpfContext>(
+    ctx: &C,
+    hb: &Heartbeat,
+    config: &XdpConfig,
+    counters: &mut Counters,
+) {
     let peer_id = hb.peer_id;
     let slot = match unsafe { PEER_INDEX.get(&peer_id) } {
         Some(&index) => PEER_STATE.get_ptr_mut(index),

@@ -66,7 +66,19 @@ impl LoadedProgram {
         pin_dir: Option<&std::path::Path>,
         log: program::KernelLog,
     ) -> Result<Self, LoadedError> {
-        let mut ebpf = program::load_with_log(config, capacity, log)?;
+        Self::load_hook(config, capacity, pin_dir, log, program::Hook::Xdp)
+    }
+
+    /// As `load_pinned`, loading the program of `hook` (the XDP one or the TC classifier;
+    /// both use the same maps).
+    pub fn load_hook(
+        config: &XdpConfig,
+        capacity: u32,
+        pin_dir: Option<&std::path::Path>,
+        log: program::KernelLog,
+        hook: program::Hook,
+    ) -> Result<Self, LoadedError> {
+        let mut ebpf = program::load_hook(config, capacity, log, hook)?;
         if let Some(dir) = pin_dir {
             crate::pinning::pin_maps(dir, &ebpf)?;
         }

@@ -1,10 +1,13 @@
-//! Loading the XDP program into the kernel and attaching it to an interface.
+//! Loading the XDP program into the kernel and attaching it to an interface, at the XDP hook
+//! or (`--hook tc`) at TC ingress.
 
 use std::{ffi::CString, fmt, io};
 
 use aya::{
     Ebpf, EbpfLoader,
-    programs::{ProgramError, Xdp, xdp::XdpLinkId},
+    programs::{
+        ProgramError, SchedClassifier, TcAttachType, Xdp, tc::SchedClassifierLinkId, xdp::XdpLinkId,
+    },
 };
 use monitor_common::{
     config::{CONFIG_SYMBOL, XdpConfig},
@@ -25,6 +28,38 @@ pub static IMPAIR_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_
 
 /// Name of the XDP function in the object.
 pub const PROGRAM_NAME: &str = "monitor";
+
+/// Name of the TC classifier in the object: the same parser and record path as `monitor`, on
+/// the same maps, for `--hook tc`.
+pub const TC_PROGRAM_NAME: &str = "monitor_tc";
+
+/// Where heartbeats are caught: the XDP hook (first, cheapest), or TC ingress (a TCX link
+/// where the kernel has TCX, 6.6+), which runs beside any XDP program on the interface.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Hook {
+    #[default]
+    Xdp,
+    Tc,
+}
+
+impl Hook {
+    /// The program of this hook in the object.
+    pub fn program_name(self) -> &'static str {
+        match self {
+            Hook::Xdp => PROGRAM_NAME,
+            Hook::Tc => TC_PROGRAM_NAME,
+        }
+    }
+}
+
+impl fmt::Display for Hook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Hook::Xdp => "xdp",
+            Hook::Tc => "tc",
+        })
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProgramLoadError {
@@ -52,6 +87,8 @@ pub enum ProgramLoadError {
         mode: AttachMode,
         reason: String,
     },
+    #[error("attaching at TC ingress of {iface}: {reason}")]
+    AttachTc { iface: String, reason: String },
 }
 
 /// How to attach. `Auto` tries the driver's native mode and falls back to generic (skb) mode,
@@ -109,6 +146,16 @@ pub fn load_with_log(
     capacity: u32,
     log: KernelLog,
 ) -> Result<Ebpf, ProgramLoadError> {
+    load_hook(config, capacity, log, Hook::Xdp)
+}
+
+/// As `load_with_log`, loading (verifying) the program of `hook` only.
+pub fn load_hook(
+    config: &XdpConfig,
+    capacity: u32,
+    log: KernelLog,
+    hook: Hook,
+) -> Result<Ebpf, ProgramLoadError> {
     if OBJECT.is_empty() {
         return Err(ProgramLoadError::NotBuilt);
     }
@@ -126,9 +173,65 @@ pub fn load_with_log(
         .map_max_entries(PEER_STATE_MAP, capacity)
         .load(OBJECT)
         .map_err(|e| classify(&e, e.to_string()))?;
-    let program = xdp_mut(&mut ebpf)?;
-    program.load().map_err(|e| classify(&e, e.to_string()))?;
+    match hook {
+        Hook::Xdp => xdp_mut(&mut ebpf)?.load(),
+        Hook::Tc => tc_mut(&mut ebpf)?.load(),
+    }
+    .map_err(|e| classify(&e, e.to_string()))?;
     Ok(ebpf)
+}
+
+/// The TC classifier inside a loaded object.
+pub fn tc_mut(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, ProgramLoadError> {
+    ebpf.program_mut(TC_PROGRAM_NAME)
+        .ok_or_else(|| {
+            ProgramLoadError::Load(format!("no program {TC_PROGRAM_NAME} in the object"))
+        })?
+        .try_into()
+        .map_err(|e: ProgramError| ProgramLoadError::Load(e.to_string()))
+}
+
+/// The fd of `hook`'s program in a loaded object (for its run statistics).
+pub fn program_fd(ebpf: &mut Ebpf, hook: Hook) -> Result<std::os::fd::OwnedFd, ProgramLoadError> {
+    use std::os::fd::AsFd;
+    let fd = match hook {
+        Hook::Xdp => xdp_mut(ebpf)?.fd(),
+        Hook::Tc => tc_mut(ebpf)?.fd(),
+    }
+    .map_err(|e| ProgramLoadError::Load(e.to_string()))?;
+    fd.as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| ProgramLoadError::Load(format!("duplicating the program fd: {e}")))
+}
+
+/// Attaches the loaded TC classifier at `iface`'s ingress: a TCX link on kernels with TCX
+/// (6.6+), appended after any program already there; on older kernels a cls_bpf filter under
+/// a clsact qdisc (added if missing). Dropping the object (or the link) detaches it.
+pub fn attach_tc(ebpf: &mut Ebpf, iface: &str) -> Result<SchedClassifierLinkId, ProgramLoadError> {
+    let c_iface =
+        CString::new(iface).map_err(|_| ProgramLoadError::NoSuchInterface(iface.into()))?;
+    // SAFETY: a valid NUL-terminated string.
+    if unsafe { libc::if_nametoindex(c_iface.as_ptr()) } == 0 {
+        return Err(ProgramLoadError::NoSuchInterface(iface.into()));
+    }
+    let tcx = aya::util::KernelVersion::current()
+        .is_ok_and(|v| v >= aya::util::KernelVersion::new(6, 6, 0));
+    if !tcx {
+        // Already there is fine (EEXIST); anything else shows up in the attach below.
+        let _ = aya::programs::tc::qdisc_add_clsact(iface);
+    }
+    tc_mut(ebpf)?
+        .attach(iface, TcAttachType::Ingress)
+        .map_err(|e| {
+            let mut reason = e.to_string();
+            if let Some(io) = find_io_error(&e) {
+                reason.push_str(&format!(": {io}"));
+            }
+            ProgramLoadError::AttachTc {
+                iface: iface.into(),
+                reason,
+            }
+        })
 }
 
 /// The XDP program inside a loaded object.
@@ -231,9 +334,10 @@ fn describe_attach_error(e: &ProgramError) -> String {
     let mut text = e.to_string();
     if let Some(io) = find_io_error(e) {
         match io.raw_os_error() {
-            Some(libc::EBUSY) | Some(libc::EEXIST) => {
-                text.push_str(" (another XDP program is attached; detach it or stop its owner)")
-            }
+            Some(libc::EBUSY) | Some(libc::EEXIST) => text.push_str(
+                " (another XDP program is attached: run beside it with `--hook tc`, which \
+                     attaches at TC ingress, or detach it or stop its owner)",
+            ),
             Some(libc::EOPNOTSUPP) => {
                 text.push_str(" (the driver or kernel does not support this XDP mode)")
             }

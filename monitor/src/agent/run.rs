@@ -50,6 +50,8 @@ pub struct AgentConfig {
     pub socket: PathBuf,
     pub peers_file: Option<PathBuf>,
     pub mode: AttachMode,
+    /// The XDP hook, or TC ingress (beside another XDP program).
+    pub hook: program::Hook,
     pub capacity: u32,
     /// Who is admitted on a first heartbeat.
     pub admission: AdmissionPolicy,
@@ -141,6 +143,7 @@ fn apply_reload(
     check("socket-group", new.socket_group == current.socket_group);
     check("peers", new.peers_file == current.peers_file);
     check("xdp-mode", new.mode == current.mode);
+    check("hook", new.hook == current.hook);
     check("capacity", new.capacity == current.capacity);
     check(
         "pass-heartbeats",
@@ -473,7 +476,7 @@ struct Kernel {
     arrivals: aya::maps::RingBuf<MapData>,
     auth_keys: aya::maps::Array<MapData, monitor_common::auth::AuthKey>,
     program_fd: OwnedFd,
-    /// "native", "skb", or "adopted".
+    /// "native", "skb", "tc", or "adopted".
     mode: String,
     /// Owns the program when it was loaded here; dropping it detaches an unpinned program.
     ebpf: Option<aya::Ebpf>,
@@ -505,14 +508,20 @@ fn adopt(dir: &std::path::Path, expected: &PinnedMeta) -> Result<Kernel> {
 }
 
 fn load_and_attach(config: &AgentConfig, xdp: &XdpConfig, meta: PinnedMeta) -> Result<Kernel> {
+    if config.hook == program::Hook::Tc && config.pin_path.is_some() {
+        anyhow::bail!(
+            "--persist and --pin-path need --hook xdp: with --hook tc the attachment ends with the agent"
+        );
+    }
     if let Some(dir) = &config.pin_path {
         pinning::prepare(dir)?;
     }
-    let loaded = LoadedProgram::load_pinned(
+    let loaded = LoadedProgram::load_hook(
         xdp,
         config.capacity,
         config.pin_path.as_deref(),
         config.kernel_log,
+        config.hook,
     );
     let result = (|| {
         let LoadedProgram {
@@ -525,16 +534,22 @@ fn load_and_attach(config: &AgentConfig, xdp: &XdpConfig, meta: PinnedMeta) -> R
             auth_keys,
             meta: mut meta_map,
         } = loaded?;
-        let (link, mode) = program::attach(&mut ebpf, &config.iface, config.mode)?;
-        let program_fd = program::xdp_mut(&mut ebpf)?
-            .fd()
-            .context("the XDP program has no fd")?
-            .as_fd()
-            .try_clone_to_owned()
-            .context("duplicating the program fd")?;
-        if let Some(dir) = &config.pin_path {
-            pinning::pin_program(dir, &mut ebpf, link, meta, &mut meta_map)?;
-        }
+        let mode = match config.hook {
+            program::Hook::Xdp => {
+                let (link, mode) = program::attach(&mut ebpf, &config.iface, config.mode)?;
+                if let Some(dir) = &config.pin_path {
+                    pinning::pin_program(dir, &mut ebpf, link, meta, &mut meta_map)?;
+                }
+                mode.to_string()
+            }
+            program::Hook::Tc => {
+                // The link is owned by `ebpf`: dropping it detaches.
+                program::attach_tc(&mut ebpf, &config.iface)?;
+                "tc".to_string()
+            }
+        };
+        // The attached program's: its run statistics are the agent's `xdp` stats.
+        let program_fd = program::program_fd(&mut ebpf, config.hook)?;
         Ok(Kernel {
             table,
             registry,
@@ -543,7 +558,7 @@ fn load_and_attach(config: &AgentConfig, xdp: &XdpConfig, meta: PinnedMeta) -> R
             arrivals,
             auth_keys,
             program_fd,
-            mode: mode.to_string(),
+            mode,
             ebpf: Some(ebpf),
             pinned: config.pin_path.clone(),
         })

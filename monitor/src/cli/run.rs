@@ -11,7 +11,7 @@ use monitor::{
         levels::Levels,
         model::{DetectorParams, Model},
     },
-    program::AttachMode,
+    program::{AttachMode, Hook},
 };
 
 use super::parse_duration;
@@ -51,6 +51,11 @@ pub struct RunArgs {
     /// XDP attach mode: native (driver), skb (generic), or auto (native, else skb).
     #[arg(long, value_enum, default_value_t = AttachMode::Auto)]
     xdp_mode: AttachMode,
+    /// Where heartbeats are caught: xdp (first and cheapest; the interface's one XDP program),
+    /// or tc (TC ingress, a TCX link on kernel 6.6+: runs beside another XDP program on the
+    /// interface, e.g. Cilium, Katran or a firewall, after it). --persist needs xdp.
+    #[arg(long, value_enum, default_value_t = Hook::Xdp)]
+    hook: Hook,
     /// Most peers watched at once (kernel memory is reserved for all of them at start).
     #[arg(long, default_value_t = DEFAULT_CAPACITY, value_parser = clap::value_parser!(u32).range(1..=16_777_216))]
     capacity: u32,
@@ -301,6 +306,11 @@ fn agent_config(args: RunArgs) -> anyhow::Result<AgentConfig> {
         fleet.validate()?;
         Some(fleet)
     };
+    if args.hook == Hook::Tc && (args.persist || args.pin_path.is_some()) {
+        anyhow::bail!(
+            "--persist and --pin-path need --hook xdp: with --hook tc the attachment ends with the agent"
+        );
+    }
     let pin_path = match (args.pin_path, args.persist) {
         (Some(path), _) => Some(path),
         (None, true) => Some(monitor::pinning::default_pin_path(&args.iface)),
@@ -312,6 +322,7 @@ fn agent_config(args: RunArgs) -> anyhow::Result<AgentConfig> {
         socket: args.socket,
         peers_file: args.peers,
         mode: args.xdp_mode,
+        hook: args.hook,
         capacity: args.capacity,
         admission: AdmissionPolicy {
             auto: !args.no_auto_admit,
