@@ -16,6 +16,17 @@ use monitor_common::{
 
 /// Attempts at a consistent copy before giving up on a slot that keeps changing.
 const READ_ATTEMPTS: usize = 64;
+/// Rounds of [`READ_ATTEMPTS`] a client's read makes before the slot is reported busy, with a
+/// short pause between rounds (at most about a millisecond in all).
+const BUSY_ROUNDS: u32 = 8;
+const BUSY_PAUSE: std::time::Duration = std::time::Duration::from_micros(100);
+
+/// The slot kept changing while it was read: writers (the kernel recording heartbeats of its
+/// peer on several CPUs) held or moved its sequence counter on every attempt. Not the same as
+/// an unknown peer: the read can be repeated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("slot {0} kept changing while it was read")]
+pub struct Busy(pub u32);
 
 #[derive(Debug, thiserror::Error)]
 pub enum PeerTableError {
@@ -139,6 +150,28 @@ impl PeerTable {
         None
     }
 
+    /// [`Self::record`] for a client: retried for a while before the slot is reported busy.
+    pub fn record_patiently(&self, slot: u32) -> Result<PeerRecord, Busy> {
+        self.patiently(slot, || self.record(slot))
+    }
+
+    /// [`Self::snapshot`] for a client: retried for a while before the slot is reported busy.
+    pub fn snapshot_patiently(&self, slot: u32) -> Result<(PeerRecord, Vec<u32>), Busy> {
+        self.patiently(slot, || self.snapshot(slot))
+    }
+
+    fn patiently<T>(&self, slot: u32, mut read: impl FnMut() -> Option<T>) -> Result<T, Busy> {
+        for round in 0..BUSY_ROUNDS {
+            if round > 0 {
+                std::thread::sleep(BUSY_PAUSE);
+            }
+            if let Some(value) = read() {
+                return Ok(value);
+            }
+        }
+        Err(Busy(slot))
+    }
+
     /// Resets a slot to `record` (ring cleared) under the slot's lock, so a kernel writer still
     /// holding a stale pointer never interleaves with the reset.
     pub fn reset(&self, slot: u32, record: PeerRecord) {
@@ -200,3 +233,55 @@ impl Drop for PeerTable {
 }
 
 const _: () = assert!(offset_of!(PeerSlot, lock) == 0);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A table over anonymous memory instead of a BPF map: the same protocol, no kernel.
+    fn anonymous(capacity: u32) -> PeerTable {
+        let bytes = capacity as usize * size_of::<PeerSlot>();
+        // SAFETY: a private anonymous mapping, unmapped by PeerTable's drop.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(ptr, libc::MAP_FAILED);
+        PeerTable {
+            base: NonNull::new(ptr.cast()).unwrap(),
+            capacity,
+            bytes,
+        }
+    }
+
+    #[test]
+    fn a_slot_held_by_a_writer_is_busy_and_read_once_released() {
+        let table = anonymous(2);
+        table.reset(1, PeerRecord::admitted(7, 5));
+        assert_eq!(table.record_patiently(1).map(|r| r.peer_id), Ok(7));
+        // A writer holds the slot (odd counter) through every attempt: busy, not a record.
+        table.lock(1).fetch_add(1, Ordering::AcqRel);
+        assert_eq!(table.record(1), None);
+        assert_eq!(table.record_patiently(1), Err(Busy(1)));
+        assert_eq!(table.snapshot_patiently(1).map(|_| ()), Err(Busy(1)));
+        // A writer that lets go within the retries: the patient read gets the value.
+        let mut failures = BUSY_ROUNDS - 1;
+        let read = || {
+            if failures == 0 {
+                return Some(7);
+            }
+            failures -= 1;
+            None
+        };
+        assert_eq!(table.patiently(1, read), Ok(7));
+        table.lock(1).fetch_add(1, Ordering::AcqRel);
+        let (record, ring) = table.snapshot_patiently(1).expect("read after release");
+        assert_eq!((record.peer_id, ring.len()), (7, 0));
+    }
+}

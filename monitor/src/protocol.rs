@@ -132,6 +132,34 @@ pub fn error_reply(message: impl Into<String>) -> Value {
     json!({ "ok": false, "error": message.into() })
 }
 
+/// Why a `peer` or `peers` request has no answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PeerError {
+    /// The agent does not watch this id.
+    #[error("unknown peer {0}")]
+    Unknown(u64),
+    /// The peer's slot kept changing through every read the agent tried (its heartbeats were
+    /// being recorded on several CPUs at once): the request can simply be repeated.
+    #[error("peer {0} busy: its slot kept changing while it was read; retry")]
+    Busy(u64),
+}
+
+impl PeerError {
+    /// The error reply: `{"ok":false,"error":...}`, plus `"busy":true` for [`PeerError::Busy`].
+    pub fn reply(&self) -> Value {
+        let mut reply = error_reply(self.to_string());
+        if matches!(self, PeerError::Busy(_)) {
+            reply["busy"] = Value::Bool(true);
+        }
+        reply
+    }
+}
+
+/// Whether an error reply says "busy, retry" ([`PeerError::Busy`]).
+pub fn is_busy(reply: &Value) -> bool {
+    reply.get("busy") == Some(&Value::Bool(true))
+}
+
 /// A reply as a client sees it.
 pub fn into_result(reply: Value) -> Result<Value, String> {
     match reply.get("ok") {
@@ -169,6 +197,17 @@ pub struct SuspectsReply {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn busy_and_unknown_are_told_apart() {
+        let busy = PeerError::Busy(7).reply();
+        assert_eq!(busy["ok"], json!(false));
+        assert!(is_busy(&busy), "{busy}");
+        assert!(busy["error"].as_str().unwrap().contains("busy"), "{busy}");
+        let unknown = PeerError::Unknown(8).reply();
+        assert_eq!(unknown, json!({"ok": false, "error": "unknown peer 8"}));
+        assert!(!is_busy(&unknown));
+    }
 
     #[test]
     fn parses_each_op() {

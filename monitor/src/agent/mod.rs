@@ -30,10 +30,10 @@ use crate::{
         tracker::{DetectorConfig, Event, PeerTracker, SweepTime},
     },
     metrics::{self, AgentMetrics, KindLabel, PeerSeries, Scrape},
-    peer_table::PeerTable,
+    peer_table::{Busy, PeerTable},
     peer_view::{PeerView, WindowDetail, ip_addr},
     program,
-    protocol::{AgentStats, Request, error_reply, ok_reply},
+    protocol::{AgentStats, PeerError, Request, error_reply, ok_reply},
     recording::{ARRIVAL_BUFFER, RecordingGuard, Recordings},
     registry::{AdmitError, ForgetError, Registry},
     server::{Handler, Recording, Response},
@@ -203,6 +203,16 @@ impl Agent {
         }
     }
 
+    /// [`Self::read`] for a client's request: a slot that keeps changing is retried for a
+    /// while, then reported busy (never as an unknown peer).
+    fn read_for_client(&self, slot: u32) -> Result<(PeerRecord, Vec<u32>), Busy> {
+        if self.needs_ring {
+            self.table.snapshot_patiently(slot)
+        } else {
+            Ok((self.table.record_patiently(slot)?, Vec::new()))
+        }
+    }
+
     /// One arrival of a traced peer, from the kernel's ring.
     pub fn on_arrival(&self, arrival: ArrivalRecord) {
         // No recording client left is not an error: tracing stops at the next sweep.
@@ -267,13 +277,23 @@ impl Agent {
     }
 
     /// One peer; with `window`, its window's contents too (one consistent copy of the slot).
-    pub fn peer(&self, id: u64, window: bool) -> Option<PeerView> {
-        let slot = self.registry.read().expect("registry lock").slot_of(id)?;
+    pub fn peer(&self, id: u64, window: bool) -> Result<PeerView, PeerError> {
+        let slot = self
+            .registry
+            .read()
+            .expect("registry lock")
+            .slot_of(id)
+            .ok_or(PeerError::Unknown(id))?;
         let (record, ring) = if window {
-            self.table.snapshot(slot)?
+            self.table.snapshot_patiently(slot)
         } else {
-            self.read(slot)?
-        };
+            self.read_for_client(slot)
+        }
+        .map_err(|_| PeerError::Busy(id))?;
+        if record.peer_id != id {
+            // Forgotten (and its slot perhaps reused) since the registry said otherwise.
+            return Err(PeerError::Unknown(id));
+        }
         let now = monotonic_ns();
         let mut view = PeerView::new(
             &record,
@@ -285,11 +305,11 @@ impl Agent {
         if window {
             view.window = Some(WindowDetail::new(&record, ring));
         }
-        Some(view)
+        Ok(view)
     }
 
-    /// Every admitted peer, sorted by id.
-    pub fn peers(&self) -> Vec<PeerView> {
+    /// Every admitted peer, sorted by id; busy if a slot kept changing through every retry.
+    pub fn peers(&self) -> Result<Vec<PeerView>, PeerError> {
         self.collect()
     }
 
@@ -344,26 +364,30 @@ impl Agent {
         suspects
     }
 
-    fn collect(&self) -> Vec<PeerView> {
+    fn collect(&self) -> Result<Vec<PeerView>, PeerError> {
         let now = monotonic_ns();
         let registry = self.registry.read().expect("registry lock");
         let trackers = self.trackers.lock().expect("trackers lock");
-        let mut peers: Vec<PeerView> = registry
-            .iter()
-            .filter_map(|(id, slot)| Some((id, slot, self.read(slot)?)))
-            .filter(|(id, _, (record, _))| record.peer_id == *id)
-            .map(|(id, slot, (record, ring))| {
-                let qos = trackers[slot as usize]
-                    .as_ref()
-                    .filter(|t| t.peer_id == id)
-                    .map(|t| t.qos(now));
-                PeerView::new(&record, &ring, now, &self.detector(), qos)
-            })
-            .collect();
+        let mut peers = Vec::with_capacity(registry.len());
+        for (id, slot) in registry.iter() {
+            // A slot that stays busy through the retries fails the request (the client can
+            // repeat it): leaving the peer out would read as "not watched".
+            let (record, ring) = self
+                .read_for_client(slot)
+                .map_err(|_| PeerError::Busy(id))?;
+            if record.peer_id != id {
+                continue;
+            }
+            let qos = trackers[slot as usize]
+                .as_ref()
+                .filter(|t| t.peer_id == id)
+                .map(|t| t.qos(now));
+            peers.push(PeerView::new(&record, &ring, now, &self.detector(), qos));
+        }
         drop(trackers);
         drop(registry);
         peers.sort_unstable_by_key(|p| p.id);
-        peers
+        Ok(peers)
     }
 
     pub fn stats(&self) -> Result<AgentStats, String> {
@@ -610,10 +634,13 @@ impl Handler for Agent {
                 Err(e) => error_reply(e),
             },
             Request::Peer { id, window } => match self.peer(id, window) {
-                Some(peer) => ok_reply("peer", peer),
-                None => error_reply(format!("unknown peer {id}")),
+                Ok(peer) => ok_reply("peer", peer),
+                Err(e) => e.reply(),
             },
-            Request::Peers => ok_reply("peers", self.peers()),
+            Request::Peers => match self.peers() {
+                Ok(peers) => ok_reply("peers", peers),
+                Err(e) => e.reply(),
+            },
             Request::Suspects { threshold } => {
                 let threshold = threshold.unwrap_or_else(|| self.detector().levels.highest());
                 let mut reply = ok_reply("suspects", self.suspects(threshold));
