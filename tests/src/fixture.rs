@@ -11,15 +11,28 @@ use monitor_common::{
 pub const XDP_DROP: u32 = 1;
 pub const XDP_PASS: u32 = 2;
 
+/// The TC verdicts (`TC_ACT_OK`, `TC_ACT_SHOT`); a TC fixture reports them as XDP_PASS and
+/// XDP_DROP, so the same assertions hold for both hooks.
+pub const TC_ACT_OK: u32 = 0;
+pub const TC_ACT_SHOT: u32 = 2;
+
 pub struct Fixture {
     pub loaded: LoadedProgram,
+    /// Which of the object's programs `run` drives: the XDP one or the TC classifier.
+    pub hook: program::Hook,
 }
 
 impl Fixture {
     /// Loads the program with `config` and admits `peers`.
     pub fn new(config: XdpConfig, peers: &[u64]) -> Self {
+        Self::new_hook(config, peers, program::Hook::Xdp)
+    }
+
+    /// As `new`, driving the program of `hook` (`--hook tc` loads the TC classifier).
+    pub fn new_hook(config: XdpConfig, peers: &[u64], hook: program::Hook) -> Self {
         crate::require_root();
-        let mut loaded = LoadedProgram::load(&config, 64).expect("load XDP program");
+        let mut loaded = LoadedProgram::load_hook(&config, 64, None, program::KernelLog::Off, hook)
+            .expect("load the program");
         let now = monotonic_ns();
         for &id in peers {
             loaded
@@ -27,7 +40,7 @@ impl Fixture {
                 .admit(&loaded.table, id, now)
                 .expect("admit");
         }
-        Self { loaded }
+        Self { loaded, hook }
     }
 
     pub fn with_peers(peers: &[u64]) -> Self {
@@ -40,12 +53,24 @@ impl Fixture {
     }
 
     pub fn try_run(&mut self, packet: &[u8]) -> Result<u32, aya::programs::ProgramError> {
-        let xdp = program::xdp_mut(&mut self.loaded.ebpf).expect("xdp program");
-        let result = xdp.test_run(TestRunOptions {
+        let options = TestRunOptions {
             data_in: Some(packet),
             ..TestRunOptions::default()
-        })?;
-        Ok(result.return_value)
+        };
+        match self.hook {
+            program::Hook::Xdp => {
+                let xdp = program::xdp_mut(&mut self.loaded.ebpf).expect("xdp program");
+                Ok(xdp.test_run(options)?.return_value)
+            }
+            program::Hook::Tc => {
+                let tc = program::tc_mut(&mut self.loaded.ebpf).expect("tc program");
+                Ok(match tc.test_run(options)?.return_value {
+                    TC_ACT_OK => XDP_PASS,
+                    TC_ACT_SHOT => XDP_DROP,
+                    other => panic!("unexpected TC verdict {other}"),
+                })
+            }
+        }
     }
 
     pub fn counters(&self) -> CounterTotals {

@@ -655,3 +655,75 @@ mod authentication {
         assert_eq!(fx.counters().auth_failures, 2);
     }
 }
+
+/// One parser, two hooks: every layout, whole and cut at every byte, to another port, a bad
+/// magic, an unknown peer, through the TC classifier (`--hook tc`) give the XDP program's
+/// verdicts, counters and peer record, packet by packet.
+#[test]
+fn the_tc_hook_judges_every_packet_as_xdp_does() {
+    use monitor::program::Hook;
+    let mut packets: Vec<(String, Vec<u8>)> = Vec::new();
+    for (name, packet) in layouts() {
+        let frame = packet.build();
+        for len in 14..=frame.len() {
+            packets.push((format!("{name} cut at {len}"), frame[..len].to_vec()));
+        }
+        let wrong_port = Packet {
+            dst_port: DEFAULT_PORT + 1,
+            ..packet.clone()
+        };
+        packets.push((format!("{name} to another port"), wrong_port.build()));
+    }
+    let mut bad_magic = Packet::heartbeat_v4(PEER, 1).build();
+    let header_at = bad_magic.len() - size_of::<HeartbeatHeader>();
+    bad_magic[header_at] ^= 0xff;
+    packets.push(("bad magic".into(), bad_magic));
+    packets.push((
+        "unknown peer".into(),
+        Packet::heartbeat_v6(PEER + 1, 1).build(),
+    ));
+    packets.push((
+        "next heartbeat".into(),
+        Packet::heartbeat_v4(PEER, 2).build(),
+    ));
+    // The same sequence through both: their state must stay the same after every packet.
+    let mut xdp = Fixture::new_hook(XdpConfig::DEFAULT, &[PEER], Hook::Xdp);
+    let mut tc = Fixture::new_hook(XdpConfig::DEFAULT, &[PEER], Hook::Tc);
+    for (name, frame) in &packets {
+        // The kernel's skb test run refuses a frame whose EtherType is IPv4 or IPv6 but which
+        // is shorter than that IP header (EINVAL; such a frame is cut at ip_rcv anyway).
+        let ether_type = u16::from_be_bytes([frame[12], frame[13]]);
+        let ip_header = match ether_type {
+            0x0800 => 20,
+            0x86dd => 40,
+            _ => 0,
+        };
+        if frame.len() < 14 + ip_header {
+            assert!(
+                tc.try_run(frame).is_err(),
+                "{name}: accepted by the skb test run"
+            );
+            continue;
+        }
+        assert_eq!(tc.run(frame), xdp.run(frame), "{name}: verdict");
+        assert_eq!(tc.counters(), xdp.counters(), "{name}: counters");
+        let (t, x) = (tc.record(PEER), xdp.record(PEER));
+        assert_eq!(
+            (
+                t.heartbeats,
+                t.last_seq,
+                t.src_family,
+                t.src_port,
+                t.src_addr
+            ),
+            (
+                x.heartbeats,
+                x.last_seq,
+                x.src_family,
+                x.src_port,
+                x.src_addr
+            ),
+            "{name}: record"
+        );
+    }
+}
