@@ -9,7 +9,7 @@
 //! | 2      | 1    | version      | `1`                                                   |
 //! | 3      | 1    | flags        | bit 0: `auth` tag present; other bits must be zero    |
 //! | 4      | 4    | incarnation  | sender epoch, raised when the sender restarts         |
-//! | 8      | 8    | peer id      | who is alive                                          |
+//! | 8      | 8    | peer id      | who is alive; never 0 (reserved)                      |
 //! | 16     | 8    | sequence     | per incarnation, starts anywhere, +1 per heartbeat    |
 //! | 24     | 8    | auth tag     | MAC over bytes 0..24 when `auth` is set, else zero    |
 //!
@@ -28,6 +28,9 @@ pub const FLAG_AUTH: u8 = 0x01;
 pub const KNOWN_FLAGS: u8 = FLAG_AUTH;
 /// Default UDP port for heartbeats.
 pub const DEFAULT_PORT: u16 = 7946;
+/// No peer has this id: a heartbeat carrying it is malformed. A slot nobody owns carries it,
+/// so no heartbeat can ever match a free slot.
+pub const RESERVED_PEER_ID: u64 = 0;
 
 /// Why a datagram is not a valid heartbeat.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +43,8 @@ pub enum WireError {
     Version,
     /// A flag bit that version 1 does not define.
     Flags,
+    /// Peer id 0, which is reserved ([`RESERVED_PEER_ID`]).
+    PeerId,
 }
 
 impl WireError {
@@ -49,6 +54,7 @@ impl WireError {
             WireError::Magic => "bad magic (expected 0x4842)",
             WireError::Version => "unsupported version (expected 1)",
             WireError::Flags => "reserved flag bits set",
+            WireError::PeerId => "peer id 0 is reserved",
         }
     }
 }
@@ -79,6 +85,16 @@ pub fn validate_fields(
     }
     if flags & !KNOWN_FLAGS != 0 {
         return Err(WireError::Flags);
+    }
+    Ok(())
+}
+
+/// The peer id rule of [`HeartbeatHeader::validate`]: any id but [`RESERVED_PEER_ID`]. The
+/// XDP program applies it to the id it decoded, right after [`validate_fields`].
+#[inline(always)]
+pub fn validate_peer_id(peer_id: u64) -> Result<(), WireError> {
+    if peer_id == RESERVED_PEER_ID {
+        return Err(WireError::PeerId);
     }
     Ok(())
 }
@@ -134,7 +150,8 @@ impl HeartbeatHeader {
             self.version,
             self.flags,
             payload_len,
-        )
+        )?;
+        validate_peer_id(self.peer_id())
     }
 
     #[inline(always)]
@@ -233,5 +250,9 @@ mod tests {
         let mut b = good;
         b[3] = FLAG_AUTH;
         assert!(HeartbeatHeader::decode(&b).is_ok());
+        let zero = HeartbeatHeader::new(0, 1, 1).to_bytes();
+        assert_eq!(HeartbeatHeader::decode(&zero), Err(WireError::PeerId));
+        assert!(HeartbeatHeader::decode(&HeartbeatHeader::new(1, 1, 1).to_bytes()).is_ok());
+        assert!(HeartbeatHeader::decode(&HeartbeatHeader::new(u64::MAX, 1, 1).to_bytes()).is_ok());
     }
 }

@@ -94,6 +94,8 @@ impl ChurnSchedule {
 pub enum LoadgenError {
     #[error("--peers must be at least 1")]
     NoPeers,
+    #[error("--first-id 0: peer id 0 is reserved (docs/wire-format.md); start at 1")]
+    ZeroId,
     #[error("--rate must be a positive number")]
     Rate,
     #[error("--jitter must be under half the interval ({0:?})")]
@@ -153,6 +155,9 @@ impl Batch {
 pub fn run(config: &LoadgenConfig, stop: &AtomicBool) -> Result<LoadgenReport, LoadgenError> {
     if config.peers == 0 {
         return Err(LoadgenError::NoPeers);
+    }
+    if monitor_common::wire::validate_peer_id(config.first_id).is_err() {
+        return Err(LoadgenError::ZeroId);
     }
     if !(config.rate_hz.is_finite() && config.rate_hz > 0.0) {
         return Err(LoadgenError::Rate);

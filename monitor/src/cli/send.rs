@@ -48,7 +48,11 @@ pub fn default_incarnation() -> u32 {
 }
 
 fn parse_id(text: &str) -> Result<u64, String> {
-    monitor::admission::parse_peer_id(text)
+    let id = monitor::admission::parse_peer_id(text)?;
+    monitor_common::wire::validate_peer_id(id).map_err(|_| {
+        format!("{id} is not a valid peer id: id 0 is reserved (docs/wire-format.md)")
+    })?;
+    Ok(id)
 }
 
 pub fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
