@@ -568,12 +568,15 @@ struct FloorRow {
     pps: f64,
     floor: Receiver,
     monitor: Receiver,
+    /// The monitor at TC ingress (`--hook tc`), kernel ns from its TC program's run stats.
+    monitor_tc: Receiver,
     socket: Receiver,
 }
 
-/// The same stream (`peers` x 10 Hz for `seconds`) into the floor program, the monitor and
-/// the userspace socket path, one after another in this run: the monitor's cost as a multiple
-/// of the least any XDP program pays, and of what the socket path pays.
+/// The same stream (`peers` x 10 Hz for `seconds`) into the floor program, the monitor (at XDP,
+/// then at TC ingress with `--hook tc`) and the userspace socket path, one after another in this
+/// run: the monitor's cost as a multiple of the least any XDP program pays, and of what the
+/// socket path pays.
 fn floor_comparison(
     tools: &Tools,
     net: &NetPair,
@@ -607,23 +610,28 @@ fn floor_comparison(
         machine_s_per_m: per_m(busy1 - busy0, sent_n),
     };
 
-    let agent = Agent::start(tools, net, dir, peers, &[])?;
-    let before = agent.stats()?;
-    let busy0 = system_busy_s()?;
-    let sent = finish_json(loadgen(tools, net, peers, RATE_HZ, seconds as f64, None)?)?;
-    std::thread::sleep(Duration::from_millis(200));
-    let busy1 = system_busy_s()?;
-    let after = agent.stats()?;
-    agent.process.stop();
-    let d = |k: &str| {
-        after["xdp"][k].as_f64().unwrap_or(0.0) - before["xdp"][k].as_f64().unwrap_or(0.0)
+    // The agent's `xdp` stats are the attached program's: the TC classifier with --hook tc.
+    let monitor_with = |extra: &[&str]| -> Result<Receiver> {
+        let agent = Agent::start(tools, net, dir, peers, extra)?;
+        let before = agent.stats()?;
+        let busy0 = system_busy_s()?;
+        let sent = finish_json(loadgen(tools, net, peers, RATE_HZ, seconds as f64, None)?)?;
+        std::thread::sleep(Duration::from_millis(200));
+        let busy1 = system_busy_s()?;
+        let after = agent.stats()?;
+        agent.process.stop();
+        let d = |k: &str| {
+            after["xdp"][k].as_f64().unwrap_or(0.0) - before["xdp"][k].as_f64().unwrap_or(0.0)
+        };
+        let sent_n = sent["sent"].as_u64().unwrap_or(0);
+        Ok(Receiver {
+            sent: sent_n,
+            kernel_ns: (d("run_count") > 0.0).then(|| d("run_time_ns") / d("run_count")),
+            machine_s_per_m: per_m(busy1 - busy0, sent_n),
+        })
     };
-    let sent_n = sent["sent"].as_u64().unwrap_or(0);
-    let monitor = Receiver {
-        sent: sent_n,
-        kernel_ns: (d("run_count") > 0.0).then(|| d("run_time_ns") / d("run_count")),
-        machine_s_per_m: per_m(busy1 - busy0, sent_n),
-    };
+    let monitor = monitor_with(&[])?;
+    let monitor_tc = monitor_with(&["--hook", "tc"])?;
 
     let receiver = Process::spawn(
         NetPair::in_ns(net.ns_monitor, &tools.probe)
@@ -647,6 +655,7 @@ fn floor_comparison(
         pps,
         floor,
         monitor,
+        monitor_tc,
         socket,
     })
 }
@@ -669,6 +678,7 @@ fn render_floor(floor_test_run_ns: f64, monitor_test_run_ns: f64, rows: &[FloorR
         for (name, x) in [
             ("floor", &r.floor),
             ("monitor", &r.monitor),
+            ("monitor --hook tc", &r.monitor_tc),
             ("socket path", &r.socket),
         ] {
             let ns = x.kernel_ns.map_or("-".into(), |v| format!("{v:.0}"));
