@@ -397,7 +397,10 @@ fn events_survive_the_loss_of_one_of_three_nats_nodes() {
     for (name, expected) in &counts {
         assert_eq!(assert_contiguous(name, &by[name]), *expected, "{name}");
     }
-    let live = wait_for("the cluster answers", Duration::from_secs(20), || {
+    // After a node crash nats-server 2.9 elects new stream and metadata leaders; on a loaded
+    // 2-core machine that has taken over 30 s. The claim here is that nothing is lost, not
+    // how fast the cluster recovers, so the bounds are generous.
+    let live = wait_for("the cluster answers", Duration::from_secs(60), || {
         live_observers_eventually(&net, rest)
     });
     for o in live {
@@ -405,7 +408,7 @@ fn events_survive_the_loss_of_one_of_three_nats_nodes() {
     }
     let reply = wait_for(
         "peers 3 and 4 down at quorum 2",
-        Duration::from_secs(20),
+        Duration::from_secs(60),
         || {
             let r = net.fleet(rest, &["query", "suspects", "--quorum", "2"]);
             (r["ok"] == json!(true) && suspect_ids(&r) == vec![3, 4]).then_some(r)
