@@ -87,6 +87,42 @@ impl Fixture {
         self.loaded.table.intervals(slot).expect("consistent read")
     }
 
+    /// Every (id, slot) in the kernel's own peer index (PEER_INDEX), sorted, found through the
+    /// program's map ids: what the kernel would look ids up in, not the agent's registry.
+    pub fn kernel_index(&self) -> Vec<(u64, u32)> {
+        use aya::maps::{HashMap, Map, MapData};
+        let name = match self.hook {
+            program::Hook::Xdp => program::PROGRAM_NAME,
+            program::Hook::Tc => program::TC_PROGRAM_NAME,
+        };
+        let info = self
+            .loaded
+            .ebpf
+            .program(name)
+            .expect("the program")
+            .info()
+            .expect("program info");
+        let ids = info
+            .map_ids()
+            .expect("map ids")
+            .expect("the kernel reports map ids");
+        for id in ids {
+            let data = MapData::from_id(id).expect("map by id");
+            let info = data.info().expect("map info");
+            if info.name() == monitor_common::maps::PEER_INDEX_MAP.as_bytes() {
+                let index = HashMap::<MapData, u64, u32>::try_from(Map::HashMap(data))
+                    .expect("PEER_INDEX is a u64 -> u32 hash");
+                let mut entries: Vec<(u64, u32)> = index
+                    .iter()
+                    .map(|entry| entry.expect("index entry"))
+                    .collect();
+                entries.sort_unstable();
+                return entries;
+            }
+        }
+        panic!("the program uses no map named PEER_INDEX");
+    }
+
     /// Drains the unknown-peer ring buffer.
     pub fn unknown_reports(&mut self) -> Vec<UnknownPeerReport> {
         let mut out = Vec::new();

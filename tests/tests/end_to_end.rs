@@ -42,7 +42,23 @@ fn heartbeats_cross_the_veth_and_match_what_was_sent() {
         (16.0..=24.0).contains(&mean),
         "mean interval {mean} ms, sent every 20 ms"
     );
-    assert!(f(&peer["std_ms"]) >= 0.0);
+    // The deviation is what the window's exact sums say, not merely a number.
+    let window = &agent.ask(json!({"op": "peer", "id": 42, "window": true}))["peer"]["window"];
+    let intervals: Vec<f64> = window["intervals_us"]
+        .as_array()
+        .expect("intervals")
+        .iter()
+        .map(|i| f(i) / 1000.0)
+        .collect();
+    assert_eq!(intervals.len(), 59, "{window}");
+    let n = intervals.len() as f64;
+    let m = intervals.iter().sum::<f64>() / n;
+    let std = (intervals.iter().map(|i| (i - m).powi(2)).sum::<f64>() / n).sqrt();
+    let reported = f(&peer["std_ms"]);
+    assert!(
+        (reported - std).abs() <= 0.01 + std * 1e-6,
+        "std_ms {reported}, the window's intervals give {std}"
+    );
     let addr = peer["addr"].as_str().unwrap();
     assert!(addr.starts_with(&format!("{}:", pair.addr_b)), "{addr}");
 

@@ -451,11 +451,20 @@ fn unknown_peers_are_counted_reported_and_never_given_state() {
         (reports[0].peer_id, reports[0].seq, reports[0].src_addr),
         (99, 5, SRC_V6)
     );
-    assert_eq!(
-        fx.loaded.registry.len(),
-        1,
-        "the kernel never admits by itself"
-    );
+    // The kernel never admits by itself: its own index still holds only PEER, no slot but
+    // PEER's was written, and PEER's record is as admitted.
+    let slot = fx.loaded.registry.slot_of(PEER).unwrap();
+    assert_eq!(fx.kernel_index(), vec![(PEER, slot)]);
+    for other in (0..fx.loaded.table.capacity()).filter(|&s| s != slot) {
+        let r = fx.loaded.table.record(other).expect("consistent read");
+        assert_eq!(
+            (r.peer_id, r.heartbeats, r.last_seq),
+            (0, 0, 0),
+            "slot {other}"
+        );
+    }
+    let r = fx.record(PEER);
+    assert_eq!((r.heartbeats, r.last_seq, r.lost), (0, 0, 0));
 }
 
 #[test]
