@@ -58,3 +58,23 @@ pub fn unique_name(prefix: &str) -> String {
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     format!("{prefix}{}x{n}", std::process::id() % 100_000)
 }
+
+/// Polls `check` every 20 ms until it gives a value, and returns it; panics naming `what` if
+/// `limit` passes first. For waiting on an observable condition instead of sleeping.
+pub fn wait_for<T>(
+    limit: std::time::Duration,
+    what: &str,
+    mut check: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

@@ -11,7 +11,7 @@ use integration_tests::{
     agent_process::{AgentProcess, TempDir},
     bench,
     netns::NetnsPair,
-    require_root,
+    require_root, wait_for,
 };
 use serde_json::{Value, json};
 
@@ -49,8 +49,16 @@ fn loadgen_counts_match_the_kernel_and_every_killed_peer_is_detected() {
     assert_eq!(report["send_errors"], json!(0));
     let sent = report["sent"].as_u64().unwrap();
     assert!(sent > 0);
-    std::thread::sleep(Duration::from_millis(300));
-    let stats = &agent.ask(json!({"op": "stats"}))["stats"];
+    // Everything sent has crossed the veth once the kernel counted that many (any more would
+    // fail the equality below).
+    let stats = &wait_for(
+        Duration::from_secs(10),
+        "every heartbeat sent recorded",
+        || {
+            let stats = agent.ask(json!({"op": "stats"}))["stats"].clone();
+            (stats["kernel"]["heartbeats"].as_u64().unwrap() >= sent).then_some(stats)
+        },
+    );
     assert_eq!(
         stats["kernel"]["heartbeats"].as_u64().unwrap(),
         sent,
@@ -116,7 +124,18 @@ fn the_userspace_receiver_counts_what_loadgen_sent() {
             .unwrap()
         }
     });
-    std::thread::sleep(Duration::from_millis(500));
+    // Send only once the receiver's socket is bound (`ss` lists it in the namespace).
+    wait_for(
+        Duration::from_secs(10),
+        "the receiver bound to 7947",
+        || {
+            let out = NetnsPair::command_in(&pair.ns_a, std::path::Path::new("ss"))
+                .args(["-Hunl", "sport = :7947"])
+                .output()
+                .expect("run ss");
+            (!String::from_utf8_lossy(&out.stdout).trim().is_empty()).then_some(())
+        },
+    );
     let report = loadgen(
         &pair,
         7947,

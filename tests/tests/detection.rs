@@ -11,7 +11,7 @@ use integration_tests::{
     agent_process::{AgentProcess, TempDir, sender, spawn},
     monitor_bin,
     netns::NetnsPair,
-    require_root,
+    require_root, wait_for,
 };
 use monitor::client::Client;
 use serde_json::{Value, json};
@@ -54,9 +54,10 @@ fn a_stopped_sender_climbs_every_level_in_order_then_recovers() {
     );
     let mut watcher = agent.subscribe();
     let send = spawn(sender(&pair, 5, "20ms", &["--incarnation", "1"]));
-    std::thread::sleep(Duration::from_millis(1500));
-    let peer = &agent.ask(json!({"op": "peer", "id": 5}))["peer"];
-    assert!(peer["heartbeats"].as_u64().unwrap() >= 50, "{peer}");
+    wait_for(Duration::from_secs(15), "50 heartbeats of peer 5", || {
+        let peer = &agent.ask(json!({"op": "peer", "id": 5}))["peer"];
+        (peer["heartbeats"].as_u64().unwrap() >= 50).then_some(())
+    });
     drop(send); // SIGKILL: the sender dies mid-stream
 
     let suspects = |events: &[Value]| {
@@ -108,10 +109,14 @@ fn a_stopped_sender_climbs_every_level_in_order_then_recovers() {
         recover["silence_ms"].as_f64().unwrap() >= last_silence,
         "{recover}"
     );
-    std::thread::sleep(Duration::from_millis(200));
-    let peer = &agent.ask(json!({"op": "peer", "id": 5}))["peer"];
-    assert_eq!(peer["incarnation"], json!(2), "{peer}");
-    assert_eq!(peer["level"], Value::Null, "{peer}");
+    let peer = &wait_for(
+        Duration::from_secs(10),
+        "peer 5 heard in incarnation 2 and below every level",
+        || {
+            let peer = agent.ask(json!({"op": "peer", "id": 5}))["peer"].clone();
+            (peer["incarnation"] == json!(2) && peer["level"].is_null()).then_some(peer)
+        },
+    );
     let qos = &peer["qos"];
     assert_eq!(qos["s_transitions"], json!(1), "{peer}");
     assert_eq!(qos["mistakes"], json!(1), "{peer}");
@@ -329,6 +334,7 @@ fn after_the_agent_itself_stalls_new_suspicions_wait() {
     // Freeze the agent (as a paused VM or an overloaded host would) past the peer's phi 8
     // crossing (1 s + 5.6 x 250 ms = 2.4 s after admission).
     unsafe { libc::kill(agent.pid() as i32, libc::SIGSTOP) };
+    // The freeze itself is under test: a sleep, not a wait for something.
     std::thread::sleep(Duration::from_millis(3000));
     unsafe { libc::kill(agent.pid() as i32, libc::SIGCONT) };
     let resumed = std::time::Instant::now();

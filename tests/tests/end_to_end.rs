@@ -12,7 +12,7 @@ use integration_tests::{
     agent_process::{AgentProcess, TempDir, run_ok, sender, sender_to, spawn},
     monitor_bin,
     netns::NetnsPair,
-    require_root,
+    require_root, wait_for,
 };
 use serde_json::{Value, json};
 
@@ -67,7 +67,7 @@ fn heartbeats_cross_the_veth_and_match_what_was_sent() {
     assert_eq!(stats["peers"], json!(1));
     assert_eq!(stats["kernel"]["malformed"], json!(0));
 
-    // Silence grows while nobody sends.
+    // Silence grows while nobody sends. The sleep is the silence under test, not a wait.
     let before = f(&agent.ask(json!({"op": "peer", "id": 42}))["peer"]["silence_ms"]);
     std::thread::sleep(Duration::from_millis(300));
     let after = f(&agent.ask(json!({"op": "peer", "id": 42}))["peer"]["silence_ms"]);
@@ -288,7 +288,14 @@ fn query_cli_prints_a_table_and_raw_json() {
     let dir = TempDir::new("hbmpeers");
     let agent = AgentProcess::start(&pair, &["--peers", &dir.peers_file([77])]);
     let _sender = spawn(sender(&pair, 77, "10ms", &[]));
-    std::thread::sleep(Duration::from_millis(200));
+    wait_for(
+        Duration::from_secs(10),
+        "peer 77's first heartbeats",
+        || {
+            let peer = &agent.ask(json!({"op": "peer", "id": 77}))["peer"];
+            (peer["samples"].as_u64() >= Some(2)).then_some(())
+        },
+    );
     let query = |args: &[&str]| {
         let out = std::process::Command::new(monitor_bin())
             .arg("query")

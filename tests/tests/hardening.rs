@@ -7,7 +7,7 @@ use integration_tests::{
     agent_process::{AgentProcess, TempDir, run_ok, sender},
     monitor_bin,
     netns::NetnsPair,
-    require_root,
+    require_root, wait_for,
 };
 use serde_json::json;
 
@@ -94,6 +94,7 @@ fn only_signed_heartbeats_count_and_keys_rotate_without_detaching() {
     std::fs::write(&agent_key, format!("{KEY_B}\n")).unwrap();
     // SAFETY: signalling our own child.
     unsafe { libc::kill(agent.pid() as i32, libc::SIGHUP) };
+    // Still a sleep: a key reload is not observable over the socket (no counter in stats).
     std::thread::sleep(Duration::from_millis(300));
     run_ok(sender(
         &pair,
@@ -127,6 +128,7 @@ fn only_signed_heartbeats_count_and_keys_rotate_without_detaching() {
         "the old key still counts during the grace period"
     );
     assert_eq!(peer(2)["heartbeats"], json!(10));
+    // Waiting out the 2 s grace period is the thing under test.
     std::thread::sleep(Duration::from_millis(2500));
     run_ok(sender(
         &pair,
@@ -150,6 +152,7 @@ fn only_signed_heartbeats_count_and_keys_rotate_without_detaching() {
     // A bad key file on reload changes nothing.
     std::fs::write(&agent_key, "garbage\n").unwrap();
     unsafe { libc::kill(agent.pid() as i32, libc::SIGHUP) };
+    // Still a sleep: a key reload is not observable over the socket (no counter in stats).
     std::thread::sleep(Duration::from_millis(300));
     run_ok(sender(
         &pair,
@@ -298,7 +301,12 @@ fn a_flood_of_forged_ids_leaves_admitted_peers_untouched_and_the_agent_responsiv
         integration_tests::agent_process::spawn(sender(&pair, 1, "20ms", &["--incarnation", "1"]));
     let _two =
         integration_tests::agent_process::spawn(sender(&pair, 2, "20ms", &["--incarnation", "1"]));
-    std::thread::sleep(Duration::from_millis(500));
+    for id in [1, 2] {
+        wait_for(Duration::from_secs(10), "both peers heard", || {
+            let peer = &agent.ask(json!({"op": "peer", "id": id}))["peer"];
+            (peer["heartbeats"].as_u64().unwrap() >= 5).then_some(())
+        });
+    }
 
     // A million forged ids, each heard about once, for 4 s.
     let flood = std::thread::spawn({
@@ -320,16 +328,18 @@ fn a_flood_of_forged_ids_leaves_admitted_peers_untouched_and_the_agent_responsiv
             integration_tests::soak::loadgen(&monitor_bin(), &ns_b, &args)
         }
     });
-    // The agent answers throughout.
+    // The agent answers throughout: sampled every 250 ms while the flood lasts (the spacing
+    // is the test, not a wait).
     for _ in 0..15 {
         std::thread::sleep(Duration::from_millis(250));
         assert_eq!(agent.ask(json!({"op": "stats"}))["ok"], json!(true));
     }
     let sent = flood.join().unwrap().sent;
-    std::thread::sleep(Duration::from_millis(300));
-    let stats = agent.ask(json!({"op": "stats"}))["stats"].clone();
+    let stats = wait_for(Duration::from_secs(10), "the whole flood counted", || {
+        let stats = agent.ask(json!({"op": "stats"}))["stats"].clone();
+        (stats["kernel"]["unknown_peer"].as_u64().unwrap() >= sent).then_some(stats)
+    });
     let kernel = &stats["kernel"];
-    assert!(kernel["unknown_peer"].as_u64().unwrap() >= sent, "{stats}");
     // Reports reach the agent at the kernel's rate, which is the admission rate per CPU (one
     // knob), and admissions at the agent's.
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
@@ -419,9 +429,11 @@ fn silent_peers_expire_and_their_slots_are_reused() {
         (forget["id"].clone(), forget["reason"].clone()),
         (json!(2), json!("expired"))
     );
-    std::thread::sleep(Duration::from_millis(700));
-    let ids = agent.peer_ids();
-    assert_eq!(ids, vec![1], "the live peer stays, the silent one is gone");
+    wait_for(
+        Duration::from_secs(10),
+        "the live peer stays, the silent one is gone",
+        || (agent.peer_ids() == vec![1]).then_some(()),
+    );
     // The freed slot takes the next peer.
     loadgen_in(
         &pair,
