@@ -14,7 +14,6 @@ use clap::Args;
 use serde_json::Value;
 
 use crate::{
-    build,
     lab::{Interrupt, NetPair, Process, TempDir, wait_for_socket},
     setup, workspace,
 };
@@ -170,9 +169,16 @@ impl Tools {
             "--bin",
             "hbm-bench",
         ]))?;
+        // Where cargo put them: CARGO_TARGET_DIR when set (relative to the workspace root).
+        let release = std::env::var_os("CARGO_TARGET_DIR")
+            .map_or_else(
+                || workspace::root().join("target"),
+                |dir| workspace::root().join(dir),
+            )
+            .join("release");
         Ok(Self {
-            monitor: build::monitor_bin(true),
-            probe: workspace::root().join("target/release/hbm-bench"),
+            monitor: release.join("monitor"),
+            probe: release.join("hbm-bench"),
         })
     }
 }
