@@ -5,7 +5,7 @@ use core::mem::size_of;
 use aya_ebpf::programs::{TcContext, XdpContext};
 use monitor_common::{
     maps::{FAMILY_IPV4, FAMILY_IPV6},
-    wire::{HeartbeatHeader, split_first_word, validate_fields},
+    wire::{HeartbeatHeader, split_first_word, validate_fields, validate_peer_id},
 };
 
 use crate::load;
@@ -174,7 +174,9 @@ fn parse_inner<C: Packet>(ctx: &C, port: u16) -> Option<Parsed> {
         )
     };
     let (magic, version, flags, incarnation) = split_first_word(u64::from_be(first));
-    if validate_fields(magic, version, flags, payload_len).is_err() {
+    if validate_fields(magic, version, flags, payload_len).is_err()
+        || validate_peer_id(u64::from_be(peer_id)).is_err()
+    {
         return Some(Parsed::Malformed);
     }
     Some(Parsed::Heartbeat(Heartbeat {

@@ -386,6 +386,33 @@ fn sequence_tracking_counts_lost_duplicates_and_late_arrivals() {
     assert_eq!(fx.record(PEER).lost, 1, "below the span: no decrement");
 }
 
+/// Peer id 0 is reserved (free slots carry it): a heartbeat with it is malformed and passed,
+/// even if something put id 0 in the index, and is never reported as an unknown peer.
+#[test]
+fn peer_id_zero_is_malformed() {
+    let mut fx = Fixture::with_peers(&[0, PEER]);
+    for packet in [Packet::heartbeat_v4(0, 1), Packet::heartbeat_v6(0, 2)] {
+        assert_eq!(fx.run(&packet.build()), XDP_PASS);
+    }
+    let c = fx.counters();
+    assert_eq!((c.malformed, c.heartbeats, c.unknown_peer), (2, 0, 0));
+    assert_eq!(
+        fx.record(0).heartbeats,
+        0,
+        "nothing recorded in id 0's slot"
+    );
+    assert!(fx.unknown_reports().is_empty());
+    // The userspace parser agrees byte for byte.
+    let payload = HeartbeatHeader::new(0, 1, 1).to_bytes();
+    assert_eq!(
+        HeartbeatHeader::decode(&payload),
+        Err(monitor_common::wire::WireError::PeerId)
+    );
+    // And the id next to it is a heartbeat like any other.
+    assert_eq!(fx.run(&Packet::heartbeat_v4(PEER, 1).build()), XDP_DROP);
+    assert_eq!(fx.record(PEER).heartbeats, 1);
+}
+
 #[test]
 fn a_new_incarnation_restarts_the_sequence_and_an_old_one_is_refused() {
     let mut fx = Fixture::with_peers(&[PEER]);
