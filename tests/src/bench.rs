@@ -82,7 +82,10 @@ pub fn prog_test_run_ns(repeat: u32) -> f64 {
 /// The floor program (monitor-ebpf/src/floor.rs) loaded and verified, matching `port`; not
 /// attached.
 pub fn load_floor(port: u16) -> aya::Ebpf {
-    assert!(!program::FLOOR_OBJECT.is_empty(), "built without the eBPF programs");
+    assert!(
+        !program::FLOOR_OBJECT.is_empty(),
+        "built without the eBPF programs"
+    );
     let mut ebpf = aya::EbpfLoader::new()
         .override_global("FLOOR_PORT", &port, true)
         .load(program::FLOOR_OBJECT)
@@ -129,7 +132,12 @@ pub fn floor_attached(
     let xdp = floor_xdp(&mut ebpf);
     xdp.attach(iface, aya::programs::XdpMode::default())
         .expect("attach the floor");
-    let fd = xdp.fd().expect("fd").as_fd().try_clone_to_owned().expect("dup");
+    let fd = xdp
+        .fd()
+        .expect("fd")
+        .as_fd()
+        .try_clone_to_owned()
+        .expect("dup");
     attached();
     std::thread::sleep(duration);
     program::run_stats(fd.as_fd()).expect("run stats")
