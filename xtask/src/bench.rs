@@ -41,6 +41,9 @@ pub struct BenchArgs {
     /// Do not append the results to BENCHMARKS.md.
     #[arg(long)]
     no_record: bool,
+    /// Leave out the fleet's figures (NATS JetStream; about a minute).
+    #[arg(long)]
+    no_fleet: bool,
 }
 
 /// Heartbeats per second per peer in the scale runs.
@@ -129,6 +132,24 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 
     let mut table = floor_table;
     table.push_str(&render(test_run_ns, &rows, &ingest, &paths));
+    if !args.no_fleet {
+        println!("==> the fleet on NATS JetStream: event latency and a 50,000-peer burst");
+        let fleet = fleet_figures(&tools)?;
+        let v = |path: &[&str]| f(&fleet, path);
+        let _ = writeln!(
+            table,
+            "\nFleet on NATS JetStream (tests/tests/fleet.rs `fleet_figures`, release): event \
+             latency from crossing to a stream consumer p50 {:.0} ms, p99 {:.0} ms (n = {}); \
+             {} peers suspected at once: {} suspect events published and consumed, {:.2} s from \
+             the first crossing to the last event consumed",
+            v(&["latency_ms_1000_peers_100_killed", "p50"]),
+            v(&["latency_ms_1000_peers_100_killed", "p99"]),
+            fleet["latency_ms_1000_peers_100_killed"]["n"],
+            fleet["burst"]["peers"],
+            fleet["burst"]["suspect_events"],
+            v(&["burst", "first_crossing_to_last_consumed_ms"]) / 1000.0,
+        );
+    }
     let ns = |k: &str| log_cost[k].as_f64().unwrap_or(f64::NAN);
     let _ = writeln!(
         table,
@@ -705,6 +726,22 @@ fn render_floor(floor_test_run_ns: f64, monitor_test_run_ns: f64, rows: &[FloorR
     }
     t.push('\n');
     t
+}
+
+/// The fleet's measurement (an ignored test: real nats-server and agents), run in release
+/// against the agent built here; its figures are the line it prints.
+fn fleet_figures(tools: &Tools) -> Result<Value> {
+    let out = workspace::output(
+        workspace::cargo()
+            .args(["test", "--release", "-p", "integration-tests", "--test", "fleet"])
+            .args(["--", "--ignored", "--nocapture", "--exact", "fleet_figures"])
+            .env("MONITOR_BIN", &tools.monitor),
+    )?;
+    let line = out
+        .lines()
+        .find_map(|l| l.strip_prefix("FLEET-FIGURES "))
+        .context("the fleet measurement printed no FLEET-FIGURES line")?;
+    Ok(serde_json::from_str(line)?)
 }
 
 fn f(v: &Value, path: &[&str]) -> f64 {
