@@ -393,7 +393,14 @@ impl Agent {
     pub fn stats(&self) -> Result<AgentStats, String> {
         let kernel =
             CounterTotals::read(&self.counters).map_err(|e| format!("reading counters: {e}"))?;
-        let registry = self.registry.read().expect("registry lock");
+        // Released before the admission lock below: admission takes that lock first and the
+        // registry's after it (`on_unknown_peer`), so holding both here in the other order
+        // deadlocked the agent under a storm of first heartbeats (tests: fifty_thousand_peers).
+        let (peers, capacity) = {
+            let registry = self.registry.read().expect("registry lock");
+            (registry.len(), registry.capacity())
+        };
+        let admission = self.admission.lock().expect("admission lock").counters;
         Ok(AgentStats {
             iface: self.iface.clone(),
             xdp_mode: self.mode.clone(),
@@ -401,8 +408,8 @@ impl Agent {
             window: self.detector().params.window,
             model: self.detector().params.model.name().into(),
             levels: self.detector().levels.as_slice().to_vec(),
-            peers: registry.len(),
-            capacity: registry.capacity(),
+            peers,
+            capacity,
             uptime_s: self.started.elapsed().as_secs_f64(),
             sweeps: self.sweeps.load(Ordering::Relaxed),
             stalls: self.stalls.load(Ordering::Relaxed),
@@ -410,7 +417,7 @@ impl Agent {
             subscribers: self.events.receiver_count(),
             kernel,
             xdp: program::run_stats(self.program_fd.as_fd()).unwrap_or_default(),
-            admission: self.admission.lock().expect("admission lock").counters,
+            admission,
             config_reloads: self.reloads.load(Ordering::Relaxed),
             config_reload_failures: self.reload_failures.load(Ordering::Relaxed),
         })
