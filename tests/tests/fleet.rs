@@ -269,8 +269,7 @@ fn quorum_liveness_and_bad_input_with_three_observers() {
 /// node crash, whichever node went (the metadata leader, or one leading only consumers); in
 /// isolation it passes. Until the consumer side recovers reliably (re-creating its ordered
 /// consumers after a node loss, or waiting out nats-server 2.9's re-election), it runs on
-/// request: `cargo xtask test -- --ignored events_survive` or
-/// `cargo test -p integration-tests --test fleet -- --ignored events_survive`.
+/// request: `cargo test -p integration-tests --test fleet -- --ignored events_survive`.
 #[test]
 #[ignore = "flaky after a node crash on nats-server 2.9 here (issue 11): run with --ignored"]
 fn events_survive_the_loss_of_one_of_three_nats_nodes() {
