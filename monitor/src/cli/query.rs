@@ -46,6 +46,10 @@ enum What {
     Stats,
 }
 
+/// Retries of a request the agent answered with `"busy": true`, and the pause between them.
+const BUSY_RETRIES: usize = 5;
+const BUSY_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
+
 pub fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
     let request = match &args.what {
         What::Peer { id } => json!({"op": "peer", "id": id}),
@@ -56,7 +60,16 @@ pub fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
         What::Stats => json!({"op": "stats"}),
     };
     let mut client = Client::connect(&args.socket)?;
-    let reply = client.request(&request)?;
+    let mut reply = client.request(&request)?;
+    // A slot that kept changing while the agent read it: a busy moment, not an answer. Ask
+    // again a few times before reporting it.
+    for _ in 0..BUSY_RETRIES {
+        if !monitor::protocol::is_busy(&reply) {
+            break;
+        }
+        std::thread::sleep(BUSY_PAUSE);
+        reply = client.request(&request)?;
+    }
     if args.json {
         println!("{reply}");
         return Ok(if reply["ok"] == Value::Bool(true) {
