@@ -7,7 +7,7 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 use clap::{Args, Subcommand};
 use monitor::fleet::{
     FleetError,
-    consumer::{self, Fleet},
+    consumer::{self, EventStart, Fleet},
     quorum::{Convictions, FleetChange, FleetView, Quorum, Rule},
     unix_ms,
 };
@@ -309,33 +309,61 @@ async fn watch(fleet: &Fleet, rule: Rule, json_out: bool) -> Result<ExitCode, Fl
 }
 
 /// Every observer's events from the stream, validated; malformed ones are counted and
-/// skipped.
+/// skipped. An interrupted stream (a NATS node lost, the consumer gone with it) is resumed
+/// after the last event shown, so nothing is skipped or shown twice; the watch only ends when
+/// interrupted.
 async fn events(fleet: &Fleet, from_start: bool, json_out: bool) -> Result<ExitCode, FleetError> {
-    let mut reader = fleet.events(from_start).await?;
+    let mut start = if from_start {
+        EventStart::First
+    } else {
+        EventStart::New
+    };
     let mut malformed = 0u64;
-    while let Some(raw) = reader.next().await {
-        let raw = raw?;
-        match raw.parse() {
-            Ok(event) if json_out => println!("{}", event.body),
-            Ok(event) => println!(
-                "{} {} #{} {}{}",
-                event.body["at"].as_u64().unwrap_or(0),
-                event.observer,
-                event.seq,
-                event.kind,
-                event.id.map_or(String::new(), |id| format!(" {id}"))
-                    + &event.level.map_or(String::new(), |l| format!(" level {l}")),
-            ),
+    loop {
+        let mut reader = match fleet.events_from(start).await {
+            Ok(reader) => reader,
             Err(e) => {
-                malformed += 1;
-                print_malformed(
-                    json_out,
-                    "stream",
-                    &format!("subject {:?}: {e}", raw.subject),
-                    malformed,
-                );
+                eprintln!("monitor fleet: {e}; trying again");
+                tokio::time::sleep(RESUME_PAUSE).await;
+                continue;
+            }
+        };
+        while let Some(raw) = reader.next().await {
+            let raw = match raw {
+                Ok(raw) => raw,
+                Err(e) => {
+                    eprintln!("monitor fleet: {e}; resuming the stream");
+                    break;
+                }
+            };
+            if raw.stream_seq > 0 {
+                start = EventStart::After(raw.stream_seq);
+            }
+            match raw.parse() {
+                Ok(event) if json_out => println!("{}", event.body),
+                Ok(event) => println!(
+                    "{} {} #{} {}{}",
+                    event.body["at"].as_u64().unwrap_or(0),
+                    event.observer,
+                    event.seq,
+                    event.kind,
+                    event.id.map_or(String::new(), |id| format!(" {id}"))
+                        + &event.level.map_or(String::new(), |l| format!(" level {l}")),
+                ),
+                Err(e) => {
+                    malformed += 1;
+                    print_malformed(
+                        json_out,
+                        "stream",
+                        &format!("subject {:?}: {e}", raw.subject),
+                        malformed,
+                    );
+                }
             }
         }
+        tokio::time::sleep(RESUME_PAUSE).await;
     }
-    Err(FleetError::JetStream("the stream ended".into()))
 }
+
+/// How long an interrupted event stream waits before it is followed again.
+const RESUME_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);

@@ -129,6 +129,16 @@ impl Fleet {
     /// Follows the event stream: from its first event with `from_start`, else from now.
     /// Waits for the stream to exist.
     pub async fn events(&self, from_start: bool) -> Result<EventReader, FleetError> {
+        self.events_from(if from_start {
+            EventStart::First
+        } else {
+            EventStart::New
+        })
+        .await
+    }
+
+    /// Follows the event stream from `start` (see [`EventStart`]). Waits for the stream.
+    pub async fn events_from(&self, start: EventStart) -> Result<EventReader, FleetError> {
         let stream = loop {
             match self.js.get_stream(STREAM).await {
                 Ok(stream) => break stream,
@@ -139,10 +149,12 @@ impl Fleet {
             .create_consumer(push::OrderedConfig {
                 deliver_subject: self.js.client().new_inbox(),
                 filter_subject: format!("{}>", wire::EVENT_SUBJECT_PREFIX),
-                deliver_policy: if from_start {
-                    DeliverPolicy::All
-                } else {
-                    DeliverPolicy::New
+                deliver_policy: match start {
+                    EventStart::First => DeliverPolicy::All,
+                    EventStart::New => DeliverPolicy::New,
+                    EventStart::After(seq) => DeliverPolicy::ByStartSequence {
+                        start_sequence: seq + 1,
+                    },
                 },
                 replay_policy: ReplayPolicy::Instant,
                 ..Default::default()
@@ -214,6 +226,17 @@ impl BucketReader {
             written_ms,
         }))
     }
+}
+
+/// Where following the event stream begins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventStart {
+    /// Its first event.
+    First,
+    /// The next event published.
+    New,
+    /// The event after this stream sequence number (resuming after an interruption).
+    After(u64),
 }
 
 /// Messages of the event stream, see [`Fleet::events`].
