@@ -90,7 +90,10 @@ fn handle<C: Packet + EbpfContext>(ctx: &C) -> Verdict {
         Parsed::Malformed => {
             counters.malformed += 1;
             // Cold path; the level is fixed at load (`monitor run --kernel-log`), off by default.
-            warn!(ctx, "malformed heartbeat to port {}: passed on", config.port);
+            warn!(
+                ctx,
+                "malformed heartbeat to port {}: passed on", config.port
+            );
             Verdict::Pass
         }
         Parsed::Heartbeat(hb) => {

@@ -33,7 +33,10 @@ pub fn record<C: EbpfContext>(
     if config.flags & XDP_FLAG_REQUIRE_AUTH != 0 && !authentic(hb) {
         // Forged, replayed under another key, or unsigned: never an arrival, never reported.
         counters.auth_failures += 1;
-        warn!(ctx, "heartbeat of peer {} (seq {}) failed authentication: dropped", peer_id, hb.seq);
+        warn!(
+            ctx,
+            "heartbeat of peer {} (seq {}) failed authentication: dropped", peer_id, hb.seq
+        );
         if let Some(slot) = slot {
             let slot = unsafe { &mut *slot };
             if try_lock(&mut slot.lock) {
@@ -57,7 +60,10 @@ pub fn record<C: EbpfContext>(
     let slot = unsafe { &mut *slot };
     if !try_lock(&mut slot.lock) {
         counters.contended += 1;
-        debug!(ctx, "peer {}: slot busy on another CPU, heartbeat not recorded", peer_id);
+        debug!(
+            ctx,
+            "peer {}: slot busy on another CPU, heartbeat not recorded", peer_id
+        );
         return;
     }
     // Checked under the lock: the agent may have forgotten this peer and handed the slot to

@@ -58,25 +58,39 @@ impl Percentiles {
     }
 }
 
-/// Average cost of one heartbeat through the XDP program, by BPF_PROG_TEST_RUN (the kernel
-/// times `repeat` runs of the same packet and reports the mean).
-pub fn prog_test_run_ns(repeat: u32) -> f64 {
-    let mut loaded = LoadedProgram::load(&XdpConfig::DEFAULT, 16).expect("load");
+/// Mean ns of one run of `xdp` on `packet`, by BPF_PROG_TEST_RUN (the kernel times `repeat`
+/// runs of the same packet and reports the mean).
+fn test_run_ns(xdp: &mut aya::programs::Xdp, packet: &[u8], repeat: u32) -> f64 {
+    xdp.test_run(TestRunOptions {
+        data_in: Some(packet),
+        repeat,
+        ..TestRunOptions::default()
+    })
+    .expect("BPF_PROG_TEST_RUN")
+    .duration
+    .as_nanos() as f64
+}
+
+/// The monitor's program loaded with logging at `log`, peer 7 admitted (the peer of the
+/// heartbeat every TEST_RUN figure here sends).
+fn monitor_with_peer_7(log: program::KernelLog) -> LoadedProgram {
+    let mut loaded = LoadedProgram::load_pinned(&XdpConfig::DEFAULT, 16, None, log).expect("load");
     loaded
         .registry
         .admit(&loaded.table, 7, monotonic_ns())
         .expect("admit");
+    loaded
+}
+
+/// Average cost of one heartbeat through the XDP program, by BPF_PROG_TEST_RUN.
+pub fn prog_test_run_ns(repeat: u32) -> f64 {
+    let mut loaded = monitor_with_peer_7(program::KernelLog::Off);
     let packet = Packet::heartbeat_v4(7, 1).build();
-    let xdp = program::xdp_mut(&mut loaded.ebpf).expect("xdp");
-    let result = xdp
-        .test_run(TestRunOptions {
-            data_in: Some(&packet),
-            repeat,
-            ..TestRunOptions::default()
-        })
-        .expect("BPF_PROG_TEST_RUN");
-    // The kernel reports the mean duration of one run.
-    result.duration.as_nanos() as f64
+    test_run_ns(
+        program::xdp_mut(&mut loaded.ebpf).expect("xdp"),
+        &packet,
+        repeat,
+    )
 }
 
 /// The floor program (monitor-ebpf/src/floor.rs) loaded and verified, matching `port`; not
@@ -110,14 +124,7 @@ fn floor_xdp(ebpf: &mut aya::Ebpf) -> &mut aya::programs::Xdp {
 pub fn floor_test_run_ns(repeat: u32) -> f64 {
     let mut ebpf = load_floor(monitor_common::wire::DEFAULT_PORT);
     let packet = Packet::heartbeat_v4(7, 1).build();
-    let result = floor_xdp(&mut ebpf)
-        .test_run(TestRunOptions {
-            data_in: Some(&packet),
-            repeat,
-            ..TestRunOptions::default()
-        })
-        .expect("BPF_PROG_TEST_RUN");
-    result.duration.as_nanos() as f64
+    test_run_ns(floor_xdp(&mut ebpf), &packet, repeat)
 }
 
 /// Attaches the floor to `iface` (in the caller's namespace), calls `attached`, keeps it there
@@ -156,27 +163,19 @@ pub struct KernelLogCost {
 
 pub fn kernel_log_cost(repeat: u32) -> KernelLogCost {
     let run = |log: program::KernelLog, malformed: bool| {
-        let mut loaded =
-            LoadedProgram::load_pinned(&XdpConfig::DEFAULT, 16, None, log).expect("load");
-        loaded
-            .registry
-            .admit(&loaded.table, 7, monotonic_ns())
-            .expect("admit");
+        let mut loaded = monitor_with_peer_7(log);
         let mut packet = Packet::heartbeat_v4(7, 1).build();
         if malformed {
             // The UDP payload cut to 3 bytes: addressed to the port, too short for a header.
             packet.truncate(packet.len() - monitor_common::wire::HEADER_LEN + 3);
         }
-        let xdp = program::xdp_mut(&mut loaded.ebpf).expect("xdp");
-        let result = xdp
-            .test_run(TestRunOptions {
-                data_in: Some(&packet),
-                repeat,
-                ..TestRunOptions::default()
-            })
-            .expect("BPF_PROG_TEST_RUN");
-        result.duration.as_nanos() as f64
+        test_run_ns(
+            program::xdp_mut(&mut loaded.ebpf).expect("xdp"),
+            &packet,
+            repeat,
+        )
     };
+
     use program::KernelLog::{Debug, Off};
     KernelLogCost {
         heartbeat_off_ns: run(Off, false),

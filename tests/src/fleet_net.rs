@@ -477,19 +477,9 @@ impl Drop for Observer {
     }
 }
 
-/// Polls `check` every 100 ms until it returns `Some`, or panics with `what` after `within`.
-pub fn wait_for<T>(what: &str, within: Duration, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {within:?}: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+/// `crate::wait_for` with the arguments in the order the fleet tests read best.
+pub fn wait_for<T>(what: &str, within: Duration, check: impl FnMut() -> Option<T>) -> T {
+    crate::wait_for(within, what, check)
 }
 
 /// The ids in a `query suspects --json` reply.

@@ -2,30 +2,16 @@
 //! it, a bad file stops the start with the file, line and key named, and SIGHUP applies what
 //! can change live (levels, per-peer metric series) and keeps the rest.
 
-use std::{
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::{process::Command, time::Duration};
 
 use integration_tests::{
     agent_process::{AgentProcess, TempDir, sender, spawn},
     http::get_in,
     monitor_bin,
     netns::NetnsPair,
-    require_root,
+    require_root, wait_for,
 };
 use serde_json::{Value, json};
-
-fn wait_for<T>(limit: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 #[test]
 fn a_bad_file_stops_the_start_and_names_the_line() {

@@ -25,7 +25,13 @@ fn agent_log_after_bad_input(extra: &[&str], subnet: u8) -> String {
     let mut agent = Command::new("ip")
         .args(["netns", "exec", &pair.ns_a])
         .arg(monitor_bin())
-        .args(["run", "--iface", &pair.iface_a, "--no-auto-admit", "--socket"])
+        .args([
+            "run",
+            "--iface",
+            &pair.iface_a,
+            "--no-auto-admit",
+            "--socket",
+        ])
         .arg(&socket)
         .args(extra)
         .env("RUST_LOG", "info")
@@ -34,7 +40,10 @@ fn agent_log_after_bad_input(extra: &[&str], subnet: u8) -> String {
         .spawn()
         .unwrap();
     let stats = || -> Option<serde_json::Value> {
-        let reply = Client::connect(&socket).ok()?.request(&json!({"op": "stats"})).ok()?;
+        let reply = Client::connect(&socket)
+            .ok()?
+            .request(&json!({"op": "stats"}))
+            .ok()?;
         Some(reply["stats"].clone())
     };
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -54,7 +63,11 @@ fn agent_log_after_bad_input(extra: &[&str], subnet: u8) -> String {
         let s = stats().unwrap();
         s["kernel"]["malformed"] != json!(1) || s["kernel"]["unknown_peer"] != json!(1)
     } {
-        assert!(Instant::now() < deadline, "the kernel did not count the packets: {:?}", stats());
+        assert!(
+            Instant::now() < deadline,
+            "the kernel did not count the packets: {:?}",
+            stats()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     // The log ring is read as soon as it is written; give the forwarder its turn, then stop.
@@ -63,7 +76,10 @@ fn agent_log_after_bad_input(extra: &[&str], subnet: u8) -> String {
     unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
     agent.wait().unwrap();
     let mut text = String::new();
-    std::fs::File::open(&log).unwrap().read_to_string(&mut text).unwrap();
+    std::fs::File::open(&log)
+        .unwrap()
+        .read_to_string(&mut text)
+        .unwrap();
     text
 }
 
@@ -72,10 +88,14 @@ fn kernel_lines_appear_at_the_level_asked_for() {
     require_root();
     let warn = agent_log_after_bad_input(&["--kernel-log", "warn"], 70);
     assert!(
-        warn.lines().any(|l| l.contains(" kernel]") && l.contains("malformed heartbeat to port 7946")),
+        warn.lines()
+            .any(|l| l.contains(" kernel]") && l.contains("malformed heartbeat to port 7946")),
         "{warn}"
     );
-    assert!(!warn.contains("unknown peer 77"), "debug lines at warn: {warn}");
+    assert!(
+        !warn.contains("unknown peer 77"),
+        "debug lines at warn: {warn}"
+    );
     let debug = agent_log_after_bad_input(&["--kernel-log", "debug"], 71);
     assert!(debug.contains("heartbeat of unknown peer 77"), "{debug}");
     let off = agent_log_after_bad_input(&[], 72);

@@ -7,14 +7,14 @@ use std::{
     io::Write,
     path::Path,
     process::{Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use integration_tests::{
     agent_process::{AgentProcess, ChildGuard, TempDir, sender, spawn},
     http::get_in,
     netns::NetnsPair,
-    require_root,
+    require_root, wait_for,
 };
 use serde_json::{Value, json};
 
@@ -23,18 +23,6 @@ const PROMETHEUS: &str = "127.0.0.1:9090";
 
 fn packaging() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/prometheus")
-}
-
-/// Polls `check` every 100 ms until it returns Some, or panics after `limit` with `what`.
-fn wait_for<T>(limit: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// The value of the sample `name{labels}` (exact text before the value) in classic text.

@@ -14,6 +14,7 @@ use clap::Args;
 use serde_json::Value;
 
 use crate::{
+    build,
     lab::{Interrupt, NetPair, Process, TempDir, wait_for_socket},
     setup, workspace,
 };
@@ -178,25 +179,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 impl Tools {
     /// Builds the agent and the probes in release.
     pub fn build() -> Result<Self> {
-        workspace::run(workspace::cargo().args([
-            "build",
-            "--release",
-            "--package",
-            "monitor",
-            "--package",
-            "integration-tests",
-            "--bin",
-            "monitor",
-            "--bin",
-            "hbm-bench",
-        ]))?;
-        // Where cargo put them: CARGO_TARGET_DIR when set (relative to the workspace root).
-        let release = std::env::var_os("CARGO_TARGET_DIR")
-            .map_or_else(
-                || workspace::root().join("target"),
-                |dir| workspace::root().join(dir),
-            )
-            .join("release");
+        let release = build::release_with_tools(&["hbm-bench"])?;
         Ok(Self {
             monitor: release.join("monitor"),
             probe: release.join("hbm-bench"),
@@ -733,7 +716,14 @@ fn render_floor(floor_test_run_ns: f64, monitor_test_run_ns: f64, rows: &[FloorR
 fn fleet_figures(tools: &Tools) -> Result<Value> {
     let out = workspace::output(
         workspace::cargo()
-            .args(["test", "--release", "-p", "integration-tests", "--test", "fleet"])
+            .args([
+                "test",
+                "--release",
+                "-p",
+                "integration-tests",
+                "--test",
+                "fleet",
+            ])
             .args(["--", "--ignored", "--nocapture", "--exact", "fleet_figures"])
             .env("MONITOR_BIN", &tools.monitor),
     )?;

@@ -34,3 +34,23 @@ pub fn monitor_bin(release: bool) -> std::path::PathBuf {
         .join(if release { "release" } else { "debug" })
         .join("monitor")
 }
+
+/// Builds, in release, the agent and these binaries of the integration-tests crate (the
+/// probes and loaders the bench and the traces run), and returns the directory they are in:
+/// CARGO_TARGET_DIR's when it is set (relative to the workspace root), else target/.
+pub fn release_with_tools(tools: &[&str]) -> Result<std::path::PathBuf> {
+    let mut cmd = workspace::cargo();
+    cmd.args(["build", "--release", "--package", "monitor", "--package"])
+        .arg("integration-tests")
+        .args(["--bin", "monitor"]);
+    for tool in tools {
+        cmd.args(["--bin", tool]);
+    }
+    workspace::run(&mut cmd)?;
+    Ok(std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(
+            || workspace::root().join("target"),
+            |dir| workspace::root().join(dir),
+        )
+        .join("release"))
+}

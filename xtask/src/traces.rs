@@ -226,21 +226,10 @@ struct Tools {
 
 impl Tools {
     fn build() -> Result<Self> {
-        workspace::run(workspace::cargo().args([
-            "build",
-            "--release",
-            "--package",
-            "monitor",
-            "--package",
-            "integration-tests",
-            "--bin",
-            "monitor",
-            "--bin",
-            "hbm-impair",
-        ]))?;
+        let release = build::release_with_tools(&["hbm-impair"])?;
         Ok(Self {
-            monitor: build::monitor_bin(true),
-            impair: workspace::root().join("target/release/hbm-impair"),
+            monitor: release.join("monitor"),
+            impair: release.join("hbm-impair"),
         })
     }
 }

@@ -552,9 +552,12 @@ impl Agent {
         let levels = detector.levels.as_slice().to_vec();
         let mut peers_at = vec![0u64; levels.len() + 1];
         let mut phi_le = vec![0u64; metrics::PHI_BUCKETS.len()];
-        // (phi, id, silence s, crossed) of every tracked peer, for the top-K and the ids.
+        // (phi, id, silence s, crossed) of the asked-for ids, found in the one pass, and of
+        // every tracked peer only when the top K are asked for.
+        let wanted: std::collections::HashSet<u64> = series.ids.iter().copied().collect();
+        let mut found: std::collections::HashMap<u64, (f64, u64, f64, u8)> =
+            std::collections::HashMap::with_capacity(wanted.len());
         let mut all: Vec<(f64, u64, f64, u8)> = Vec::new();
-        let keep_all = series.top > 0 || !series.ids.is_empty();
         {
             let trackers = self.trackers.lock().expect("trackers lock");
             for t in trackers.iter().flatten() {
@@ -567,9 +570,15 @@ impl Agent {
                         *n += 1;
                     }
                 }
-                if keep_all {
+                let peer = || {
                     let silence = now.saturating_sub(last) as f64 / 1e9;
-                    all.push((phi, t.peer_id, silence, crossed));
+                    (phi, t.peer_id, silence, crossed)
+                };
+                if wanted.contains(&t.peer_id) {
+                    found.insert(t.peer_id, peer());
+                }
+                if series.top > 0 {
+                    all.push(peer());
                 }
             }
         }
@@ -580,19 +589,22 @@ impl Agent {
                 levels[(crossed as usize - 1).min(levels.len() - 1)]
             }
         };
+        let mut shown: std::collections::HashSet<u64> = std::collections::HashSet::new();
         let mut selected: Vec<(u64, f64, f64, f64)> = Vec::new();
-        for &id in &series.ids {
-            if let Some(p) = all.iter().find(|p| p.1 == id) {
-                selected.push((id, p.0, p.2, level_of(p.3)));
+        for id in &series.ids {
+            if let Some(p) = found.get(id)
+                && shown.insert(p.1)
+            {
+                selected.push((p.1, p.0, p.2, level_of(p.3)));
             }
         }
         if series.top > 0 && !all.is_empty() {
             let k = series.top.min(all.len());
             all.select_nth_unstable_by(k - 1, |a, b| b.0.total_cmp(&a.0));
-            let mut top = all[..k].to_vec();
+            let top = &mut all[..k];
             top.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-            for p in top {
-                if !selected.iter().any(|s| s.0 == p.1) {
+            for p in top.iter() {
+                if shown.insert(p.1) {
                     selected.push((p.1, p.0, p.2, level_of(p.3)));
                 }
             }

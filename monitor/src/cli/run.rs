@@ -163,7 +163,12 @@ pub struct RunArgs {
     /// liveness to a fleet on NATS JetStream at these server URLs (comma-separated, e.g.
     /// nats://10.0.0.5:4222,nats://10.0.0.6:4222); `monitor fleet` reads the fleet's view.
     /// Off unless given (docs/fleet.md).
-    #[arg(long, value_name = "URL", value_delimiter = ',', help_heading = "Fleet")]
+    #[arg(
+        long,
+        value_name = "URL",
+        value_delimiter = ',',
+        help_heading = "Fleet"
+    )]
     nats: Vec<String>,
     /// This monitor's name in the fleet: letters, digits, '-' and '_' (default: the host
     /// name's first label).

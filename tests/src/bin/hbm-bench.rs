@@ -112,15 +112,11 @@ fn main() {
             port,
             duration_s,
         } => {
-            let stats = bench::floor_attached(
-                &iface,
-                port,
-                Duration::from_secs_f64(duration_s),
-                || {
+            let stats =
+                bench::floor_attached(&iface, port, Duration::from_secs_f64(duration_s), || {
                     println!("{{\"attached\":true}}");
                     let _ = std::io::Write::flush(&mut std::io::stdout());
-                },
-            );
+                });
             serde_json::json!({ "run_count": stats.run_count, "run_time_ns": stats.run_time_ns })
         }
         Probe::KernelLog { repeat } => {
