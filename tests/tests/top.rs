@@ -22,10 +22,12 @@ const WAIT: Duration = Duration::from_secs(20);
 
 /// A detached tmux session on a tmux server of its own (its socket in a temporary directory),
 /// killed on drop (also when a test panics). Panes stay after their process exits
-/// (`remain-on-exit`), so its exit status can be read.
+/// (`remain-on-exit`), so the screen left behind can be read.
 struct Tmux {
     server: PathBuf,
     session: String,
+    /// Where the pane's shell writes the command's exit status (see `start`).
+    status: PathBuf,
     _dir: TempDir,
 }
 
@@ -35,9 +37,18 @@ impl Tmux {
         let conf = dir.0.join("tmux.conf");
         // In the configuration, so it holds before the pane's process can exit.
         std::fs::write(&conf, "set -g remain-on-exit on\n").expect("write tmux.conf");
+        let status = dir.0.join("status");
+        // The command's exit status, written by the pane's shell once the command has ended.
+        // tmux's own #{pane_dead_status} is not used: under some parents (CI) tmux marks the
+        // pane dead without ever collecting the status, and it stays empty.
+        let command = format!(
+            "{command}; echo $? > '{}.tmp' && mv '{0}.tmp' '{0}'",
+            status.display()
+        );
         let tmux = Self {
             server: dir.0.join("tmux.sock"),
             session: unique_name("hbmtop"),
+            status,
             _dir: dir,
         };
         let out = tmux.run(&[
@@ -51,7 +62,7 @@ impl Tmux {
             &width.to_string(),
             "-y",
             &height.to_string(),
-            command,
+            &command,
         ]);
         assert!(
             out.status.success(),
@@ -103,18 +114,14 @@ impl Tmux {
         }
     }
 
-    /// `Some(exit status)` once the pane's process has exited.
+    /// `Some(exit status)` once the pane's command has exited.
     fn exit_status(&self) -> Option<i32> {
-        let out = self.run(&[
-            "list-panes",
-            "-t",
-            &self.session,
-            "-F",
-            "#{pane_dead} #{pane_dead_status}",
-        ]);
-        let text = String::from_utf8_lossy(&out.stdout);
-        let (dead, status) = text.trim().split_once(' ')?;
-        (dead == "1").then(|| status.parse().expect("pane_dead_status"))
+        let text = std::fs::read_to_string(&self.status).ok()?;
+        Some(
+            text.trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("exit status {text:?}")),
+        )
     }
 
     fn wait_exit(&self) -> i32 {
