@@ -4,8 +4,8 @@
  * C99 and POSIX libc only, one file:
  *
  *     cc -O2 -Wall -Wextra -o hb_send hb_send.c
- *     ./hb_send --to 192.0.2.1:7946 --id 17 --interval 100
- *     ./hb_send --to 192.0.2.1:7946 --id 17 --auth-key-file /etc/heartbeat/key
+ *     ./hb_send --to 192.0.2.1:18498 --id 17 --interval 100
+ *     ./hb_send --to 192.0.2.1:18498 --id 17 --auth-key-file /etc/heartbeat/key
  *     ./hb_send --self-test
  *
  * Options (as `monitor send`):

@@ -3,8 +3,8 @@
 
 Standard library only, Python 3.9 or later:
 
-    python3 hb_send.py --to 192.0.2.1:7946 --id 17 --interval 100
-    python3 hb_send.py --to 192.0.2.1:7946 --id 17 --auth-key-file /etc/heartbeat/key
+    python3 hb_send.py --to 192.0.2.1:18498 --id 17 --interval 100
+    python3 hb_send.py --to 192.0.2.1:18498 --id 17 --auth-key-file /etc/heartbeat/key
     python3 hb_send.py --self-test
 
 The options are those of `monitor send` (run with --help). Heartbeats go out on a fixed

@@ -14,6 +14,10 @@ pub const XDP_FLAG_REQUIRE_AUTH: u32 = 1 << 1;
 /// spans lost heartbeats is counted as loss (`PeerRecord::loss_*`), not as a sample. Set for
 /// the loss-aware model, which weighs loss separately.
 pub const XDP_FLAG_GAPLESS_WINDOW: u32 = 1 << 2;
+/// Only heartbeats whose destination address is in LOCAL_ADDRS (the interface's addresses or
+/// `monitor run --listen-addr`) are recorded; others are passed untouched and counted as
+/// `not_local`. Without it every destination counts (`--listen-addr any`).
+pub const XDP_FLAG_CHECK_DESTINATION: u32 = 1 << 3;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

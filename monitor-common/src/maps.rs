@@ -32,6 +32,21 @@ pub const ARRIVALS_MAP: &str = "ARRIVALS";
 /// Size of the arrivals ring buffer in bytes: 256 KiB, 8192 records, a second of 8k
 /// heartbeats per second before the agent must have read them.
 pub const ARRIVALS_BYTES: u32 = 256 * 1024;
+/// Destination addresses heartbeats are accepted at (HASH, 16-byte address -> 1, written by
+/// the agent; see [`local_addr_key`]). Read only with `XDP_FLAG_CHECK_DESTINATION`.
+pub const LOCAL_ADDRS_MAP: &str = "LOCAL_ADDRS";
+/// Most addresses LOCAL_ADDRS holds.
+pub const LOCAL_ADDRS_CAPACITY: u32 = 256;
+
+/// The LOCAL_ADDRS key of an address: its 16 bytes, IPv4 as the IPv4-mapped IPv6 address
+/// (::ffff:a.b.c.d), the layout the kernel builds from a packet's destination.
+pub const fn local_addr_key(addr: core::net::IpAddr) -> [u8; 16] {
+    match addr {
+        core::net::IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        core::net::IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
 /// Size of the unknown-peer ring buffer in bytes.
 pub const UNKNOWN_PEERS_BYTES: u32 = 64 * 1024;
 
@@ -182,7 +197,7 @@ const _: () = assert!(core::mem::offset_of!(UnknownPeerReport, src_addr) % 8 == 
 
 /// Version of everything a restarted agent reads from pinned maps: bump it whenever a map's
 /// layout or meaning changes, so an agent never misreads state pinned by another build.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 /// "HBMPIN\0\0".
 pub const META_MAGIC: u64 = u64::from_le_bytes(*b"HBMPIN\0\0");
 
@@ -234,6 +249,9 @@ pub struct Counters {
     pub report_window_count: u64,
     /// Arrivals of traced peers not written because the ARRIVALS ring was full.
     pub arrivals_dropped: u64,
+    /// Packets to the heartbeat port whose destination address is not in LOCAL_ADDRS (passed
+    /// untouched, not recorded; only with `XDP_FLAG_CHECK_DESTINATION`).
+    pub not_local: u64,
 }
 
 /// A valid heartbeat from a peer id that has no slot, as reported to the agent.

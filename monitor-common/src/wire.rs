@@ -26,8 +26,10 @@ pub const HEADER_LEN: usize = 32;
 pub const FLAG_AUTH: u8 = 0x01;
 /// Flags this version defines; any other bit set makes the datagram malformed.
 pub const KNOWN_FLAGS: u8 = FLAG_AUTH;
-/// Default UDP port for heartbeats.
-pub const DEFAULT_PORT: u16 = 7946;
+/// Default UDP port for heartbeats: 18498 is 0x4842, the magic "HB". Unassigned in IANA's
+/// registry (inside 18464-18515) and not used by well-known software; until 0.1 the default
+/// was 7946, the gossip port of memberlist, Serf, Consul and Docker swarm.
+pub const DEFAULT_PORT: u16 = 18498;
 /// No peer has this id: a heartbeat carrying it is malformed. A slot nobody owns carries it,
 /// so no heartbeat can ever match a free slot.
 pub const RESERVED_PEER_ID: u64 = 0;

@@ -2,9 +2,10 @@
 //! timestamp them, update the sender's peer slot.
 //!
 //! Per packet: parse Ethernet (+ up to two VLAN tags), IPv4 (IHL honoured, fragments skipped)
-//! or IPv6, UDP; match the heartbeat port; validate the header with the rules shared with
-//! userspace (`monitor_common::wire`); look the peer id up; update its slot under the slot's
-//! sequence counter. Everything that is not a valid heartbeat is passed untouched.
+//! or IPv6, UDP; match the heartbeat port; (with `XDP_FLAG_CHECK_DESTINATION`) check that
+//! the destination address is this host's (LOCAL_ADDRS); validate the header with the rules
+//! shared with userspace (`monitor_common::wire`); look the peer id up; update its slot under
+//! the slot's sequence counter. Everything that is not a valid heartbeat is passed untouched.
 #![no_std]
 #![no_main]
 #![feature(core_intrinsics, asm_experimental_arch)]
@@ -24,10 +25,10 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use monitor_common::{
     auth::{AuthKey, KEY_SLOTS},
-    config::{XDP_FLAG_PASS_HEARTBEATS, XdpConfig},
+    config::{XDP_FLAG_CHECK_DESTINATION, XDP_FLAG_PASS_HEARTBEATS, XdpConfig},
     maps::{
-        ARRIVALS_BYTES, BPF_F_MMAPABLE, Counters, DEFAULT_CAPACITY, PeerSlot, PinnedMeta,
-        UNKNOWN_PEERS_BYTES,
+        ARRIVALS_BYTES, BPF_F_MMAPABLE, Counters, DEFAULT_CAPACITY, LOCAL_ADDRS_CAPACITY, PeerSlot,
+        PinnedMeta, UNKNOWN_PEERS_BYTES,
     },
 };
 
@@ -56,6 +57,18 @@ static ARRIVALS: RingBuf = RingBuf::with_byte_size(ARRIVALS_BYTES, 0);
 #[map]
 static AUTH_KEYS: Array<AuthKey> = Array::with_max_entries(KEY_SLOTS, 0);
 
+/// Destination addresses of this host (IPv4-mapped for IPv4, as two native-endian words of
+/// the 16 bytes), written by the agent; read with `XDP_FLAG_CHECK_DESTINATION` only.
+#[map]
+static LOCAL_ADDRS: HashMap<[u64; 2], u8> = HashMap::with_max_entries(LOCAL_ADDRS_CAPACITY, 0);
+
+/// Whether `addr` is one of this host's destination addresses.
+#[inline(always)]
+fn is_local(addr: &[u64; 2]) -> bool {
+    // SAFETY: the value is only tested for presence, never read.
+    unsafe { LOCAL_ADDRS.get(addr) }.is_some()
+}
+
 /// Written and read by the agent only (what pinned state is); the program never touches it.
 #[map]
 static META: Array<PinnedMeta> = Array::with_max_entries(1, 0);
@@ -82,9 +95,14 @@ fn handle<C: Packet + EbpfContext>(ctx: &C) -> Verdict {
     // writes it.
     let counters = unsafe { &mut *counters };
     let config = config();
-    match parse::parse(ctx, config.port) {
+    let check_destination = config.flags & XDP_FLAG_CHECK_DESTINATION != 0;
+    match parse::parse(ctx, config.port, check_destination) {
         Parsed::NotHeartbeat => {
             counters.not_heartbeat += 1;
+            Verdict::Pass
+        }
+        Parsed::NotLocal => {
+            counters.not_local += 1;
             Verdict::Pass
         }
         Parsed::Malformed => {

@@ -34,6 +34,8 @@ pub struct Heartbeat {
 
 pub enum Parsed {
     NotHeartbeat,
+    /// To the heartbeat port, but addressed to another host (see `LOCAL_ADDRS`).
+    NotLocal,
     Malformed,
     Heartbeat(Heartbeat),
 }
@@ -87,16 +89,18 @@ fn ptr_at<C: Packet, T>(ctx: &C, offset: usize) -> Option<*const T> {
     Some((start + offset) as *const T)
 }
 
+/// `check_destination`: a packet to the port whose destination address is not in
+/// `LOCAL_ADDRS` is `NotLocal` (one hash lookup, after the port matched).
 #[inline(always)]
-pub fn parse<C: Packet>(ctx: &C, port: u16) -> Parsed {
-    match parse_inner(ctx, port) {
+pub fn parse<C: Packet>(ctx: &C, port: u16, check_destination: bool) -> Parsed {
+    match parse_inner(ctx, port, check_destination) {
         Some(parsed) => parsed,
         None => Parsed::NotHeartbeat,
     }
 }
 
 #[inline(always)]
-fn parse_inner<C: Packet>(ctx: &C, port: u16) -> Option<Parsed> {
+fn parse_inner<C: Packet>(ctx: &C, port: u16, check_destination: bool) -> Option<Parsed> {
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
     let mut ether_type = unsafe { (*eth).ether_type };
     let mut offset = EthHdr::LEN;
@@ -114,6 +118,8 @@ fn parse_inner<C: Packet>(ctx: &C, port: u16) -> Option<Parsed> {
 
     let src_words: [u64; 2];
     let src_family;
+    // The destination address inside the (bounds-checked) IP header, read only when checked.
+    let dst: *const u8;
     if ether_type == ETH_P_IPV4 {
         let ip: *const Ipv4Hdr = ptr_at(ctx, offset)?;
         let ip = unsafe { &*ip };
@@ -133,6 +139,7 @@ fn parse_inner<C: Packet>(ctx: &C, port: u16) -> Option<Parsed> {
         let v4 = unsafe { load::u32_at(ip.src_addr.as_ptr()) };
         src_words = [0, 0xffff_0000 | (v4 << 32)];
         src_family = FAMILY_IPV4;
+        dst = ip.dst_addr.as_ptr();
         offset += ihl;
     } else if ether_type == ETH_P_IPV6 {
         let ip: *const Ipv6Hdr = ptr_at(ctx, offset)?;
@@ -144,6 +151,7 @@ fn parse_inner<C: Packet>(ctx: &C, port: u16) -> Option<Parsed> {
         let src = ip.src_addr.as_ptr();
         src_words = unsafe { [load::u64_at(src), load::u64_at(src.add(8))] };
         src_family = FAMILY_IPV6;
+        dst = ip.dst_addr.as_ptr();
         offset += Ipv6Hdr::LEN;
     } else {
         return None;
@@ -157,6 +165,18 @@ fn parse_inner<C: Packet>(ctx: &C, port: u16) -> Option<Parsed> {
     let udp = unsafe { &*udp };
     if u16::from_be_bytes(udp.dst) != port {
         return None;
+    }
+    // Addressed to another host (this one routes or forwards it): not ours to record or
+    // consume, whatever it carries. The same 16-byte layout as the source address.
+    if check_destination {
+        let key = if src_family == FAMILY_IPV4 {
+            [0, 0xffff_0000 | (unsafe { load::u32_at(dst) } << 32)]
+        } else {
+            unsafe { [load::u64_at(dst), load::u64_at(dst.add(8))] }
+        };
+        if !crate::is_local(&key) {
+            return Some(Parsed::NotLocal);
+        }
     }
     // From here on it is addressed to us: anything wrong is malformed, not foreign.
     let Some(header) = ptr_at::<C, HeartbeatHeader>(ctx, offset + UdpHdr::LEN) else {

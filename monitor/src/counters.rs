@@ -20,6 +20,9 @@ pub struct CounterTotals {
     /// Arrivals of traced peers lost because the ring was full (`monitor record`).
     #[serde(default)]
     pub arrivals_dropped: u64,
+    /// Packets to the heartbeat port addressed to another host (passed, not recorded).
+    #[serde(default)]
+    pub not_local: u64,
 }
 
 impl CounterTotals {
@@ -36,6 +39,7 @@ impl CounterTotals {
             unknown_reported: t.unknown_reported + c.unknown_reported,
             unknown_suppressed: t.unknown_suppressed + c.unknown_suppressed,
             arrivals_dropped: t.arrivals_dropped + c.arrivals_dropped,
+            not_local: t.not_local + c.not_local,
         })
     }
 

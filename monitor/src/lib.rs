@@ -13,6 +13,7 @@ pub mod auth_key;
 pub mod client;
 pub mod clock;
 pub mod counters;
+pub mod destination;
 pub mod detector;
 pub mod fleet;
 pub mod kernel_log;

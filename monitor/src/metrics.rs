@@ -292,6 +292,7 @@ impl<S: Source> Collector for AgentCollector<S> {
                 [
                     ("heartbeat", k.heartbeats),
                     ("not_heartbeat", k.not_heartbeat),
+                    ("not_local", k.not_local),
                     ("malformed", k.malformed),
                     ("unknown_peer", k.unknown_peer),
                     ("duplicate", k.duplicates),
@@ -555,7 +556,7 @@ mod tests {
                 stats: Some(AgentStats {
                     iface: "eth0".into(),
                     xdp_mode: "native".into(),
-                    port: 7946,
+                    port: 18498,
                     window: 128,
                     model: "normal".into(),
                     levels: vec![1.0, 3.0, 8.0],

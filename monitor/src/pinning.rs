@@ -24,15 +24,16 @@ use aya_obj::programs::XdpAttachType;
 use monitor_common::{
     auth::AuthKey,
     maps::{
-        ARRIVALS_MAP, AUTH_KEYS_MAP, COUNTERS_MAP, Counters, LAYOUT_VERSION, META_MAGIC, META_MAP,
-        PEER_INDEX_MAP, PEER_STATE_MAP, PeerSlot, PinnedMeta, UNKNOWN_PEERS_MAP,
+        ARRIVALS_MAP, AUTH_KEYS_MAP, COUNTERS_MAP, Counters, LAYOUT_VERSION, LOCAL_ADDRS_MAP,
+        META_MAGIC, META_MAP, PEER_INDEX_MAP, PEER_STATE_MAP, PeerSlot, PinnedMeta,
+        UNKNOWN_PEERS_MAP,
     },
 };
 
 use crate::{peer_table::PeerTable, program, registry::Registry};
 
 /// Every map, in the order they are pinned.
-pub const MAPS: [&str; 7] = [
+pub const MAPS: [&str; 8] = [
     PEER_INDEX_MAP,
     PEER_STATE_MAP,
     COUNTERS_MAP,
@@ -40,6 +41,7 @@ pub const MAPS: [&str; 7] = [
     ARRIVALS_MAP,
     AUTH_KEYS_MAP,
     META_MAP,
+    LOCAL_ADDRS_MAP,
 ];
 const LINK: &str = "link";
 const PROG: &str = "prog";
@@ -208,7 +210,7 @@ pub struct Adopted {
     pub link: PinnedLink,
 }
 
-fn open(dir: &Path, name: &str) -> Result<Map, PinError> {
+pub(crate) fn open(dir: &Path, name: &str) -> Result<Map, PinError> {
     let data = MapData::from_pin(dir.join(name))
         .map_err(|e| aya_err(dir, format!("opening map {name}: {e}")))?;
     Map::from_map_data(data).map_err(|e| aya_err(dir, e))
@@ -253,7 +255,7 @@ pub fn adopt(dir: &Path, expected: &PinnedMeta) -> Result<Adopted, PinError> {
             expected.capacity.to_string(),
         ),
         (
-            "flags (authentication, pass-through, gapless window)",
+            "flags (authentication, pass-through, gapless window, destination check)",
             "",
             format!("{:#x}", meta.flags),
             format!("{:#x}", expected.flags),

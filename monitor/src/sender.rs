@@ -23,7 +23,7 @@
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! // Heartbeats as peer 17 every 100 ms, signed, on a thread of their own until told to stop.
-//! let mut config = SenderConfig::new("192.0.2.1:7946".parse()?, 17);
+//! let mut config = SenderConfig::new("192.0.2.1:18498".parse()?, 17);
 //! config.interval = Duration::from_millis(100);
 //! config.key = Some(monitor::auth_key::read_key_file("/etc/heartbeat/key".as_ref())?);
 //! let stop = Arc::new(AtomicBool::new(false));
@@ -40,7 +40,7 @@
 //! let socket = std::net::UdpSocket::bind("0.0.0.0:0")?;
 //! let incarnation = sender::unix_time_incarnation();
 //! for seq in 0..3 {
-//!     socket.send_to(&sender::heartbeat(17, incarnation, seq, None), "192.0.2.1:7946")?;
+//!     socket.send_to(&sender::heartbeat(17, incarnation, seq, None), "192.0.2.1:18498")?;
 //!     std::thread::sleep(Duration::from_millis(100));
 //! }
 //! # Ok(())
@@ -60,7 +60,7 @@ use monitor_common::wire::{HEADER_LEN, HeartbeatHeader};
 /// `monitor send`.
 #[derive(Debug, Clone)]
 pub struct SenderConfig {
-    /// The monitor's address and heartbeat port (default port 7946).
+    /// The monitor's address and heartbeat port (default port 18498).
     pub to: SocketAddr,
     /// This peer's id: what the monitor knows it by.
     pub id: u64,

@@ -151,7 +151,14 @@ impl Drop for AgentProcess {
 
 /// `monitor send` in the pair's `b` namespace towards the agent's IPv4 address.
 pub fn sender(pair: &NetnsPair, id: u64, interval: &str, extra: &[&str]) -> Command {
-    sender_to(pair, &format!("{}:7946", pair.addr_a), id, interval, extra)
+    let port = monitor_common::wire::DEFAULT_PORT;
+    sender_to(
+        pair,
+        &format!("{}:{port}", pair.addr_a),
+        id,
+        interval,
+        extra,
+    )
 }
 
 /// `monitor send` in the pair's `b` namespace towards `to`.

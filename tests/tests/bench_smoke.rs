@@ -30,7 +30,7 @@ fn loadgen_counts_match_the_kernel_and_every_killed_peer_is_detected() {
 
     let report = loadgen(
         &pair,
-        7946,
+        18498,
         &[
             "--peers",
             "500",

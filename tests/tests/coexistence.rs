@@ -20,7 +20,7 @@ use monitor::program;
 use serde_json::json;
 
 /// The other XDP program's port: it drops datagrams to it and passes everything else, so
-/// heartbeats (7946) go through it to the TC hook.
+/// heartbeats (18498) go through it to the TC hook.
 const OTHER_PORT: u16 = 9999;
 
 /// Runs `f` on a thread that has entered network namespace `ns` (by its /var/run/netns name).

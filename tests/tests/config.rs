@@ -66,7 +66,7 @@ fn sighup_applies_new_levels_and_keeps_what_needs_a_restart() {
     let dir = TempDir::new("hbmcfg");
     let file = dir.0.join("monitor.toml");
     let write = |text: &str| std::fs::write(&file, text).unwrap();
-    write("levels = [1, 3]\nmetrics-addr = \"127.0.0.1:9464\"\nport = 7946\n");
+    write("levels = [1, 3]\nmetrics-addr = \"127.0.0.1:9464\"\nport = 18498\n");
     let agent = AgentProcess::start(
         &pair,
         &[
@@ -116,7 +116,7 @@ fn sighup_applies_new_levels_and_keeps_what_needs_a_restart() {
     assert!(e["phi"].as_f64().unwrap() >= 8.0, "{e}");
     assert_eq!(
         stats(&agent)["port"],
-        json!(7946),
+        json!(18498),
         "the port needs a restart"
     );
     let (status, text) = get_in(&pair.ns_a, "127.0.0.1:9464", "/metrics", &[]).unwrap();

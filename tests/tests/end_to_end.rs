@@ -82,7 +82,7 @@ fn ipv6_heartbeats_are_recorded() {
     let agent = AgentProcess::start(&pair, &["--peers", &dir.peers_file([6])]);
     run_ok(sender_to(
         &pair,
-        &format!("[{}]:7946", pair.addr6_a),
+        &format!("[{}]:18498", pair.addr6_a),
         6,
         "10ms",
         &["--count", "20"],

@@ -277,7 +277,7 @@ fn the_socket_serves_root_the_agent_user_and_its_group_only() {
 }
 
 fn loadgen_in(pair: &NetnsPair, args: &[&str]) -> serde_json::Value {
-    serde_json::to_value(integration_tests::agent_process::loadgen(pair, 7946, args)).unwrap()
+    serde_json::to_value(integration_tests::agent_process::loadgen(pair, 18498, args)).unwrap()
 }
 
 #[test]
@@ -310,7 +310,7 @@ fn a_flood_of_forged_ids_leaves_admitted_peers_untouched_and_the_agent_responsiv
 
     // A million forged ids, each heard about once, for 4 s.
     let flood = std::thread::spawn({
-        let (ns_b, target) = (pair.ns_b.clone(), format!("{}:7946", pair.addr_a));
+        let (ns_b, target) = (pair.ns_b.clone(), format!("{}:18498", pair.addr_a));
         move || {
             let args = [
                 "--to",
@@ -464,7 +464,7 @@ fn fifty_thousand_peers_starting_at_once_are_all_admitted_with_the_defaults() {
     let agent = AgentProcess::start(&pair, &[]);
     let started = std::time::Instant::now();
     let load = std::thread::spawn({
-        let (ns_b, target) = (pair.ns_b.clone(), format!("{}:7946", pair.addr_a));
+        let (ns_b, target) = (pair.ns_b.clone(), format!("{}:18498", pair.addr_a));
         move || {
             let args: Vec<String> = [
                 "--to",

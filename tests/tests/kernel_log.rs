@@ -51,7 +51,7 @@ fn agent_log_after_bad_input(extra: &[&str], subnet: u8) -> String {
         assert!(Instant::now() < deadline, "the agent did not start");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let to = format!("{}:7946", pair.addr_a);
+    let to = format!("{}:18498", pair.addr_a);
     in_netns(&pair.ns_b, move || {
         let udp = UdpSocket::bind("0.0.0.0:0").unwrap();
         udp.send_to(b"bad", &to).unwrap();
@@ -89,7 +89,7 @@ fn kernel_lines_appear_at_the_level_asked_for() {
     let warn = agent_log_after_bad_input(&["--kernel-log", "warn"], 70);
     assert!(
         warn.lines()
-            .any(|l| l.contains(" kernel]") && l.contains("malformed heartbeat to port 7946")),
+            .any(|l| l.contains(" kernel]") && l.contains("malformed heartbeat to port 18498")),
         "{warn}"
     );
     assert!(

@@ -159,7 +159,7 @@ fn pinned_state_of_another_layout_or_other_settings_is_refused() {
     };
     let err = run(&["--port", "9000"]);
     assert!(
-        err.contains("port = 7946") && err.contains("--port 9000"),
+        err.contains("port = 18498") && err.contains("--port 9000"),
         "{err}"
     );
 

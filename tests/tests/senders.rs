@@ -229,8 +229,8 @@ fn heartbeats_from_c_and_python_are_recorded_by_the_xdp_program() {
     let pair = pair(90);
     let dir = TempDir::new("hbm-snd-peers");
     let agent = AgentProcess::start(&pair, &["--peers", &dir.peers_file([101, 102, 103, 104])]);
-    let v4 = format!("{}:7946", pair.addr_a);
-    let v6 = format!("[{}]:7946", pair.addr6_a);
+    let v4 = format!("{}:18498", pair.addr_a);
+    let v6 = format!("[{}]:18498", pair.addr6_a);
     let ns = Some(pair.ns_b.as_str());
     // (peer id, sender, destination, heartbeats, interval in ms)
     let runs: [(u64, &str, &str, u64, u64); 4] = [
@@ -313,7 +313,7 @@ fn signed_heartbeats_count_under_the_agents_key_and_not_under_another() {
             &agent_key,
         ],
     );
-    let to = format!("{}:7946", pair.addr_a);
+    let to = format!("{}:18498", pair.addr_a);
     let ns = Some(pair.ns_b.as_str());
     // (peer id, sender, key file, heartbeats)
     let runs: [(u64, &str, &str, u64); 4] = [

@@ -38,7 +38,7 @@ fn churn_is_detected_and_steady_peers_are_never_suspected() {
     let started = soak::unix_ms();
     let report = loadgen(
         &pair,
-        7946,
+        18498,
         &[
             "--peers",
             "2000",

@@ -763,3 +763,171 @@ fn the_tc_hook_judges_every_packet_as_xdp_does() {
         );
     }
 }
+
+/// The frame with its IP destination address replaced (IPv4 as `a.b.c.d`, IPv6 in full).
+fn to_destination(packet: &Packet, dst: std::net::IpAddr) -> Vec<u8> {
+    let mut frame = packet.build();
+    let ip_at = 14 + 4 * packet.vlans.len();
+    match (&packet.ip, dst) {
+        (Ip::V4 { .. }, std::net::IpAddr::V4(v4)) => {
+            frame[ip_at + 16..ip_at + 20].copy_from_slice(&v4.octets())
+        }
+        (Ip::V6 { .. }, std::net::IpAddr::V6(v6)) => {
+            frame[ip_at + 24..ip_at + 40].copy_from_slice(&v6.octets())
+        }
+        _ => panic!("address family does not match the packet"),
+    }
+    frame
+}
+
+/// A fixture that checks destinations, accepting heartbeats at `addrs` only.
+fn checking_destinations(hook: monitor::program::Hook, addrs: &[&str]) -> Fixture {
+    use monitor_common::config::XDP_FLAG_CHECK_DESTINATION;
+    let mut fx = Fixture::new_hook(
+        XdpConfig {
+            flags: XDP_FLAG_CHECK_DESTINATION,
+            ..XdpConfig::DEFAULT
+        },
+        &[PEER],
+        hook,
+    );
+    set_local(&mut fx, addrs);
+    fx
+}
+
+fn set_local(fx: &mut Fixture, addrs: &[&str]) {
+    let mut map = monitor::destination::LocalAddrs::take(&mut fx.loaded.ebpf).expect("LOCAL_ADDRS");
+    let set = addrs.iter().map(|a| a.parse().unwrap()).collect();
+    map.set(&set).expect("fill LOCAL_ADDRS");
+    // The map stays in the kernel with the program; the userspace handle may go.
+}
+
+const NOT_LOCAL_V4: &str = "192.0.2.99";
+const NOT_LOCAL_V6: &str = "2001:db8::99";
+
+fn local_of(packet: &Packet) -> std::net::IpAddr {
+    match packet.ip {
+        Ip::V4 { .. } => std::net::IpAddr::from(DST_V4),
+        Ip::V6 { .. } => std::net::IpAddr::from(DST_V6),
+    }
+}
+
+fn not_local_of(packet: &Packet) -> std::net::IpAddr {
+    match packet.ip {
+        Ip::V4 { .. } => NOT_LOCAL_V4.parse().unwrap(),
+        Ip::V6 { .. } => NOT_LOCAL_V6.parse().unwrap(),
+    }
+}
+
+/// With the destination check, a heartbeat to another host's address (this one routes it) is
+/// passed untouched and not recorded, counted as `not_local`; one to a local address is
+/// recorded and consumed: every layout, both hooks.
+#[test]
+fn heartbeats_to_another_host_pass_and_are_not_recorded() {
+    use monitor::program::Hook;
+    let local = ["192.0.2.1", "2001:db8::1"];
+    for hook in [Hook::Xdp, Hook::Tc] {
+        for (name, packet) in layouts() {
+            let mut fx = checking_destinations(hook, &local);
+            let foreign = to_destination(&packet, not_local_of(&packet));
+            assert_eq!(fx.run(&foreign), XDP_PASS, "{hook} {name}");
+            assert_eq!(fx.counters(), only(|c| c.not_local = 1), "{hook} {name}");
+            assert_eq!(fx.record(PEER).heartbeats, 0, "{hook} {name}");
+            let ours = to_destination(&packet, local_of(&packet));
+            assert_eq!(fx.run(&ours), XDP_DROP, "{hook} {name}");
+            assert_eq!(
+                fx.counters(),
+                only(|c| {
+                    c.not_local = 1;
+                    c.heartbeats = 1
+                }),
+                "{hook} {name}"
+            );
+            assert_eq!(fx.record(PEER).heartbeats, 1, "{hook} {name}");
+        }
+    }
+}
+
+/// Not ours means not ours: a broken heartbeat to another host is not_local, not malformed,
+/// and traffic to other ports is untouched by the check.
+#[test]
+fn the_check_comes_after_the_port_and_before_validation() {
+    let mut fx = checking_destinations(monitor::program::Hook::Xdp, &["192.0.2.1"]);
+    let mut broken = Packet::heartbeat_v4(PEER, 1);
+    broken.payload[0] ^= 0xff;
+    let frame = to_destination(&broken, NOT_LOCAL_V4.parse().unwrap());
+    assert_eq!(fx.run(&frame), XDP_PASS);
+    assert_eq!(fx.counters(), only(|c| c.not_local = 1));
+    let other_port = Packet {
+        dst_port: DEFAULT_PORT + 1,
+        ..Packet::heartbeat_v4(PEER, 1)
+    };
+    let frame = to_destination(&other_port, NOT_LOCAL_V4.parse().unwrap());
+    assert_eq!(fx.run(&frame), XDP_PASS);
+    assert_eq!(
+        fx.counters(),
+        only(|c| {
+            c.not_local = 1;
+            c.not_heartbeat = 1
+        })
+    );
+}
+
+/// The map is read per packet: an address added while the program runs is accepted at once;
+/// one removed is not. A multicast group counts when listed.
+#[test]
+fn local_addresses_change_under_the_running_program() {
+    let mut fx = checking_destinations(monitor::program::Hook::Xdp, &[]);
+    let packet = Packet::heartbeat_v4(PEER, 1);
+    let frame = to_destination(&packet, NOT_LOCAL_V4.parse().unwrap());
+    assert_eq!(fx.run(&frame), XDP_PASS);
+    assert_eq!(fx.record(PEER).heartbeats, 0);
+    // Reach the map again through the kernel: the fixture's handle was taken and dropped.
+    let mut map = local_addrs_of(&fx);
+    map.set(&[NOT_LOCAL_V4.parse().unwrap()].into()).unwrap();
+    assert_eq!(fx.run(&frame), XDP_DROP);
+    assert_eq!(fx.record(PEER).heartbeats, 1);
+    map.set(&["239.1.2.3".parse().unwrap()].into()).unwrap();
+    let next = to_destination(
+        &Packet::heartbeat_v4(PEER, 2),
+        NOT_LOCAL_V4.parse().unwrap(),
+    );
+    assert_eq!(fx.run(&next), XDP_PASS);
+    let group = to_destination(&Packet::heartbeat_v4(PEER, 2), "239.1.2.3".parse().unwrap());
+    assert_eq!(fx.run(&group), XDP_DROP);
+    assert_eq!(fx.record(PEER).heartbeats, 2);
+    assert_eq!(fx.counters().not_local, 2);
+}
+
+/// Without the flag (`--listen-addr any`, and every fixture above) the map is not read:
+/// any destination is recorded, as before the check existed.
+#[test]
+fn without_the_check_every_destination_counts() {
+    let mut fx = Fixture::with_peers(&[PEER]);
+    let frame = to_destination(
+        &Packet::heartbeat_v6(PEER, 1),
+        NOT_LOCAL_V6.parse().unwrap(),
+    );
+    assert_eq!(fx.run(&frame), XDP_DROP);
+    assert_eq!(fx.counters(), only(|c| c.heartbeats = 1));
+}
+
+/// The fixture's LOCAL_ADDRS, found through the program's map ids.
+fn local_addrs_of(fx: &Fixture) -> monitor::destination::LocalAddrs {
+    use aya::maps::MapData;
+    let info = fx
+        .loaded
+        .ebpf
+        .program(monitor::program::PROGRAM_NAME)
+        .expect("the program")
+        .info()
+        .expect("program info");
+    for id in info.map_ids().expect("map ids").expect("map ids reported") {
+        let data = MapData::from_id(id).expect("map by id");
+        if data.info().expect("map info").name() == monitor_common::maps::LOCAL_ADDRS_MAP.as_bytes()
+        {
+            return monitor::destination::LocalAddrs::from_map_data(data).expect("LOCAL_ADDRS");
+        }
+    }
+    panic!("the program uses no map named LOCAL_ADDRS");
+}

@@ -83,7 +83,7 @@ impl NetPair {
 
     /// The heartbeat destination, ADDR:PORT.
     pub fn target(&self) -> String {
-        format!("{}:7946", self.addr_monitor)
+        format!("{}:18498", self.addr_monitor)
     }
 }
 

@@ -27,7 +27,7 @@ use crate::{
 };
 
 /// Heartbeat port (the agent's default) and the cross traffic's.
-const HEARTBEAT_PORT: u16 = 7946;
+const HEARTBEAT_PORT: u16 = 18498;
 const IPERF_PORT: u16 = 5201;
 /// Every scenario's one peer.
 const PEER: u64 = 1;
@@ -349,7 +349,7 @@ fn record_scenario(
                 "--iface",
                 net.if_peers,
                 "--port",
-                "7946",
+                "18498",
                 "--to-bad",
                 "0.01",
                 "--to-good",

@@ -56,6 +56,8 @@ pub struct AgentConfig {
     /// Who is admitted on a first heartbeat.
     pub admission: AdmissionPolicy,
     pub pass_heartbeats: bool,
+    /// Which destination addresses heartbeats are accepted at (`--listen-addr`).
+    pub listen: crate::destination::Listen,
     pub unknown_reports_per_sec: u32,
     /// The detector; its `window` is the kernel's window.
     pub detector: DetectorParams,
@@ -149,6 +151,7 @@ fn apply_reload(
         "pass-heartbeats",
         new.pass_heartbeats == current.pass_heartbeats,
     );
+    check("listen-addr", new.listen == current.listen);
     if new.unknown_reports_per_sec != current.unknown_reports_per_sec {
         // The agent's bucket changed above; the kernel's report limit is a load-time constant.
         log::warn!(
@@ -236,7 +239,8 @@ fn xdp_config(config: &AgentConfig, require_auth: bool) -> XdpConfig {
                 XDP_FLAG_REQUIRE_AUTH
             } else {
                 0
-            },
+            }
+            | config.listen.xdp_flags(),
         unknown_reports_per_sec: config.unknown_reports_per_sec,
         ..rules
     }
@@ -298,6 +302,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         Some(dir) if pinning::has_state(dir) => adopt(dir, &expected)?,
         _ => load_and_attach(&config, &xdp, expected)?,
     };
+    // Fills LOCAL_ADDRS and follows the interface's addresses until the agent stops.
+    let _destinations = crate::destination::start(
+        &config.iface,
+        &config.listen,
+        kernel.ebpf.as_mut(),
+        kernel.pinned.as_deref(),
+    )?;
     let kernel_logger = match (config.kernel_log, &mut kernel.ebpf) {
         (program::KernelLog::Off, _) => None,
         (_, Some(ebpf)) => Some(kernel_log::of_loaded(ebpf)?),

@@ -344,7 +344,7 @@ mod tests {
 
     #[test]
     fn errors_name_the_file_the_line_and_the_key() {
-        let e = parse("iface = \"eth0\"\n\nprot = 7946\n", &[]).unwrap_err();
+        let e = parse("iface = \"eth0\"\n\nprot = 18498\n", &[]).unwrap_err();
         assert_eq!(
             e.to_string(),
             "monitor.toml:3: unknown key `prot`: not a flag of `monitor run`; did you mean `port`?"
@@ -398,7 +398,7 @@ mod tests {
             "{printed}"
         );
         assert!(printed.contains("pass-heartbeats = true\n"), "{printed}");
-        assert!(printed.contains("# port = 7946   (default)\n"), "{printed}");
+        assert!(printed.contains("# port = 18498   (default)\n"), "{printed}");
         assert!(
             printed.contains("# auth-key-file = (not set)\n"),
             "{printed}"

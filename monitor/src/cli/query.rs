@@ -177,6 +177,7 @@ fn print_stats(s: &AgentStats) {
     for (name, value) in [
         ("heartbeats", k.heartbeats),
         ("not_heartbeat", k.not_heartbeat),
+        ("not_local", k.not_local),
         ("malformed", k.malformed),
         ("unknown_peer", k.unknown_peer),
         ("duplicates", k.duplicates),

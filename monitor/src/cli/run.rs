@@ -81,6 +81,13 @@ pub struct RunArgs {
     /// Pass heartbeats on to the network stack after recording them (default: consume them).
     #[arg(long)]
     pass_heartbeats: bool,
+    /// Record only heartbeats addressed to these destination addresses (comma-separated,
+    /// IPv4 or IPv6); others, e.g. heartbeats this host routes to another one, are passed
+    /// untouched and counted as not_local. Default: the interface's own addresses, followed as
+    /// they change. `any` records every destination. A multicast group or broadcast address
+    /// counts only when listed here (docs/wire-format.md).
+    #[arg(long, value_name = "ADDR", value_delimiter = ',', value_parser = clap::value_parser!(monitor::destination::ListenAddr))]
+    listen_addr: Vec<monitor::destination::ListenAddr>,
     /// Require heartbeats signed with the 128-bit key in this file (32 hex digits, mode 0600).
     /// SIGHUP re-reads it: the new key is current, the old one accepted for --auth-grace.
     #[arg(long, help_heading = "Security")]
@@ -316,6 +323,8 @@ fn agent_config(args: RunArgs) -> anyhow::Result<AgentConfig> {
             "--persist and --pin-path need --hook xdp: with --hook tc the attachment ends with the agent"
         );
     }
+    let listen =
+        monitor::destination::Listen::from_args(&args.listen_addr).map_err(anyhow::Error::msg)?;
     let pin_path = match (args.pin_path, args.persist) {
         (Some(path), _) => Some(path),
         (None, true) => Some(monitor::pinning::default_pin_path(&args.iface)),
@@ -335,6 +344,7 @@ fn agent_config(args: RunArgs) -> anyhow::Result<AgentConfig> {
             rate_per_sec: args.admit_rate,
         },
         pass_heartbeats: args.pass_heartbeats,
+        listen,
         // One knob: the kernel reports at most what the agent may admit, per CPU.
         unknown_reports_per_sec: args.admit_rate,
         detector,

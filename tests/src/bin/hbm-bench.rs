@@ -92,7 +92,7 @@ enum Probe {
     },
     /// A userspace UDP receiver feeding the same statistics, for comparison with XDP.
     Receiver {
-        #[arg(long, default_value = "0.0.0.0:7946")]
+        #[arg(long, default_value = "0.0.0.0:18498")]
         bind: String,
         #[arg(long, default_value_t = 10)]
         duration_s: u64,

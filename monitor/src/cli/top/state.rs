@@ -452,7 +452,7 @@ pub(super) mod tests {
 
     pub fn stats(peers: usize, levels: &[f64]) -> AgentStats {
         serde_json::from_value(json!({
-            "iface": "eth0", "xdp_mode": "native", "port": 7946, "window": 128,
+            "iface": "eth0", "xdp_mode": "native", "port": 18498, "window": 128,
             "model": "normal", "levels": levels, "peers": peers, "capacity": 65536,
             "uptime_s": 3725.5, "sweeps": 120, "stalls": 0, "events": 7, "subscribers": 1,
             "kernel": {"heartbeats": 214, "not_heartbeat": 8, "malformed": 3,

@@ -483,7 +483,7 @@ mod tests {
         let lines = lines(&buffer);
         let screen = lines.join("\n");
         for expected in [
-            "eth0 (native, port 7946)",
+            "eth0 (native, port 18498)",
             "model normal",
             "levels 1,3,8",
             "peers 4/65536",

@@ -1,0 +1,406 @@
+//! Which destination addresses heartbeats are accepted at (`monitor run --listen-addr`).
+//!
+//! With the check on (`XDP_FLAG_CHECK_DESTINATION`), the kernel records and consumes a
+//! heartbeat only if its destination address is in the LOCAL_ADDRS map; one to another
+//! address (a router or a forwarding host sees those) is passed untouched and counted as
+//! `not_local`. The agent fills the map with the `--listen-addr` list, or, without one, with
+//! the interface's own addresses, re-read every [`REFRESH`] so an address added or removed
+//! later is followed within about half a second. `--listen-addr any` turns the check off.
+//!
+//! Multicast and broadcast destinations are not addresses of the interface: a heartbeat to
+//! a group or to a broadcast address is recorded only if that address is listed in
+//! `--listen-addr` (or with `any`).
+
+use std::{
+    collections::BTreeSet,
+    ffi::CStr,
+    fmt, io,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    path::Path,
+    str::FromStr,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use aya::{
+    Ebpf,
+    maps::{HashMap as BpfHashMap, Map, MapData, MapError},
+};
+use monitor_common::{
+    config::XDP_FLAG_CHECK_DESTINATION,
+    maps::{LOCAL_ADDRS_CAPACITY, LOCAL_ADDRS_MAP, local_addr_key},
+};
+
+/// How often the interface's addresses are re-read when they are followed.
+pub const REFRESH: Duration = Duration::from_millis(500);
+
+/// One `--listen-addr` value: an address, or `any`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListenAddr {
+    Any,
+    Addr(IpAddr),
+}
+
+impl FromStr for ListenAddr {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        if text.eq_ignore_ascii_case("any") {
+            return Ok(ListenAddr::Any);
+        }
+        text.parse::<IpAddr>()
+            .map(ListenAddr::Addr)
+            .map_err(|_| format!("{text:?} is not an IPv4 or IPv6 address (nor `any`)"))
+    }
+}
+
+impl fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ListenAddr::Any => f.write_str("any"),
+            ListenAddr::Addr(addr) => addr.fmt(f),
+        }
+    }
+}
+
+/// Which destinations count.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Listen {
+    /// The interface's own addresses, followed as they change (no `--listen-addr`).
+    #[default]
+    Interface,
+    /// Every destination (`--listen-addr any`): no check.
+    Any,
+    /// Exactly these (`--listen-addr A,B`).
+    Addrs(BTreeSet<IpAddr>),
+}
+
+impl Listen {
+    /// From the `--listen-addr` values: none is the interface's addresses; `any` must stand
+    /// alone.
+    pub fn from_args(values: &[ListenAddr]) -> Result<Self, String> {
+        if values.is_empty() {
+            return Ok(Listen::Interface);
+        }
+        if values.contains(&ListenAddr::Any) {
+            if values.len() > 1 {
+                return Err("--listen-addr any stands alone (it accepts every destination)".into());
+            }
+            return Ok(Listen::Any);
+        }
+        let addrs: BTreeSet<IpAddr> = values
+            .iter()
+            .filter_map(|v| match v {
+                ListenAddr::Addr(a) => Some(canonical(*a)),
+                ListenAddr::Any => None,
+            })
+            .collect();
+        if addrs.len() > LOCAL_ADDRS_CAPACITY as usize {
+            return Err(format!(
+                "--listen-addr: at most {LOCAL_ADDRS_CAPACITY} addresses"
+            ));
+        }
+        Ok(Listen::Addrs(addrs))
+    }
+
+    /// The `XdpConfig` flag bits this needs.
+    pub fn xdp_flags(&self) -> u32 {
+        match self {
+            Listen::Any => 0,
+            Listen::Interface | Listen::Addrs(_) => XDP_FLAG_CHECK_DESTINATION,
+        }
+    }
+}
+
+/// IPv4-mapped IPv6 addresses are the IPv4 address they map (the kernel keys both alike).
+fn canonical(addr: IpAddr) -> IpAddr {
+    match addr {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        },
+        v4 => v4,
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DestinationError {
+    #[error("the eBPF object has no map {LOCAL_ADDRS_MAP}")]
+    MissingMap,
+    #[error("map {LOCAL_ADDRS_MAP}: {0}")]
+    Map(#[from] MapError),
+    #[error(transparent)]
+    Pin(#[from] crate::pinning::PinError),
+    #[error("reading the addresses of {iface}: {source}")]
+    Interface { iface: String, source: io::Error },
+    #[error("{0} destination addresses; LOCAL_ADDRS holds at most {LOCAL_ADDRS_CAPACITY}")]
+    TooMany(usize),
+}
+
+/// The LOCAL_ADDRS map, from userspace.
+pub struct LocalAddrs {
+    map: BpfHashMap<MapData, [u8; 16], u8>,
+}
+
+impl LocalAddrs {
+    /// The map of a loaded object (taken out of it).
+    pub fn take(ebpf: &mut Ebpf) -> Result<Self, DestinationError> {
+        let map = ebpf
+            .take_map(LOCAL_ADDRS_MAP)
+            .ok_or(DestinationError::MissingMap)?;
+        Ok(Self {
+            map: BpfHashMap::try_from(map)?,
+        })
+    }
+
+    /// The map from its kernel handle (found by id, say).
+    pub fn from_map_data(data: MapData) -> Result<Self, DestinationError> {
+        Ok(Self {
+            map: BpfHashMap::try_from(Map::HashMap(data))?,
+        })
+    }
+
+    /// The map pinned under `dir` (adopted state).
+    pub fn open_pinned(dir: &Path) -> Result<Self, DestinationError> {
+        let map: Map = crate::pinning::open(dir, LOCAL_ADDRS_MAP)?;
+        Ok(Self {
+            map: BpfHashMap::try_from(map)?,
+        })
+    }
+
+    /// The addresses in the map now.
+    pub fn get(&self) -> Result<BTreeSet<IpAddr>, DestinationError> {
+        let mut out = BTreeSet::new();
+        for key in self.map.keys() {
+            out.insert(from_key(key?));
+        }
+        Ok(out)
+    }
+
+    /// Makes the map hold exactly `addrs`: new ones are added before old ones go, so an
+    /// address in both is never missing.
+    pub fn set(&mut self, addrs: &BTreeSet<IpAddr>) -> Result<(), DestinationError> {
+        if addrs.len() > LOCAL_ADDRS_CAPACITY as usize {
+            return Err(DestinationError::TooMany(addrs.len()));
+        }
+        let current = self.get()?;
+        for addr in addrs.difference(&current) {
+            self.map.insert(local_addr_key(*addr), 1, 0)?;
+        }
+        for addr in current.difference(addrs) {
+            match self.map.remove(&local_addr_key(*addr)) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn from_key(key: [u8; 16]) -> IpAddr {
+    canonical(IpAddr::V6(Ipv6Addr::from(key)))
+}
+
+/// The addresses of `iface` (IPv4 and IPv6, link-local included), from getifaddrs(3).
+pub fn interface_addrs(iface: &str) -> io::Result<BTreeSet<IpAddr>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head we free below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut out = BTreeSet::new();
+    let mut cursor = head;
+    while !cursor.is_null() {
+        // SAFETY: a node of the list getifaddrs returned, alive until freeifaddrs.
+        let entry = unsafe { &*cursor };
+        cursor = entry.ifa_next;
+        if entry.ifa_addr.is_null() || entry.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: a NUL-terminated name owned by the list.
+        let name = unsafe { CStr::from_ptr(entry.ifa_name) };
+        if name.to_bytes() != iface.as_bytes() {
+            continue;
+        }
+        // SAFETY: ifa_addr points at a sockaddr whose family says its real type.
+        match i32::from(unsafe { (*entry.ifa_addr).sa_family }) {
+            libc::AF_INET => {
+                let sin = unsafe { &*(entry.ifa_addr as *const libc::sockaddr_in) };
+                out.insert(IpAddr::V4(Ipv4Addr::from(u32::from_be(
+                    sin.sin_addr.s_addr,
+                ))));
+            }
+            libc::AF_INET6 => {
+                let sin6 = unsafe { &*(entry.ifa_addr as *const libc::sockaddr_in6) };
+                out.insert(canonical(IpAddr::V6(Ipv6Addr::from(
+                    sin6.sin6_addr.s6_addr,
+                ))));
+            }
+            _ => {}
+        }
+    }
+    // SAFETY: the list from getifaddrs above, freed once.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(out)
+}
+
+/// Keeps LOCAL_ADDRS in step with the configuration while alive: for [`Listen::Interface`] a
+/// thread re-reads the interface's addresses every [`REFRESH`]. Dropping it stops the thread;
+/// the map keeps what it last held.
+pub struct Destinations {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Destinations {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Fills LOCAL_ADDRS for `listen` and, for the interface's addresses, follows them. The map
+/// comes from `ebpf` when the program was loaded here, else from the pins under `pinned`.
+pub fn start(
+    iface: &str,
+    listen: &Listen,
+    ebpf: Option<&mut Ebpf>,
+    pinned: Option<&Path>,
+) -> Result<Destinations, DestinationError> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let idle = || Destinations {
+        stop: stop.clone(),
+        thread: None,
+    };
+    let mut map = match (ebpf, pinned) {
+        (Some(ebpf), _) => LocalAddrs::take(ebpf)?,
+        (None, Some(dir)) => LocalAddrs::open_pinned(dir)?,
+        (None, None) => return Err(DestinationError::MissingMap),
+    };
+    match listen {
+        Listen::Any => {
+            log::info!("heartbeats accepted at every destination address (--listen-addr any)");
+            Ok(idle())
+        }
+        Listen::Addrs(addrs) => {
+            map.set(addrs)?;
+            log::info!("heartbeats accepted at {}", show(addrs));
+            Ok(idle())
+        }
+        Listen::Interface => {
+            let read = |iface: &str| {
+                interface_addrs(iface).map_err(|source| DestinationError::Interface {
+                    iface: iface.into(),
+                    source,
+                })
+            };
+            let mut current = read(iface)?;
+            map.set(&current)?;
+            log::info!(
+                "heartbeats accepted at the addresses of {iface}: {} (followed as they change)",
+                show(&current)
+            );
+            let stopped = stop.clone();
+            let iface = iface.to_string();
+            let thread = std::thread::Builder::new()
+                .name("destinations".into())
+                .spawn(move || {
+                    while !stopped.load(Ordering::Relaxed) {
+                        std::thread::park_timeout(REFRESH);
+                        if stopped.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        let next = match read(&iface) {
+                            Ok(next) => next,
+                            Err(e) => {
+                                log::warn!("{e}");
+                                continue;
+                            }
+                        };
+                        if next == current {
+                            continue;
+                        }
+                        match map.set(&next) {
+                            Ok(()) => {
+                                log::info!(
+                                    "addresses of {iface} changed: heartbeats accepted at {}",
+                                    show(&next)
+                                );
+                                current = next;
+                            }
+                            Err(e) => log::warn!("updating {LOCAL_ADDRS_MAP}: {e}"),
+                        }
+                    }
+                })
+                .map_err(|source| DestinationError::Interface {
+                    iface: "(thread)".into(),
+                    source,
+                })?;
+            Ok(Destinations {
+                stop,
+                thread: Some(thread),
+            })
+        }
+    }
+}
+
+fn show(addrs: &BTreeSet<IpAddr>) -> String {
+    if addrs.is_empty() {
+        return "no address (every heartbeat is passed as not_local)".into();
+    }
+    addrs
+        .iter()
+        .map(IpAddr::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_addr_values() {
+        let parse = |v: &[&str]| {
+            let values: Vec<ListenAddr> = v.iter().map(|s| s.parse().unwrap()).collect();
+            Listen::from_args(&values)
+        };
+        assert_eq!(parse(&[]), Ok(Listen::Interface));
+        assert_eq!(parse(&["any"]), Ok(Listen::Any));
+        assert!(parse(&["any", "10.0.0.1"]).is_err());
+        let Ok(Listen::Addrs(addrs)) = parse(&["10.0.0.1", "::ffff:10.0.0.2", "fd00::1"]) else {
+            panic!()
+        };
+        let want: BTreeSet<IpAddr> = ["10.0.0.1", "10.0.0.2", "fd00::1"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        assert_eq!(addrs, want);
+        assert!("10.0.0".parse::<ListenAddr>().is_err());
+        assert_eq!(Listen::Any.xdp_flags(), 0);
+        assert_eq!(Listen::Interface.xdp_flags(), XDP_FLAG_CHECK_DESTINATION);
+    }
+
+    #[test]
+    fn keys_round_trip() {
+        for text in ["192.0.2.7", "2001:db8::7"] {
+            let addr: IpAddr = text.parse().unwrap();
+            assert_eq!(from_key(local_addr_key(addr)), addr);
+        }
+    }
+
+    #[test]
+    fn loopback_has_its_address() {
+        let addrs = interface_addrs("lo").unwrap();
+        assert!(
+            addrs.contains(&IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            "{addrs:?}"
+        );
+    }
+}
