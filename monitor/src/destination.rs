@@ -4,8 +4,10 @@
 //! heartbeat only if its destination address is in the LOCAL_ADDRS map; one to another
 //! address (a router or a forwarding host sees those) is passed untouched and counted as
 //! `not_local`. The agent fills the map with the `--listen-addr` list, or, without one, with
-//! the interface's own addresses, re-read every [`REFRESH`] so an address added or removed
-//! later is followed within about half a second. `--listen-addr any` turns the check off.
+//! the interface's own addresses, re-read whenever the kernel announces an address change
+//! (an rtnetlink subscription) and at least every [`REFRESH`] (should a notification be
+//! lost), so an address added or removed later is followed at once, within half a second at
+//! worst. `--listen-addr any` turns the check off.
 //!
 //! Multicast and broadcast destinations are not addresses of the interface: a heartbeat to
 //! a group or to a broadcast address is recorded only if that address is listed in
@@ -248,8 +250,9 @@ pub fn interface_addrs(iface: &str) -> io::Result<BTreeSet<IpAddr>> {
 }
 
 /// Keeps LOCAL_ADDRS in step with the configuration while alive: for [`Listen::Interface`] a
-/// thread re-reads the interface's addresses every [`REFRESH`]. Dropping it stops the thread;
-/// the map keeps what it last held.
+/// thread re-reads the interface's addresses on each announced change and every
+/// [`REFRESH`]. Dropping it stops the thread (within [`REFRESH`]); the map keeps what it last
+/// held.
 pub struct Destinations {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -308,11 +311,17 @@ pub fn start(
             );
             let stopped = stop.clone();
             let iface = iface.to_string();
+            let changes = AddressChanges::subscribe()
+                .map_err(|e| log::warn!("rtnetlink address notifications: {e}; polling only"))
+                .ok();
             let thread = std::thread::Builder::new()
                 .name("destinations".into())
                 .spawn(move || {
                     while !stopped.load(Ordering::Relaxed) {
-                        std::thread::park_timeout(REFRESH);
+                        match &changes {
+                            Some(changes) => changes.wait(REFRESH),
+                            None => std::thread::park_timeout(REFRESH),
+                        }
                         if stopped.load(Ordering::Relaxed) {
                             break;
                         }
@@ -346,6 +355,75 @@ pub fn start(
                 stop,
                 thread: Some(thread),
             })
+        }
+    }
+}
+
+/// A NETLINK_ROUTE socket subscribed to IPv4 and IPv6 address changes (RTMGRP_*_IFADDR):
+/// only a wake-up, the addresses themselves are read with getifaddrs.
+struct AddressChanges {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl AddressChanges {
+    const RTMGRP_IPV4_IFADDR: u32 = 0x10;
+    const RTMGRP_IPV6_IFADDR: u32 = 0x100;
+
+    fn subscribe() -> io::Result<Self> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain socket(2); the fd is owned below.
+        let raw = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                libc::NETLINK_ROUTE,
+            )
+        };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh fd nobody else owns.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+        // SAFETY: all-zero is a valid sockaddr_nl; the fields that matter are set below.
+        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+        addr.nl_groups = Self::RTMGRP_IPV4_IFADDR | Self::RTMGRP_IPV6_IFADDR;
+        // SAFETY: addr is a sockaddr_nl of the size passed.
+        let rc = unsafe {
+            libc::bind(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                (&raw const addr).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self { fd })
+    }
+
+    /// Returns when a change was announced (the messages drained) or after `limit`.
+    fn wait(&self, limit: Duration) {
+        use std::os::fd::AsRawFd;
+        let mut pfd = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let ready = unsafe { libc::poll(&mut pfd, 1, limit.as_millis() as libc::c_int) };
+        if ready <= 0 {
+            return;
+        }
+        let mut buf = [0u8; 8192];
+        loop {
+            // SAFETY: recv into a buffer of the given length; non-blocking socket.
+            let n = unsafe { libc::recv(pfd.fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+            // Drained (EAGAIN), or overrun (ENOBUFS: changes were lost, and the re-read that
+            // follows picks them up anyway).
+            if n <= 0 {
+                break;
+            }
         }
     }
 }
