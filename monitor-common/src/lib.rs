@@ -9,6 +9,7 @@
 pub mod auth;
 pub mod config;
 pub mod impair;
+pub mod last_heard;
 pub mod maps;
 pub mod slot;
 pub mod wire;

@@ -44,6 +44,11 @@ static PEER_INDEX: HashMap<u64, u32> = HashMap::with_max_entries(DEFAULT_CAPACIT
 #[map]
 static PEER_STATE: Array<PeerSlot> = Array::with_max_entries(DEFAULT_CAPACITY, BPF_F_MMAPABLE);
 
+/// One word per slot, the arrival and count of its last accepted heartbeat
+/// (`monitor_common::last_heard`): what the agent's sweep scans instead of the slots.
+#[map]
+static LAST_HEARD: Array<u64> = Array::with_max_entries(DEFAULT_CAPACITY, BPF_F_MMAPABLE);
+
 #[map]
 static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(1, 0);
 

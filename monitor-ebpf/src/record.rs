@@ -9,12 +9,15 @@ use aya_log_ebpf::{debug, warn};
 use monitor_common::{
     auth::{KEY_CURRENT, KEY_PREVIOUS, siphash24_24},
     config::{XDP_FLAG_REQUIRE_AUTH, XdpConfig},
+    last_heard,
     maps::{ArrivalRecord, Counters, UnknownPeerReport},
     slot::{self, Outcome},
     wire::FLAG_AUTH,
 };
 
-use crate::{ARRIVALS, AUTH_KEYS, PEER_INDEX, PEER_STATE, UNKNOWN_PEERS, parse::Heartbeat};
+use crate::{
+    ARRIVALS, AUTH_KEYS, LAST_HEARD, PEER_INDEX, PEER_STATE, UNKNOWN_PEERS, parse::Heartbeat,
+};
 const NS_PER_SEC: u64 = 1_000_000_000;
 
 /// Shared by the XDP and the TC hook; `ctx` only feeds aya-log, which takes any context.
@@ -26,9 +29,9 @@ pub fn record<C: EbpfContext>(
     counters: &mut Counters,
 ) {
     let peer_id = hb.peer_id;
-    let slot = match unsafe { PEER_INDEX.get(&peer_id) } {
-        Some(&index) => PEER_STATE.get_ptr_mut(index),
-        None => None,
+    let (index, slot) = match unsafe { PEER_INDEX.get(&peer_id) } {
+        Some(&index) => (index, PEER_STATE.get_ptr_mut(index)),
+        None => (0, None),
     };
     if config.flags & XDP_FLAG_REQUIRE_AUTH != 0 && !authentic(hb) {
         // Forged, replayed under another key, or unsigned: never an arrival, never reported.
@@ -83,6 +86,12 @@ pub fn record<C: EbpfContext>(
             slot.record.src_port = hb.src_port;
             set_src_addr(&mut slot.record.src_addr, hb.src_words);
             counters.heartbeats += 1;
+            // One store, under the slot's lock like the record it summarises.
+            if let Some(word) = LAST_HEARD.get_ptr_mut(index) {
+                unsafe {
+                    core::ptr::write_volatile(word, last_heard::word(now, slot.record.heartbeats))
+                };
+            }
         }
     }
     let traced = slot.record.traced != 0;

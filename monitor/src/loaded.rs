@@ -10,6 +10,7 @@ use aya::{
 use monitor_common::{
     auth::AuthKey,
     config::XdpConfig,
+    last_heard::LAST_HEARD_MAP,
     maps::{
         ARRIVALS_MAP, AUTH_KEYS_MAP, COUNTERS_MAP, Counters, META_MAP, PEER_INDEX_MAP,
         PEER_STATE_MAP, PinnedMeta, UNKNOWN_PEERS_MAP,
@@ -82,8 +83,11 @@ impl LoadedProgram {
         if let Some(dir) = pin_dir {
             crate::pinning::pin_maps(dir, &ebpf)?;
         }
-        let table = match ebpf.map(PEER_STATE_MAP) {
-            Some(Map::Array(data)) => PeerTable::map(data.fd().as_fd(), capacity)?,
+        let table = match (ebpf.map(PEER_STATE_MAP), ebpf.map(LAST_HEARD_MAP)) {
+            (Some(Map::Array(state)), Some(Map::Array(words))) => {
+                PeerTable::map(state.fd().as_fd(), words.fd().as_fd(), capacity)?
+            }
+            (Some(Map::Array(_)), _) => return Err(LoadedError::MissingMap(LAST_HEARD_MAP)),
             _ => return Err(LoadedError::MissingMap(PEER_STATE_MAP)),
         };
         let index = take(&mut ebpf, PEER_INDEX_MAP, BpfHashMap::try_from)?;

@@ -351,6 +351,13 @@ impl<S: Source> Collector for AgentCollector<S> {
                 .collect(),
             )?;
             counter(e, "sweeps", "Sweeps run", None, stats.sweeps)?;
+            counter(
+                e,
+                "estimate_refreshes",
+                "Peer slots the sweeps read to refresh an estimate (the agent's cost per peer)",
+                None,
+                stats.refreshes,
+            )?;
             family(
                 e,
                 "config_reloads",
@@ -564,6 +571,7 @@ mod tests {
                     capacity: 100,
                     uptime_s: 12.5,
                     sweeps: 250,
+                    refreshes: 40,
                     stalls: 1,
                     events: 7,
                     subscribers: 2,

@@ -1,5 +1,5 @@
-//! The peer slots, read and written through an mmap of the BPF_F_MMAPABLE array: a full sweep
-//! costs memory reads, not one or two syscalls per peer.
+//! The peer slots and their last-heard words, read and written through mmaps of the two
+//! BPF_F_MMAPABLE arrays: a full sweep costs memory reads, not one or two syscalls per peer.
 
 use std::{
     io,
@@ -10,6 +10,7 @@ use std::{
 };
 
 use monitor_common::{
+    last_heard,
     maps::{MAX_WINDOW, PeerRecord, PeerSlot},
     slot::window_intervals,
 };
@@ -30,15 +31,53 @@ pub struct Busy(pub u32);
 
 #[derive(Debug, thiserror::Error)]
 pub enum PeerTableError {
-    #[error("mmap of the peer state map ({bytes} bytes): {source}")]
-    Mmap { bytes: usize, source: io::Error },
+    #[error("mmap of the {map} map ({bytes} bytes): {source}")]
+    Mmap {
+        map: &'static str,
+        bytes: usize,
+        source: io::Error,
+    },
 }
 
-/// A shared mapping of the peer state array.
+/// Shared mappings of the peer state array and of the last-heard words
+/// (`monitor_common::last_heard`).
 pub struct PeerTable {
     base: NonNull<PeerSlot>,
+    words: NonNull<u64>,
     capacity: u32,
     bytes: usize,
+    words_bytes: usize,
+}
+
+/// Maps `count` values of `T` of the BPF array whose fd is `fd`; returns the mapping and its
+/// length in bytes.
+fn map_array<T>(
+    map: &'static str,
+    fd: BorrowedFd<'_>,
+    count: u32,
+) -> Result<(NonNull<T>, usize), PeerTableError> {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let bytes = (count as usize * size_of::<T>()).div_ceil(page) * page;
+    // SAFETY: mapping a BPF map fd; the kernel checks size and flags.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(PeerTableError::Mmap {
+            map,
+            bytes,
+            source: io::Error::last_os_error(),
+        });
+    }
+    Ok((NonNull::new(ptr.cast()).expect("mmap returned null"), bytes))
 }
 
 // SAFETY: all access to the mapping goes through the sequence-counter protocol below; the
@@ -47,32 +86,28 @@ unsafe impl Send for PeerTable {}
 unsafe impl Sync for PeerTable {}
 
 impl PeerTable {
-    /// Maps `capacity` slots of the array whose fd is `map_fd`.
-    pub fn map(map_fd: BorrowedFd<'_>, capacity: u32) -> Result<Self, PeerTableError> {
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-        let bytes = (capacity as usize * size_of::<PeerSlot>()).div_ceil(page) * page;
-        // SAFETY: mapping a BPF map fd; the kernel checks size and flags.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                map_fd.as_raw_fd(),
-                0,
-            )
+    /// Maps `capacity` slots of the peer state array (`state_fd`) and as many words of the
+    /// last-heard array (`last_heard_fd`).
+    pub fn map(
+        state_fd: BorrowedFd<'_>,
+        last_heard_fd: BorrowedFd<'_>,
+        capacity: u32,
+    ) -> Result<Self, PeerTableError> {
+        let (base, bytes) = map_array::<PeerSlot>("peer state", state_fd, capacity)?;
+        let (words, words_bytes) = match map_array::<u64>("last-heard", last_heard_fd, capacity) {
+            Ok(mapping) => mapping,
+            Err(e) => {
+                // SAFETY: unmapping exactly what was just mapped.
+                unsafe { libc::munmap(base.as_ptr().cast(), bytes) };
+                return Err(e);
+            }
         };
-        if ptr == libc::MAP_FAILED {
-            return Err(PeerTableError::Mmap {
-                bytes,
-                source: io::Error::last_os_error(),
-            });
-        }
         Ok(Self {
-            base: NonNull::new(ptr.cast()).expect("mmap returned null"),
+            base,
+            words,
             capacity,
             bytes,
+            words_bytes,
         })
     }
 
@@ -113,12 +148,12 @@ impl PeerTable {
         None
     }
 
-    /// The slot's accepted-heartbeat count: one aligned 8-byte load, no sequence check (a
-    /// single word cannot tear). The sweep reads this first and the whole record only when it
-    /// changed.
-    pub fn heartbeats(&self, slot: u32) -> u64 {
-        // SAFETY: in bounds; an aligned u64 written by the kernel with plain stores.
-        unsafe { std::ptr::read_volatile(&raw const (*self.slot_ptr(slot)).record.heartbeats) }
+    /// The slot's last-heard word (`monitor_common::last_heard`): one load from a dense array
+    /// that the kernel stores with every accepted heartbeat.
+    pub fn last_heard(&self, slot: u32) -> u64 {
+        assert!(slot < self.capacity, "slot {slot} out of range");
+        // SAFETY: in bounds of the mapping; an aligned u64 the kernel writes with one store.
+        unsafe { std::ptr::read_volatile(self.words.as_ptr().add(slot as usize)) }
     }
 
     /// A consistent copy of a slot's intervals, oldest first, in microseconds.
@@ -173,13 +208,19 @@ impl PeerTable {
     }
 
     /// Resets a slot to `record` (ring cleared) under the slot's lock, so a kernel writer still
-    /// holding a stale pointer never interleaves with the reset.
+    /// holding a stale pointer never interleaves with the reset; its last-heard word becomes
+    /// the record's, so no word of the slot's previous peer is taken for this one's.
     pub fn reset(&self, slot: u32, record: PeerRecord) {
         self.locked(slot, |ptr| {
-            // SAFETY: we hold the slot's lock; the fields written are plain integers.
+            // SAFETY: we hold the slot's lock; the fields written are plain integers; the word
+            // is in bounds (`locked` checked the slot).
             unsafe {
                 std::ptr::write_volatile(&raw mut (*ptr).record, record);
                 std::ptr::write_volatile(&raw mut (*ptr).ring_us, [0; MAX_WINDOW]);
+                std::ptr::write_volatile(
+                    self.words.as_ptr().add(slot as usize),
+                    last_heard::word(record.last_arrival_ns, record.heartbeats),
+                );
             }
         });
     }
@@ -228,7 +269,10 @@ impl PeerTable {
 impl Drop for PeerTable {
     fn drop(&mut self) {
         // SAFETY: unmapping exactly what `map` mapped.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.bytes) };
+        unsafe {
+            libc::munmap(self.base.as_ptr().cast(), self.bytes);
+            libc::munmap(self.words.as_ptr().cast(), self.words_bytes);
+        }
     }
 }
 
@@ -238,25 +282,31 @@ const _: () = assert!(offset_of!(PeerSlot, lock) == 0);
 mod tests {
     use super::*;
 
-    /// A table over anonymous memory instead of a BPF map: the same protocol, no kernel.
-    fn anonymous(capacity: u32) -> PeerTable {
+    /// A table over anonymous memory instead of BPF maps: the same protocol, no kernel.
+    pub(crate) fn anonymous(capacity: u32) -> PeerTable {
+        fn mapping<T>(bytes: usize) -> NonNull<T> {
+            // SAFETY: a private anonymous mapping, unmapped by PeerTable's drop.
+            let ptr = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    bytes,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(ptr, libc::MAP_FAILED);
+            NonNull::new(ptr.cast()).unwrap()
+        }
         let bytes = capacity as usize * size_of::<PeerSlot>();
-        // SAFETY: a private anonymous mapping, unmapped by PeerTable's drop.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(ptr, libc::MAP_FAILED);
+        let words_bytes = capacity as usize * size_of::<u64>();
         PeerTable {
-            base: NonNull::new(ptr.cast()).unwrap(),
+            base: mapping(bytes),
+            words: mapping(words_bytes),
             capacity,
             bytes,
+            words_bytes,
         }
     }
 

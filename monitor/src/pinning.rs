@@ -23,6 +23,7 @@ use aya::{
 use aya_obj::programs::XdpAttachType;
 use monitor_common::{
     auth::AuthKey,
+    last_heard::LAST_HEARD_MAP,
     maps::{
         ARRIVALS_MAP, AUTH_KEYS_MAP, COUNTERS_MAP, Counters, LAYOUT_VERSION, LOCAL_ADDRS_MAP,
         META_MAGIC, META_MAP, PEER_INDEX_MAP, PEER_STATE_MAP, PeerSlot, PinnedMeta,
@@ -33,7 +34,7 @@ use monitor_common::{
 use crate::{peer_table::PeerTable, program, registry::Registry};
 
 /// Every map, in the order they are pinned.
-pub const MAPS: [&str; 8] = [
+pub const MAPS: [&str; 9] = [
     PEER_INDEX_MAP,
     PEER_STATE_MAP,
     COUNTERS_MAP,
@@ -42,6 +43,7 @@ pub const MAPS: [&str; 8] = [
     AUTH_KEYS_MAP,
     META_MAP,
     LOCAL_ADDRS_MAP,
+    LAST_HEARD_MAP,
 ];
 const LINK: &str = "link";
 const PROG: &str = "prog";
@@ -286,11 +288,12 @@ pub fn adopt(dir: &Path, expected: &PinnedMeta) -> Result<Adopted, PinError> {
     let index: BpfHashMap<MapData, u64, u32> = open(dir, PEER_INDEX_MAP)?
         .try_into()
         .map_err(|e| aya_err(dir, e))?;
-    let table = match open(dir, PEER_STATE_MAP)? {
-        Map::Array(data) => {
-            PeerTable::map(data.fd().as_fd(), meta.capacity).map_err(|e| aya_err(dir, e))?
+    let table = match (open(dir, PEER_STATE_MAP)?, open(dir, LAST_HEARD_MAP)?) {
+        (Map::Array(state), Map::Array(words)) => {
+            PeerTable::map(state.fd().as_fd(), words.fd().as_fd(), meta.capacity)
+                .map_err(|e| aya_err(dir, e))?
         }
-        _ => return Err(aya_err(dir, "PEER_STATE is not an array")),
+        _ => return Err(aya_err(dir, "PEER_STATE or LAST_HEARD is not an array")),
     };
     let mut peers = Vec::new();
     for entry in index.iter() {

@@ -11,6 +11,7 @@ use aya::{
 };
 use monitor_common::{
     config::{CONFIG_SYMBOL, XdpConfig},
+    last_heard::LAST_HEARD_MAP,
     maps::{MAX_WINDOW, PEER_INDEX_MAP, PEER_STATE_MAP},
 };
 
@@ -171,6 +172,7 @@ pub fn load_hook(
         .override_global(aya_log::LEVEL, &level, false)
         .map_max_entries(PEER_INDEX_MAP, capacity)
         .map_max_entries(PEER_STATE_MAP, capacity)
+        .map_max_entries(LAST_HEARD_MAP, capacity)
         .load(OBJECT)
         .map_err(|e| classify(&e, e.to_string()))?;
     match hook {

@@ -101,6 +101,11 @@ pub struct AgentStats {
     /// had not been scheduled for longer than the stall bound.
     pub sweeps: u64,
     pub stalls: u64,
+    /// Slot reads the sweeps made to refresh an estimate (a new peer, a heartbeat after
+    /// `LAZY_HEARTBEATS`, a silence nearing a level, a suspected peer heard again): the
+    /// agent's cost grows with these, not with heartbeats.
+    #[serde(default)]
+    pub refreshes: u64,
     /// Events published, and subscribers connected now.
     pub events: u64,
     pub subscribers: usize,

@@ -386,6 +386,40 @@ fn sequence_tracking_counts_lost_duplicates_and_late_arrivals() {
     assert_eq!(fx.record(PEER).lost, 1, "below the span: no decrement");
 }
 
+/// Every accepted heartbeat stores the slot's last-heard word (what the agent's sweep scans
+/// instead of the slots), with the record's own arrival and count, on both hooks; refused
+/// heartbeats leave it; an admission resets it with the slot.
+#[test]
+fn accepted_heartbeats_store_the_last_heard_word() {
+    use monitor_common::last_heard;
+    for hook in [monitor::program::Hook::Xdp, monitor::program::Hook::Tc] {
+        let mut fx = Fixture::new_hook(XdpConfig::DEFAULT, &[PEER], hook);
+        let slot = fx.loaded.registry.slot_of(PEER).unwrap();
+        let admitted = fx.record(PEER);
+        assert_eq!(
+            fx.loaded.table.last_heard(slot),
+            last_heard::word(admitted.last_arrival_ns, 0),
+            "{hook:?}: admission"
+        );
+        for seq in [1, 2, 5] {
+            assert_eq!(fx.run(&Packet::heartbeat_v4(PEER, seq).build()), XDP_DROP);
+            let r = fx.record(PEER);
+            assert_eq!(
+                fx.loaded.table.last_heard(slot),
+                last_heard::word(r.last_arrival_ns, r.heartbeats),
+                "{hook:?}: after seq {seq}"
+            );
+        }
+        let word = fx.loaded.table.last_heard(slot);
+        // A duplicate and a late one are not arrivals.
+        for seq in [5, 3] {
+            fx.run(&Packet::heartbeat_v4(PEER, seq).build());
+        }
+        assert_eq!(fx.loaded.table.last_heard(slot), word, "{hook:?}");
+        assert_eq!(fx.record(PEER).heartbeats, 3);
+    }
+}
+
 /// Peer id 0 is reserved (free slots carry it): a heartbeat with it is malformed and passed,
 /// even if something put id 0 in the index, and is never reported as an unknown peer.
 #[test]

@@ -99,6 +99,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         if args.quick { 2 } else { 3 },
     )?;
 
+    println!("==> the agent's cost at 1 Hz and 10 Hz a peer, {ingest_peers} peers");
+    let agent_cost = agent_cost(
+        &tools,
+        &net,
+        &dir.0,
+        ingest_peers,
+        if args.quick { 5 } else { 20 },
+        &interrupt,
+    )?;
+
     println!("==> the floor program, the monitor and the socket path, same stream");
     let floor_test_run = probe_json(&tools.probe, &["floor-test-run"])?;
     let floor_scales: Vec<u64> = [1000u64, 50_000]
@@ -132,6 +142,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     )?;
 
     let mut table = floor_table;
+    table.push_str(&render_agent_cost(ingest_peers, &agent_cost));
     table.push_str(&render(test_run_ns, &rows, &ingest, &paths));
     if !args.no_fleet {
         println!("==> the fleet on NATS JetStream: event latency and a 50,000-peer burst");
@@ -455,6 +466,90 @@ fn scale_run(
         socket,
         events,
     })
+}
+
+/// The agent's CPU under a steady stream of `rate` Hz from every peer.
+struct AgentCost {
+    rate_hz: f64,
+    achieved_pps: f64,
+    agent_cpu_pct: f64,
+    /// Slot reads (estimate refreshes) per second, from the agent's stats.
+    refreshes_per_s: f64,
+}
+
+/// The agent alone under 1 Hz and 10 Hz from `peers` peers: its cost should follow reads
+/// (sweeps), not heartbeats. Nothing else touches the agent meanwhile.
+fn agent_cost(
+    tools: &Tools,
+    net: &NetPair,
+    dir: &Path,
+    peers: u64,
+    seconds: u64,
+    interrupt: &Interrupt,
+) -> Result<Vec<AgentCost>> {
+    let mut rows = Vec::new();
+    for rate_hz in [1.0, 10.0] {
+        interrupt.check()?;
+        let agent = Agent::start(tools, net, dir, peers, &[])?;
+        let pid = agent.process.pid();
+        // Past the first 128 heartbeats of every peer the windows are full and the agent's
+        // estimates may go unrefreshed; the settling time lets the 1 Hz windows fill as far as
+        // they will in a short run (a window still filling is refreshed on every heartbeat).
+        let settle = 3.0;
+        let generator = loadgen(tools, net, peers, rate_hz, settle + seconds as f64, None)?;
+        interrupt.pause(Duration::from_secs_f64(settle))?;
+        let before = agent.stats()?;
+        let (cpu0, t0) = (process_cpu_s(pid)?, Instant::now());
+        interrupt.pause(Duration::from_secs(seconds))?;
+        let (cpu1, wall) = (process_cpu_s(pid)?, t0.elapsed().as_secs_f64());
+        let after = agent.stats()?;
+        let sent = finish_json(generator)?;
+        agent.process.stop();
+        let refreshes = after["refreshes"].as_f64().unwrap_or(f64::NAN)
+            - before["refreshes"].as_f64().unwrap_or(f64::NAN);
+        rows.push(AgentCost {
+            rate_hz,
+            achieved_pps: sent["achieved_pps"].as_f64().unwrap_or(0.0),
+            agent_cpu_pct: (cpu1 - cpu0) / wall * 100.0,
+            refreshes_per_s: refreshes / wall,
+        });
+    }
+    Ok(rows)
+}
+
+fn render_agent_cost(peers: u64, rows: &[AgentCost]) -> String {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "
+The agent alone at {peers} peers (CPU over the steady part of the run; a refresh is          one slot read and estimate):
+"
+    );
+    let _ = writeln!(
+        t,
+        "| rate per peer | sent pps | agent CPU % of a core | refreshes/s | refreshes per heartbeat |"
+    );
+    let _ = writeln!(t, "|---:|---:|---:|---:|---:|");
+    for r in rows {
+        let _ = writeln!(
+            t,
+            "| {} Hz | {:.0} | {:.2} | {:.0} | {:.3} |",
+            r.rate_hz,
+            r.achieved_pps,
+            r.agent_cpu_pct,
+            r.refreshes_per_s,
+            r.refreshes_per_s / r.achieved_pps.max(1.0),
+        );
+    }
+    if let [one, ten] = rows {
+        let _ = writeln!(
+            t,
+            "
+CPU at 10 Hz over CPU at 1 Hz: {:.2}x",
+            ten.agent_cpu_pct / one.agent_cpu_pct
+        );
+    }
+    t
 }
 
 struct Ingest {

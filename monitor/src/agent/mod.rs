@@ -26,8 +26,8 @@ use crate::{
     counters::CounterTotals,
     detector::{
         levels::Levels,
-        model::{DetectorParams, Estimate},
-        tracker::{DetectorConfig, Event, PeerTracker, SweepTime},
+        model::DetectorParams,
+        tracker::{DetectorConfig, Event, PeerTracker, SweepStep, SweepTime},
     },
     metrics::{self, AgentMetrics, KindLabel, PeerSeries, Scrape},
     peer_table::{Busy, PeerTable},
@@ -60,6 +60,8 @@ pub struct Agent {
     port: u16,
     started: Instant,
     sweeps: AtomicU64,
+    /// Slot reads by the sweeps (see `AgentStats::refreshes`).
+    refreshes: AtomicU64,
     stalls: AtomicU64,
     events_sent: AtomicU64,
     /// Socket clients connected now.
@@ -117,6 +119,7 @@ impl Agent {
             port: parts.port,
             started: Instant::now(),
             sweeps: AtomicU64::new(0),
+            refreshes: AtomicU64::new(0),
             stalls: AtomicU64::new(0),
             events_sent: AtomicU64::new(0),
             clients: AtomicUsize::new(0),
@@ -154,7 +157,15 @@ impl Agent {
             hold: false,
         };
         let mut emit = |e| self.publish(e);
-        for t in trackers.iter_mut().flatten() {
+        for (slot, t) in trackers.iter_mut().enumerate() {
+            let Some(t) = t else { continue };
+            // The estimate the new levels are judged by is the slot's current one.
+            if !t.is_exact()
+                && let Some((record, ring)) = self.read(slot as u32)
+                && record.peer_id == t.peer_id
+            {
+                t.observe(&record, &ring, &old, time, &mut emit);
+            }
             t.relevel(&old, &new, time, &mut emit);
         }
         drop(trackers);
@@ -316,14 +327,15 @@ impl Agent {
     /// Peers with phi >= threshold, sorted by id. The silence at which phi reaches the
     /// threshold is found once per request, so most peers cost a compare, not an erfc.
     ///
-    /// A peer unchanged since the last sweep is judged from the sweep's cached estimate and one
-    /// word read from the mmap; only candidates get their record copied and phi computed.
+    /// A peer is first judged from its last-heard word and its tracker (the silence below which
+    /// it cannot be at the threshold: see `PeerTracker::threshold_floor`); only candidates get
+    /// their record copied and phi computed.
     pub fn suspects(&self, threshold: f64) -> Vec<PeerView> {
-        let crossing = self.detector().params.level_silences(&[threshold]);
+        let detector = self.detector();
+        let crossing = detector.params.level_silences(&[threshold]);
         // A hair of slack for the bisection; the exact phi decides at the end.
-        let beyond = |last_ns: u64, estimate: &Estimate, now: u64| {
-            now.saturating_sub(last_ns) as f64 / 1e6
-                >= crossing.silence_ms(0, estimate) * (1.0 - 1e-9)
+        let beyond = |last_ns: u64, silence_ms: f64, now: u64| {
+            now.saturating_sub(last_ns) as f64 / 1e6 >= silence_ms * (1.0 - 1e-9)
         };
         let now = monotonic_ns();
         let registry = self.registry.read().expect("registry lock");
@@ -331,18 +343,20 @@ impl Agent {
         let mut suspects = Vec::new();
         for (id, slot) in registry.iter() {
             let tracker = trackers[slot as usize].as_ref().filter(|t| t.peer_id == id);
-            if let Some(t) = tracker.filter(|t| t.heartbeats() == self.table.heartbeats(slot)) {
-                let (last, estimate) = t.last_heard();
-                if !beyond(last, estimate, now) {
-                    continue;
-                }
+            if let Some(t) = tracker
+                && let Some((last, floor_ms)) =
+                    t.threshold_floor(self.table.last_heard(slot), &crossing, &detector.params)
+                && !beyond(last, floor_ms, now)
+            {
+                continue;
             }
             let Some((record, ring)) = self.read(slot).filter(|(r, _)| r.peer_id == id) else {
                 continue;
             };
+            let estimate = detector.estimate(&record, &ring);
             if !beyond(
                 record.last_arrival_ns,
-                &self.detector().estimate(&record, &ring),
+                crossing.silence_ms(0, &estimate),
                 now,
             ) {
                 continue;
@@ -412,6 +426,7 @@ impl Agent {
             capacity,
             uptime_s: self.started.elapsed().as_secs_f64(),
             sweeps: self.sweeps.load(Ordering::Relaxed),
+            refreshes: self.refreshes.load(Ordering::Relaxed),
             stalls: self.stalls.load(Ordering::Relaxed),
             events: self.events_sent.load(Ordering::Relaxed),
             subscribers: self.events.receiver_count(),
@@ -487,8 +502,10 @@ impl Agent {
     }
 
     /// One pass over every peer: new heartbeats end suspicions, passed deadlines raise them.
-    /// A peer whose heartbeat count has not moved costs one load from the mmap and a compare
-    /// of the clock with its next deadline; only a changed peer's record is copied.
+    /// A peer costs one load of its last-heard word (eight to a cache line) and a compare of
+    /// the clock with its next deadline; its record is copied only when its tracker asks (see
+    /// `PeerTracker::sweep`): about once every `LAZY_HEARTBEATS`, or when its silence nears a
+    /// level.
     pub fn sweep(&self, now_ns: u64, hold: bool) {
         let started = std::time::Instant::now();
         let time = SweepTime {
@@ -503,11 +520,20 @@ impl Agent {
         let detector = self.detector();
         let mut emit = |e| self.publish(e);
         let mut expired = Vec::new();
+        let mut refreshes = 0u64;
         for (id, slot) in registry.iter() {
             let tracker = &mut trackers[slot as usize];
             match tracker {
-                Some(t) if t.peer_id == id && t.heartbeats() == self.table.heartbeats(slot) => {
-                    t.check_deadlines(&detector, time, &mut emit);
+                Some(t) if t.peer_id == id => {
+                    let word = self.table.last_heard(slot);
+                    if t.sweep(word, &detector, time, &mut emit) == SweepStep::Refresh {
+                        refreshes += 1;
+                        if let Some((record, ring)) = self.read(slot)
+                            && record.peer_id == id
+                        {
+                            t.observe(&record, &ring, &detector, time, &mut emit);
+                        }
+                    }
                     if self
                         .expire_after_ns
                         .is_some_and(|e| now_ns.saturating_sub(t.last_heard().0) > e)
@@ -516,6 +542,7 @@ impl Agent {
                     }
                 }
                 _ => {
+                    refreshes += 1;
                     let Some((record, ring)) = self.read(slot) else {
                         continue;
                     };
@@ -532,6 +559,7 @@ impl Agent {
         }
         drop(trackers);
         drop(registry);
+        self.refreshes.fetch_add(refreshes, Ordering::Relaxed);
         for id in expired {
             log::info!("forgetting peer {id}: silent longer than the expiry bound");
             if let Err(e) = self.forget_because(id, "expired") {

@@ -326,6 +326,54 @@ impl DetectorParams {
         }
     }
 
+    /// A floor under the window's mean (ms, before pause) that holds until `more` further
+    /// intervals have entered the window, from the record's sums alone: each new interval
+    /// pushes out the oldest and is at least 0, and the `more` oldest cannot sum to more than
+    /// `more m + sqrt(v more (n - more))` (Cauchy-Schwarz on deviations that sum to zero, for
+    /// n samples of mean m and variance v). None while the window is still filling (its
+    /// bootstrap samples change as it fills) or for the models whose estimate is not a
+    /// function of the mean alone (`needs_ring`).
+    pub fn mean_floor_ms(&self, record: &PeerRecord, more: u64) -> Option<f64> {
+        if self.needs_ring() || record.samples < self.window || record.samples == 0 {
+            return None;
+        }
+        let sums = WindowSums::from_record(record);
+        let n = sums.samples as f64;
+        let j = (more as f64).min(n);
+        let mean_us = sums.sum_us as f64 / n;
+        let var_us = {
+            let n = sums.samples as u128;
+            let scaled =
+                (n * sums.sum_sq_us).saturating_sub(sums.sum_us as u128 * sums.sum_us as u128);
+            scaled as f64 / (n * n) as f64
+        };
+        let evicted_us = (j * mean_us + (var_us * j * (n - j)).sqrt()).min(sums.sum_us as f64);
+        // A relative hair for rounding, always downwards.
+        let floor_us = (sums.sum_us as f64 - evicted_us).max(0.0) / n * (1.0 - 1e-9);
+        Some(floor_us / 1000.0)
+    }
+
+    /// The least silence (ms) at which phi can reach `levels[index]` for any estimate whose
+    /// window mean is at least `mean_floor_ms` (see `mean_floor_ms`): the deviation is at
+    /// least the floor `min_std_ms`, and loss only ever lowers phi. None where no such bound is
+    /// cheap (a level below the mean's phi, the ring models).
+    pub fn crossing_floor_ms(
+        &self,
+        silences: &LevelSilences,
+        index: usize,
+        mean_floor_ms: f64,
+    ) -> Option<f64> {
+        let k = silences.k[index];
+        match self.model {
+            Model::Normal | Model::Akka | Model::Loss if k >= 0.0 => {
+                Some(mean_floor_ms + self.pause_ms + k * self.min_std_ms.max(0.0))
+            }
+            Model::Exponential if k >= 0.0 => Some(k * (mean_floor_ms + self.pause_ms)),
+            Model::Fixed => Some(k),
+            _ => None,
+        }
+    }
+
     /// The silence (ms) at which phi reaches `levels[index]` for this estimate: exact for
     /// every model. Closed form where the model has one (`chen`, `bertier`: the freshness
     /// point; `2w`: the later of its windows' crossings; `empirical`: a sample, or on the decay
@@ -850,5 +898,78 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The floor of `mean_floor_ms` and `crossing_floor_ms` holds: whatever the next `more`
+    /// heartbeats bring (kept or refused by the kernel's rules, short, long, after losses),
+    /// the exact crossing of the first level never comes before it, for every model that
+    /// offers one; and with no further heartbeat the floor is at most the exact crossing.
+    #[test]
+    fn crossing_floors_hold_for_the_next_heartbeats() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        let levels = [1.0, 3.0, 8.0];
+        let mut checked = 0;
+        for model in [
+            Model::Normal,
+            Model::Akka,
+            Model::Loss,
+            Model::Exponential,
+            Model::Fixed,
+        ] {
+            for case in 0..300 {
+                let p = DetectorParams {
+                    model,
+                    window: [8, 32, 128][case % 3],
+                    min_std_ms: [0.0, 5.0, 50.0][case % 3],
+                    pause_ms: if case % 5 == 0 { 30.0 } else { 0.0 },
+                    ..DetectorParams::DEFAULT
+                };
+                let config = p.window_config();
+                let silences = p.level_silences(&levels);
+                let base = [10_000u64, 100_000, 1_000_000][rng.usize(0..3)];
+                let jitter = |rng: &mut fastrand::Rng| match rng.u8(0..10) {
+                    0 => rng.u64(0..base * 20),
+                    1 => rng.u64(0..base / 10 + 1),
+                    _ => base + rng.u64(0..base / 5 + 1) - base / 10,
+                };
+                let intervals: Vec<u64> = (0..p.window as usize + rng.usize(0..40))
+                    .map(|_| jitter(&mut rng))
+                    .collect();
+                let mut slot = slot_with_intervals(intervals, &config);
+                let more = 16;
+                let Some(floor) = p.mean_floor_ms(&slot.record, more) else {
+                    continue;
+                };
+                checked += 1;
+                let crossing = |slot: &monitor_common::maps::PeerSlot, index: usize| {
+                    let est = p.estimate(&slot.record, &[]);
+                    p.crossing_ms(&silences, index, levels[index], &est)
+                };
+                for index in 0..levels.len() {
+                    let Some(bound) = p.crossing_floor_ms(&silences, index, floor) else {
+                        continue;
+                    };
+                    assert!(
+                        bound <= crossing(&slot, index) + 1e-9,
+                        "{model:?} case {case}"
+                    );
+                }
+                let mut at = slot.record.last_arrival_ns;
+                let mut seq = slot.record.last_seq;
+                for step in 0..more {
+                    at += jitter(&mut rng) * 1000;
+                    seq += 1 + (rng.u8(0..8) == 0) as u64 * rng.u64(1..4);
+                    monitor_common::slot::arrive(&mut slot, at, seq, 1, &config);
+                    let bound = p.crossing_floor_ms(&silences, 0, floor).unwrap();
+                    let exact = crossing(&slot, 0);
+                    assert!(
+                        bound <= exact + 1e-9,
+                        "{model:?} case {case} step {step}: floor {bound} > crossing {exact}"
+                    );
+                }
+            }
+        }
+        // Most windows were full (a window still filling has no floor).
+        assert!(checked > 1000, "{checked} of 1500 cases checked");
     }
 }

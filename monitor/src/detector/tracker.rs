@@ -1,8 +1,16 @@
 //! Per-peer suspicion tracking for events: when a peer's statistics change, the silence at
 //! which phi crosses each level is computed once; every sweep then compares the clock with
 //! those deadlines (integer compares, no erfc per peer per sweep).
+//!
+//! The cost is per read, not per heartbeat: a sweep learns that a peer was heard from its
+//! last-heard word (`monitor_common::last_heard`), and a peer heard again within
+//! [`LAZY_HEARTBEATS`] (at most a quarter of the window) of its last estimate keeps it. Its next deadline is then a
+//! floor, the least silence at which phi could reach the first level whatever those
+//! heartbeats did to the window (`DetectorParams::mean_floor_ms`); only when the clock passes
+//! the floor, or every `LAZY_HEARTBEATS`, is the slot read and the exact deadline computed.
+//! A floor is never later than the exact deadline, so no crossing is missed or seen late.
 
-use monitor_common::maps::PeerRecord;
+use monitor_common::{last_heard, maps::PeerRecord};
 use serde::Serialize;
 
 use super::{
@@ -51,21 +59,40 @@ pub enum Event {
     },
 }
 
+/// Most heartbeats a peer's estimate may go without being refreshed from its slot (see the
+/// module docs), and never more than a quarter of the window. More means fewer slot reads and
+/// a lower floor: with 128 intervals around 100 ms and the default 50 ms floor of the
+/// deviation, 32 heartbeats put the first level's floor at 138 ms of silence against an exact
+/// 164 ms, which a live peer seldom reaches.
+pub const LAZY_HEARTBEATS: u64 = 32;
+
+/// Heartbeats an estimate over a window of `window` intervals may go unrefreshed.
+fn lazy_heartbeats(window: u32) -> u64 {
+    (window as u64 / 4).clamp(1, LAZY_HEARTBEATS)
+}
+
+/// `PeerTracker::floor_ns` of a peer whose estimate is refreshed with every heartbeat.
+const NO_FLOOR: u64 = u64::MAX;
+
 /// The detector configuration shared by every peer.
 #[derive(Debug, Clone)]
 pub struct DetectorConfig {
     pub params: DetectorParams,
     pub levels: Levels,
     silences: LevelSilences,
+    /// Heartbeats an estimate may go unrefreshed (`lazy_heartbeats`).
+    lazy: u64,
 }
 
 impl DetectorConfig {
     pub fn new(params: DetectorParams, levels: Levels) -> Self {
         let silences = params.level_silences(levels.as_slice());
+        let lazy = lazy_heartbeats(params.window);
         Self {
             params,
             levels,
             silences,
+            lazy,
         }
     }
 
@@ -79,6 +106,21 @@ impl DetectorConfig {
     pub fn phi(&self, estimate: &Estimate, last_arrival_ns: u64, now_ns: u64) -> f64 {
         let silence_ms = now_ns.saturating_sub(last_arrival_ns) as f64 / 1e6;
         self.params.phi(estimate, silence_ms)
+    }
+
+    /// A floor under the window's mean valid for the next `lazy` heartbeats (see
+    /// `DetectorParams::mean_floor_ms`), None if the model or the window has none.
+    fn mean_floor_ms(&self, record: &PeerRecord) -> Option<f64> {
+        self.params.mean_floor_ms(record, self.lazy)
+    }
+
+    /// The least silence (ns) at which phi can reach the first level before the estimate is
+    /// refreshed, or NO_FLOOR.
+    fn first_floor_ns(&self, mean_floor_ms: Option<f64>) -> u64 {
+        mean_floor_ms
+            .and_then(|floor| self.params.crossing_floor_ms(&self.silences, 0, floor))
+            .filter(|ms| ms.is_finite())
+            .map_or(NO_FLOOR, |ms| (ms.max(0.0) * 1e6) as u64)
     }
 
     /// Silence (ms) at which phi reaches level `index` for this estimate.
@@ -102,38 +144,65 @@ pub struct SweepTime {
 }
 
 /// One peer's sweep state: one cache line of hot fields (the sweep touches it for every peer
-/// every sweep); the estimate and the QoS bookkeeping, touched when the peer is heard, on
-/// transitions and on queries only, live behind a pointer.
+/// every sweep); the estimate and the QoS bookkeeping, touched when the estimate is refreshed,
+/// on transitions and on queries only, live behind a pointer.
 #[derive(Debug, Clone)]
 pub struct PeerTracker {
     pub peer_id: u64,
+    /// The slot's heartbeat count when the estimate was last refreshed from it.
     heartbeats: u64,
+    /// The last arrival known: the slot's at the refresh, or a later one from the last-heard
+    /// word (up to 1.024 µs early, which only makes deadlines earlier).
     last_arrival_ns: u64,
-    /// Monotonic time at which phi reaches the next level not yet crossed; u64::MAX for never.
+    /// Monotonic time at which phi reaches the next level not yet crossed (`exact`), or before
+    /// which it cannot reach the first level (a floor); u64::MAX for never.
     next_deadline_ns: u64,
+    /// The last-heard word last accounted for.
+    seen_word: u64,
+    /// Least silence (ns) at which phi can reach the first level until `LAZY_HEARTBEATS` more
+    /// heartbeats, or NO_FLOOR: every heartbeat refreshes the estimate.
+    floor_ns: u64,
     /// Levels crossed since the peer was last heard (0..=levels).
     crossed: u8,
+    /// `next_deadline_ns` is the exact crossing of the current estimate, not a floor.
+    exact: bool,
     cold: Box<Cold>,
 }
 
 #[derive(Debug, Clone)]
 struct Cold {
     estimate: Estimate,
+    /// The floor under the window's mean the refresh found (see `DetectorConfig::mean_floor_ms`).
+    mean_floor_ms: Option<f64>,
     admitted_ns: u64,
     counter: QosCounter,
+}
+
+/// What a sweep needs next for a peer (see `PeerTracker::sweep`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SweepStep {
+    /// Nothing: the peer was checked from its word and its deadline.
+    Done,
+    /// Read its slot and pass the record to `PeerTracker::observe`.
+    Refresh,
 }
 
 impl PeerTracker {
     /// `ring`: the window's intervals when the model needs them (see `DetectorConfig::estimate`).
     pub fn new(record: &PeerRecord, ring: &[u32], config: &DetectorConfig) -> Self {
+        let mean_floor_ms = config.mean_floor_ms(record);
         let mut tracker = Self {
             peer_id: record.peer_id,
             heartbeats: record.heartbeats,
             last_arrival_ns: record.last_arrival_ns,
             next_deadline_ns: u64::MAX,
+            seen_word: last_heard::word(record.last_arrival_ns, record.heartbeats),
+            floor_ns: config.first_floor_ns(mean_floor_ms),
             crossed: 0,
+            exact: true,
             cold: Box::new(Cold {
                 estimate: config.estimate(record, ring),
+                mean_floor_ms,
                 admitted_ns: record.last_arrival_ns,
                 counter: QosCounter::default(),
             }),
@@ -158,10 +227,76 @@ impl PeerTracker {
         }
     }
 
-    /// Accepted heartbeats when last observed: the sweep compares the kernel's count with
-    /// this before it reads the whole record.
-    pub fn heartbeats(&self) -> u64 {
-        self.heartbeats
+    /// Whether the next deadline is exact (else a floor: see the module docs).
+    pub fn is_exact(&self) -> bool {
+        self.exact
+    }
+
+    /// One sweep from the peer's last-heard `word`: a heartbeat within `LAZY_HEARTBEATS` of
+    /// the estimate moves the deadline to the floor past it; an exact deadline that passed
+    /// raises its levels. Anything else (a floor reached, the estimate too old, a suspected
+    /// peer heard, a stall) asks for the slot to be read.
+    pub fn sweep(
+        &mut self,
+        word: u64,
+        config: &DetectorConfig,
+        time: SweepTime,
+        emit: &mut impl FnMut(Event),
+    ) -> SweepStep {
+        if word != self.seen_word
+            && let (Some(new), Some(at)) = (
+                last_heard::heartbeats_since(self.seen_word, word),
+                last_heard::arrival_after(word, self.last_arrival_ns),
+            )
+            && new > 0
+        {
+            let since_refresh =
+                last_heard::heartbeats_since(last_heard::word(0, self.heartbeats), word);
+            if self.crossed > 0
+                || self.floor_ns == NO_FLOOR
+                || time.hold
+                || since_refresh.is_none_or(|n| n >= config.lazy)
+            {
+                return SweepStep::Refresh;
+            }
+            self.seen_word = word;
+            self.last_arrival_ns = at;
+            self.next_deadline_ns = at.saturating_add(self.floor_ns);
+            self.exact = false;
+        }
+        if time.now_ns >= self.next_deadline_ns {
+            if !self.exact {
+                return SweepStep::Refresh;
+            }
+            self.check_deadlines(config, time, emit);
+        }
+        SweepStep::Done
+    }
+
+    /// The least silence (ms) at which this peer's phi can reach the level whose crossing
+    /// constants are `threshold` (`DetectorParams::level_silences` of that one level), and the
+    /// arrival it counts from, judged from its last-heard `word` without reading the slot:
+    /// exact while the estimate is current, a floor within `LAZY_HEARTBEATS` of it; None past
+    /// that.
+    pub fn threshold_floor(
+        &self,
+        word: u64,
+        threshold: &LevelSilences,
+        params: &DetectorParams,
+    ) -> Option<(u64, f64)> {
+        let at =
+            last_heard::arrival_after(word, self.last_arrival_ns).unwrap_or(self.last_arrival_ns);
+        match last_heard::heartbeats_since(last_heard::word(0, self.heartbeats), word)? {
+            0 => Some((
+                self.last_arrival_ns,
+                threshold.silence_ms(0, &self.cold.estimate),
+            )),
+            n if n <= lazy_heartbeats(params.window) => {
+                let floor = params.crossing_floor_ms(threshold, 0, self.cold.mean_floor_ms?)?;
+                Some((at, floor))
+            }
+            _ => None,
+        }
     }
 
     /// Levels crossed since the peer was last heard (0 to the number of levels).
@@ -186,6 +321,12 @@ impl PeerTracker {
     ) {
         if record.heartbeats != self.heartbeats {
             self.heard(record, ring, config, time.wall_ms, emit);
+        } else if !self.exact {
+            // Nothing new since the estimate: the deadline was a floor, make it exact.
+            self.last_arrival_ns = record.last_arrival_ns;
+            self.seen_word = last_heard::word(record.last_arrival_ns, record.heartbeats);
+            self.exact = true;
+            self.next_deadline_ns = self.deadline(config);
         }
         self.check_deadlines(config, time, emit);
     }
@@ -215,7 +356,11 @@ impl PeerTracker {
         self.crossed = 0;
         self.heartbeats = record.heartbeats;
         self.last_arrival_ns = record.last_arrival_ns;
+        self.seen_word = last_heard::word(record.last_arrival_ns, record.heartbeats);
         self.cold.estimate = config.estimate(record, ring);
+        self.cold.mean_floor_ms = config.mean_floor_ms(record);
+        self.floor_ns = config.first_floor_ns(self.cold.mean_floor_ms);
+        self.exact = true;
         self.next_deadline_ns = self.deadline(config);
     }
 
@@ -258,7 +403,8 @@ impl PeerTracker {
     /// The levels changed from `old` to `new`: the peer is past the new levels whose
     /// deadlines have passed. A level it is past now and was not past before (a new level, or
     /// one that moved below its phi) is raised as an event, with the time it was crossed;
-    /// levels it was already past raise nothing again.
+    /// levels it was already past raise nothing again. The caller first makes the estimate
+    /// current (`observe` with the slot's record where `is_exact` is false).
     pub fn relevel(
         &mut self,
         old: &DetectorConfig,
@@ -291,6 +437,8 @@ impl PeerTracker {
             self.crossed += 1;
         }
         self.next_deadline_ns = self.deadline(new);
+        self.exact = true;
+        self.floor_ns = new.first_floor_ns(self.cold.mean_floor_ms);
         let convicted = self.crossed as usize == levels.len();
         if convicted && !was_convicted {
             self.cold.counter.suspect(time.now_ns);
@@ -433,6 +581,75 @@ mod tests {
             t.observe(&record, &[], &cfg, at(ms * MS, 0.0, false), &mut |_| n += 1);
         }
         assert_eq!(n, 2);
+    }
+
+    /// The lazy sweep (last-heard words, estimates refreshed only when asked) raises exactly
+    /// the events of a tracker that reads the slot at every sweep, on a stream with jitter,
+    /// losses, late heartbeats, silences past every level and recoveries; and it reads the
+    /// slot far less often.
+    #[test]
+    fn the_lazy_sweep_raises_what_reading_every_sweep_raises() {
+        for model in [Model::Normal, Model::Loss, Model::Exponential, Model::Akka] {
+            let params = DetectorParams {
+                model,
+                ..DetectorParams::DEFAULT
+            };
+            let cfg =
+                DetectorConfig::new(params.clone(), Levels::new(vec![1.0, 3.0, 8.0]).unwrap());
+            let xdp = params.window_config();
+            let mut rng = fastrand::Rng::with_seed(11);
+            let mut slot = monitor_common::maps::PeerSlot::admitted(5, 0);
+            let (mut eager_events, mut lazy_events) = (Vec::new(), Vec::new());
+            let mut eager = PeerTracker::new(&slot.record, &[], &cfg);
+            let mut lazy = eager.clone();
+            let mut word = last_heard::word(0, 0);
+            let mut next_send = 100 * MS;
+            let mut seq = 0;
+            let mut reads = 0;
+            let sweeps = 60_000u64;
+            for step in 1..=sweeps {
+                let now = step * 10 * MS;
+                while next_send <= now {
+                    seq += 1;
+                    // 2% lost, a silence of 1-3 s every 500 heartbeats or so.
+                    let lost = rng.u8(0..50) == 0;
+                    if !lost {
+                        let at = next_send + rng.u64(0..5 * MS);
+                        if let monitor_common::slot::Outcome::Accepted { .. } =
+                            monitor_common::slot::arrive(&mut slot, at, seq, 1, &xdp)
+                        {
+                            word = last_heard::word(at, slot.record.heartbeats);
+                        }
+                    }
+                    next_send += if rng.u16(0..500) == 0 {
+                        rng.u64(1000..3000) * MS
+                    } else {
+                        100 * MS + rng.u64(0..20 * MS)
+                    };
+                }
+                let time = at(now, now as f64 / 1e6, false);
+                eager.observe(&slot.record, &[], &cfg, time, &mut |e| eager_events.push(e));
+                if lazy.sweep(word, &cfg, time, &mut |e| lazy_events.push(e)) == SweepStep::Refresh
+                {
+                    reads += 1;
+                    lazy.observe(&slot.record, &[], &cfg, time, &mut |e| lazy_events.push(e));
+                }
+            }
+            assert!(
+                eager_events
+                    .iter()
+                    .filter(|e| matches!(e, Event::Suspect { .. }))
+                    .count()
+                    > 20,
+                "{model:?}: the stream crossed levels"
+            );
+            assert_eq!(lazy_events, eager_events, "{model:?}");
+            let heartbeats = slot.record.heartbeats;
+            assert!(
+                reads * 8 < heartbeats,
+                "{model:?}: {reads} slot reads for {heartbeats} heartbeats"
+            );
+        }
     }
 
     #[test]

@@ -1,0 +1,95 @@
+//! The last-heard words: one `u64` per slot in a dense array (`LAST_HEARD`, ARRAY,
+//! BPF_F_MMAPABLE) that the kernel writes with every accepted heartbeat and the agent's sweep
+//! scans. Eight peers share a cache line, so a sweep over 50,000 peers reads 400 KiB in
+//! order instead of one line of each 700-byte slot; only a peer whose word says its estimate
+//! may have to change costs a read of its slot (see the agent's tracker).
+//!
+//! A word packs the arrival time and the heartbeat count, written with one store so a reader
+//! never sees one without the other:
+//!
+//! - bits 63..20: `arrival_ns >> 10`, the arrival in units of 1.024 µs (wraps after 204 days
+//!   of uptime; readers reconstruct the full time from one they know, see [`arrival_after`]);
+//! - bits 19..0: the slot's `heartbeats`, modulo 2^20.
+//!
+//! The agent only ever needs differences: how many heartbeats since it last read the slot,
+//! and when the newest arrived. The arrival it reconstructs is at most 1.024 µs early, which
+//! only makes a deadline computed from it earlier (conservative).
+
+/// Name of the map in the eBPF object and of its pin.
+pub const LAST_HEARD_MAP: &str = "LAST_HEARD";
+
+/// Bits of the heartbeat count kept in a word.
+pub const COUNT_BITS: u32 = 20;
+const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+/// Arrival units: 2^10 ns.
+const UNIT_SHIFT: u32 = 10;
+/// Bits of the arrival units kept in a word.
+const UNIT_BITS: u32 = 64 - COUNT_BITS;
+const UNIT_MASK: u64 = (1 << UNIT_BITS) - 1;
+
+/// The word for a slot whose last accepted heartbeat (its `heartbeats`-th) arrived at
+/// `arrival_ns`. The kernel writes it; the agent computes it from a record to compare.
+#[inline(always)]
+pub const fn word(arrival_ns: u64, heartbeats: u64) -> u64 {
+    ((arrival_ns >> UNIT_SHIFT) << COUNT_BITS) | (heartbeats & COUNT_MASK)
+}
+
+/// Heartbeats counted between the word `from` and the word `to`, if `to` is not older
+/// (counts modulo 2^20: a difference of more than 2^19 is taken as `to` being the older).
+#[inline]
+pub const fn heartbeats_since(from: u64, to: u64) -> Option<u64> {
+    let d = (to & COUNT_MASK).wrapping_sub(from & COUNT_MASK) & COUNT_MASK;
+    if d > COUNT_MASK / 2 { None } else { Some(d) }
+}
+
+/// The arrival time a word carries, as the latest time at or after `known_ns` (an arrival the
+/// reader knows in full, from a record) with those low bits, rounded down to 1.024 µs. None
+/// if the word's arrival lies before `known_ns`'s unit (an older word).
+#[inline]
+pub const fn arrival_after(w: u64, known_ns: u64) -> Option<u64> {
+    let known = known_ns >> UNIT_SHIFT;
+    let units = w >> COUNT_BITS;
+    let d = units.wrapping_sub(known) & UNIT_MASK;
+    if d > UNIT_MASK / 2 {
+        None
+    } else {
+        Some((known + d) << UNIT_SHIFT)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_and_arrivals_round_trip() {
+        let t0 = 5_000_000_123_456u64;
+        let a = word(t0, 41);
+        let b = word(t0 + 250_000_000, 44);
+        assert_eq!(heartbeats_since(a, b), Some(3));
+        assert_eq!(heartbeats_since(b, a), None, "an older word");
+        let at = arrival_after(b, t0).unwrap();
+        assert!(
+            at <= t0 + 250_000_000 && t0 + 250_000_000 - at < 1024,
+            "{at}"
+        );
+        assert_eq!(arrival_after(a, t0 + 250_000_000), None);
+    }
+
+    #[test]
+    fn counts_wrap() {
+        let a = word(1 << 30, COUNT_MASK - 1);
+        let b = word(1 << 31, COUNT_MASK + 3);
+        assert_eq!(heartbeats_since(a, b), Some(4));
+    }
+
+    #[test]
+    fn arrivals_wrap_past_the_units() {
+        // 1.024 µs units in 44 bits: the reader's known time fills in the high bits.
+        let span = 1u64 << (UNIT_BITS + UNIT_SHIFT);
+        let known = 3 * span - 5_000_000;
+        let later = 3 * span + 7_000_000;
+        let at = arrival_after(word(later, 9), known).unwrap();
+        assert!(at <= later && later - at < 1024, "{at} vs {later}");
+    }
+}
