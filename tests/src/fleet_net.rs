@@ -25,6 +25,7 @@ use std::{
 };
 
 use monitor::client::Client;
+use monitor_common::wire::DEFAULT_PORT;
 use serde_json::{Value, json};
 
 use crate::{
@@ -119,7 +120,7 @@ impl FleetNet {
         cmd.args([
             "send",
             "--to",
-            &format!("{}:7946", self.observers[i].addr),
+            &format!("{}:{DEFAULT_PORT}", self.observers[i].addr),
             "--id",
             &id.to_string(),
             "--interval",
@@ -158,7 +159,8 @@ impl FleetNet {
             .env("RUST_LOG", "error")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null());
+            // What interrupts it (a lost node) shows next to the agents' warnings.
+            .stderr(Stdio::inherit());
         LineCollector::spawn(cmd)
     }
 
@@ -315,10 +317,13 @@ impl NatsServer {
         let name = format!("node{n}");
         let cluster = format!("nats://0.0.0.0:{}", base + 1000 + n);
         let routes = routes.join(",");
+        let http = (base + 4000 + n).to_string();
         Self::spawn(
             ns,
             base + n,
             &[
+                "-m",
+                &http,
                 "-n",
                 &name,
                 "--cluster_name",
@@ -353,6 +358,20 @@ impl NatsServer {
         };
         server.wait_for_log("Server is ready", Duration::from_secs(10));
         server
+    }
+
+    /// The server's JetStream report (`/jsz` of its monitoring port, `base + 4000 + n` for
+    /// a cluster node): streams, their leaders and replicas, and consumers, as JSON.
+    pub fn jsz(ns: &str, http_port: u16) -> Value {
+        let out = FleetNet::command_in(ns, std::path::Path::new("curl"))
+            .args(["-s", "-m", "2"])
+            .arg(format!(
+                "http://127.0.0.1:{http_port}/jsz?consumers=true&config=false"
+            ))
+            .output();
+        out.ok()
+            .and_then(|o| serde_json::from_slice(&o.stdout).ok())
+            .unwrap_or(Value::Null)
     }
 
     /// Waits until the server's log has `text`.
@@ -398,6 +417,19 @@ impl Drop for NatsServer {
         self.kill();
         if std::thread::panicking() {
             let log = self.log_text();
+            // The whole log outlives the store's temp dir, for a look at the elections.
+            let kept = std::env::temp_dir().join(format!(
+                "hbm-nats-{}-{}.log",
+                std::process::id(),
+                self.port
+            ));
+            if std::fs::write(&kept, &log).is_ok() {
+                eprintln!(
+                    "--- nats-server on port {}: whole log in {}",
+                    self.port,
+                    kept.display()
+                );
+            }
             let tail: Vec<&str> = log.lines().rev().take(40).collect();
             eprintln!(
                 "--- nats-server on port {} (last lines, newest first):",
@@ -428,7 +460,10 @@ impl Observer {
             .arg(&socket)
             .args(["--nats", urls, "--observer", &o.name])
             .args(extra)
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("FLEET_AGENT_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null());
         let mut observer = Self {
             child: Some(cmd.spawn().expect("spawn monitor run")),

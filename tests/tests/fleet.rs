@@ -16,6 +16,7 @@ use integration_tests::{
     fleet_net::{FleetNet, NatsServer, Observer, events_by_observer, suspect_ids, wait_for},
     require_root,
 };
+use monitor_common::wire::DEFAULT_PORT;
 use serde_json::{Value, json};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -63,7 +64,11 @@ fn live_in(reply: &Value) -> Vec<Value> {
 /// Live observers, or `None` while the cluster cannot answer (a stream leader being
 /// elected after a node loss takes a few seconds: queries time out meanwhile).
 fn live_observers_eventually(net: &FleetNet, urls: &str) -> Option<Vec<Value>> {
+    let t = Instant::now();
     let reply = net.fleet(urls, &["query", "observers"]);
+    if reply["ok"] != json!(true) {
+        println!("query observers failed after {:?}: {reply}", t.elapsed());
+    }
     (reply["ok"] == json!(true)).then(|| live_in(&reply))
 }
 
@@ -264,14 +269,17 @@ fn quorum_liveness_and_bad_input_with_three_observers() {
     }
 }
 
-/// Known gap, issue 11 stays open for it: in three of four full-suite runs on this machine
-/// the fleet's view (a `watch --events` consumer and `query`) had not caught up 60 s after a
-/// node crash, whichever node went (the metadata leader, or one leading only consumers); in
-/// isolation it passes. Until the consumer side recovers reliably (re-creating its ordered
-/// consumers after a node loss, or waiting out nats-server 2.9's re-election), it runs on
-/// request: `cargo test -p integration-tests --test fleet -- --ignored events_survive`.
+/// A node of three is killed (issue 11): events keep flowing, none is lost, and the fleet's
+/// view (a `watch --events` consumer and `query`) catches up. Measured on this machine
+/// (2 cores): nats-server 2.9.10 elects a new leader for a stream the lost node led 4 to 9 s
+/// after the kill; the observers have published everything within about 12 s and the view
+/// has caught up within about 20 s. It used to fail in 3 of 4 runs: async-nats's ordered
+/// consumer, behind `watch --events`, could stay silent for over 60 s while re-creating
+/// itself, and a third of `query` runs timed out because 2.9 placed their one-replica
+/// consumer on the dead node (docs/fleet.md, "Losing a NATS node"). Progress is printed
+/// (`--nocapture`), and the fleet's state and every server's /jsz on a failure;
+/// `FLEET_AGENT_LOG=info` shows the agents' fleet log.
 #[test]
-#[ignore = "flaky after a node crash on nats-server 2.9 here (issue 11): run with --ignored"]
 fn events_survive_the_loss_of_one_of_three_nats_nodes() {
     require_root();
     let _serial = serial();
@@ -370,6 +378,7 @@ fn events_survive_the_loss_of_one_of_three_nats_nodes() {
         }
     );
     nodes[crashed].kill();
+    let crashed_at = Instant::now();
     for id in [3, 4] {
         for i in 0..2 {
             drop(senders.remove(&(id, i)));
@@ -386,6 +395,40 @@ fn events_survive_the_loss_of_one_of_three_nats_nodes() {
         .collect::<Vec<_>>()
         .join(",");
     let rest = rest.as_str();
+    let dump = || {
+        let by = events_by_observer(&events.snapshot());
+        for (name, evs) in &by {
+            let tail: Vec<String> = evs
+                .iter()
+                .rev()
+                .take(6)
+                .map(|(seq, e)| format!("#{seq} {} {} {}", e["event"], e["id"], e["level"]))
+                .collect();
+            println!("DUMP {name}: {} events, newest first: {tail:?}", evs.len());
+        }
+        println!(
+            "DUMP observers: {}",
+            net.fleet(rest, &["query", "observers"])
+        );
+        for n in 0..3u16 {
+            let jsz = NatsServer::jsz(&net.nats_ns, 8222 + n);
+            for acc in jsz["account_details"].as_array().into_iter().flatten() {
+                for st in acc["stream_detail"].as_array().into_iter().flatten() {
+                    println!(
+                        "DUMP node{n} stream {} cluster {} state {}",
+                        st["name"], st["cluster"], st["state"]
+                    );
+                    for c in st["consumer_detail"].as_array().into_iter().flatten() {
+                        println!(
+                            "DUMP node{n}   consumer {} cluster {} delivered {} pending {}",
+                            c["name"], c["cluster"], c["delivered"], c["num_pending"]
+                        );
+                    }
+                }
+            }
+        }
+    };
+    let _dump_guard = DumpOnPanic(&dump);
     wait_for(
         "peers 3 and 4 suspected, 1 and 2 recovered, after the node loss",
         // Electing new leaders (the metadata leader too, when it was the lost node) takes
@@ -404,14 +447,42 @@ fn events_survive_the_loss_of_one_of_three_nats_nodes() {
             (suspected(3) && suspected(4) && recovered(1) && recovered(2)).then_some(())
         },
     );
+    println!(
+        "{:>6.1} s after the crash: the events seen",
+        crashed_at.elapsed().as_secs_f64()
+    );
     // Every event each observer took from its agent is on the stream once: its counters
     // (events taken, resync markers) against the contiguous sequence numbers seen.
+    let mut last_state = String::new();
     let counts = wait_for(
         "the observers' counters settle",
         Duration::from_secs(20),
         || {
             let by = events_by_observer(&events.snapshot());
             let live = live_observers_eventually(&net, rest)?;
+            let state: Vec<String> = live
+                .iter()
+                .map(|o| {
+                    let name = o["observer"].as_str().unwrap_or("?");
+                    format!(
+                        "{name}: events {} resyncs {} published {} buffered {} dropped {} seen {}",
+                        o["events"],
+                        o["resyncs"],
+                        o["published"],
+                        o["buffered"],
+                        o["dropped"],
+                        by.get(name).map_or(0, Vec::len)
+                    )
+                })
+                .collect();
+            let state = state.join("; ");
+            if state != last_state {
+                println!(
+                    "{:>6.1} s after the crash: {state}",
+                    crashed_at.elapsed().as_secs_f64()
+                );
+                last_state = state;
+            }
             let settled: Vec<(String, u64)> = live
                 .iter()
                 .filter(|o| {
@@ -439,6 +510,10 @@ fn events_survive_the_loss_of_one_of_three_nats_nodes() {
     let live = wait_for("the cluster answers", Duration::from_secs(60), || {
         live_observers_eventually(&net, rest)
     });
+    println!(
+        "{:>6.1} s after the crash: the counters settled, the cluster answers",
+        crashed_at.elapsed().as_secs_f64()
+    );
     for o in live {
         assert_eq!(o["dropped"], json!(0), "{o}");
     }
@@ -446,12 +521,34 @@ fn events_survive_the_loss_of_one_of_three_nats_nodes() {
         "peers 3 and 4 down at quorum 2",
         Duration::from_secs(60),
         || {
+            let t = Instant::now();
             let r = net.fleet(rest, &["query", "suspects", "--quorum", "2"]);
+            if r["ok"] != json!(true) || suspect_ids(&r) != vec![3, 4] {
+                println!(
+                    "{:>6.1} s after the crash: query suspects (took {:?}): {r}",
+                    crashed_at.elapsed().as_secs_f64(),
+                    t.elapsed()
+                );
+            }
             (r["ok"] == json!(true) && suspect_ids(&r) == vec![3, 4]).then_some(r)
         },
     );
+    println!(
+        "{:>6.1} s after the crash: peers 3 and 4 down at quorum 2",
+        crashed_at.elapsed().as_secs_f64()
+    );
     assert_eq!(reply["live_observers"], json!(2), "{reply}");
     drop(observers);
+}
+
+struct DumpOnPanic<'a>(&'a dyn Fn());
+
+impl Drop for DumpOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            (self.0)();
+        }
+    }
 }
 
 #[test]
@@ -470,7 +567,7 @@ fn a_burst_of_suspicions_is_published_and_consumed_whole() {
         cmd.args([
             "loadgen",
             "--to",
-            &format!("{}:7946", o.addr),
+            &format!("{}:{DEFAULT_PORT}", o.addr),
             "--peers",
             &PEERS.to_string(),
             "--rate",
@@ -622,7 +719,7 @@ fn fleet_figures() {
         &format!("nats://{}:4222", o.nats_addr),
         &["--first-interval-ms", "500"],
     );
-    let to = format!("{}:7946", o.addr);
+    let to = format!("{}:{DEFAULT_PORT}", o.addr);
     let (got, stop) = follow(&net.nats_ns);
 
     // Latency: 1000 peers at 10 Hz, the lowest 100 killed after 6 s.
