@@ -247,64 +247,75 @@ fn print_change(change: &FleetChange, json_out: bool) {
 }
 
 /// Fleet events: judged afresh on every bucket change of a peer, and for every peer four
-/// times a second (observers go stale without any write).
+/// times a second (observers go stale without any write). An interrupted bucket watch (a
+/// NATS node lost, the consumer with it) reads the whole bucket again and goes on; the
+/// peers held down are kept meanwhile, so only real changes are reported.
 async fn watch(fleet: &Fleet, rule: Rule, json_out: bool) -> Result<ExitCode, FleetError> {
-    let mut reader = loop {
-        match fleet.bucket(">", true).await? {
-            Some(reader) => break reader,
-            None => tokio::time::sleep(Duration::from_millis(500)).await,
-        }
-    };
-    let mut view = FleetView::default();
     let mut convictions = Convictions::default();
     let mut malformed = 0u64;
-    // Until the snapshot is read, changes are not reported one by one.
-    let mut started = reader.current();
-    if started {
-        for c in convictions.update_all(&view, unix_ms(), rule) {
-            print_change(&c, json_out);
-        }
-    }
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
-            entry = reader.next() => {
-                let Some(entry) = entry else {
-                    return Err(FleetError::JetStream("the bucket watch ended".into()));
-                };
-                let entry = entry?;
-                match consumer::apply(&mut view, &entry) {
-                    Ok(change) if started => {
-                        let changes = match change {
-                            monitor::fleet::quorum::Change::Peer(id) =>
-                                convictions.update_peers(&view, [id], unix_ms(), rule),
-                            monitor::fleet::quorum::Change::Observer(_) =>
-                                convictions.update_all(&view, unix_ms(), rule),
-                        };
-                        for c in changes {
+        let mut reader = loop {
+            match fleet.bucket(">", true).await {
+                Ok(Some(reader)) => break reader,
+                Ok(None) => {}
+                Err(e) => eprintln!("monitor fleet: {e}; trying again"),
+            }
+            tokio::time::sleep(RESUME_PAUSE).await;
+        };
+        let mut view = FleetView::default();
+        // Until the snapshot is read, changes are not reported one by one.
+        let mut started = reader.current();
+        if started {
+            for c in convictions.update_all(&view, unix_ms(), rule) {
+                print_change(&c, json_out);
+            }
+        }
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                entry = reader.next() => {
+                    let entry = match entry {
+                        None => return Err(FleetError::JetStream("the bucket watch ended".into())),
+                        Some(Err(e)) => {
+                            eprintln!("monitor fleet: {e}; reading the bucket again");
+                            break;
+                        }
+                        Some(Ok(entry)) => entry,
+                    };
+                    match consumer::apply(&mut view, &entry) {
+                        Ok(change) if started => {
+                            let changes = match change {
+                                monitor::fleet::quorum::Change::Peer(id) =>
+                                    convictions.update_peers(&view, [id], unix_ms(), rule),
+                                monitor::fleet::quorum::Change::Observer(_) =>
+                                    convictions.update_all(&view, unix_ms(), rule),
+                            };
+                            for c in changes {
+                                print_change(&c, json_out);
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            malformed += 1;
+                            print_malformed(json_out, "bucket", &e, malformed);
+                        }
+                    }
+                    if !started && reader.current() {
+                        started = true;
+                        for c in convictions.update_all(&view, unix_ms(), rule) {
                             print_change(&c, json_out);
                         }
                     }
-                    Ok(_) => {}
-                    Err(e) => {
-                        malformed += 1;
-                        print_malformed(json_out, "bucket", &e, malformed);
-                    }
                 }
-                if !started && reader.current() {
-                    started = true;
+                _ = tick.tick(), if started => {
                     for c in convictions.update_all(&view, unix_ms(), rule) {
                         print_change(&c, json_out);
                     }
                 }
             }
-            _ = tick.tick(), if started => {
-                for c in convictions.update_all(&view, unix_ms(), rule) {
-                    print_change(&c, json_out);
-                }
-            }
         }
+        tokio::time::sleep(RESUME_PAUSE).await;
     }
 }
 

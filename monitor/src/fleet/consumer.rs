@@ -77,7 +77,9 @@ impl Fleet {
 
     /// Reads bucket entries whose key matches `filter` (NATS wildcards: `*.obs-a`, `71.*`,
     /// `>`): the current value of each key first, then, with `follow`, every change. Returns
-    /// `None` when the bucket does not exist yet.
+    /// `None` when the bucket does not exist yet. Read through a consumer of its own, as
+    /// [`Fleet::events_from`] says: an error from the reader means it was lost (a NATS node
+    /// gone), and the bucket is to be read again.
     pub async fn bucket(
         &self,
         filter: &str,
@@ -87,23 +89,19 @@ impl Fleet {
             return Ok(None);
         };
         let prefix = format!("$KV.{}.", super::BUCKET);
-        let consumer = create_consumer("reading the bucket", || {
-            stream.create_consumer(push::OrderedConfig {
-                deliver_subject: self.js.client().new_inbox(),
+        let (delivery, initial) = Delivery::create(
+            &self.js,
+            &stream,
+            "reading the bucket",
+            push::Config {
                 filter_subject: format!("{prefix}{filter}"),
                 deliver_policy: DeliverPolicy::LastPerSubject,
-                replay_policy: ReplayPolicy::Instant,
-                ..Default::default()
-            })
-        })
+                ..reader_config()
+            },
+        )
         .await?;
-        let initial = consumer.cached_info().num_pending;
-        let messages = consumer
-            .messages()
-            .await
-            .map_err(|e| FleetError::js("reading the bucket", e))?;
         Ok(Some(BucketReader {
-            messages,
+            delivery,
             prefix,
             current: initial == 0,
             follow,
@@ -144,7 +142,7 @@ impl Fleet {
     /// after five tries, 10 s between tries, and says nothing meanwhile (a watch was seen
     /// silent for over 60 s after a node crash, the stream long since led by another node,
     /// issue 11). Here the subscription is made first, the server sends a heartbeat every
-    /// [`EVENT_HEARTBEAT`], and any sign of trouble (no message or heartbeat for three of
+    /// [`READER_HEARTBEAT`], and any sign of trouble (no message or heartbeat for three of
     /// them, a gap in the consumer's sequence, a status from the server) ends the reader
     /// with an error, so that the caller follows the stream again after the last event it
     /// took ([`EventStart::After`]).
@@ -155,50 +153,46 @@ impl Fleet {
                 Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
             }
         };
-        let client = self.js.client();
-        // The subscription first, so that nothing delivered is missed; a fresh one for each
-        // try, so that a consumer created late by a try given up on delivers to nobody.
-        let subscriber = create_consumer("following the stream", || {
-            let client = client.clone();
-            let stream = &stream;
-            async move {
-                let deliver_subject = client.new_inbox();
-                let subscriber = client.subscribe(deliver_subject.clone()).await?;
-                stream
-                    .create_consumer(push::Config {
-                        deliver_subject,
-                        filter_subject: format!("{}>", wire::EVENT_SUBJECT_PREFIX),
-                        deliver_policy: match start {
-                            EventStart::First => DeliverPolicy::All,
-                            EventStart::New => DeliverPolicy::New,
-                            EventStart::After(seq) => DeliverPolicy::ByStartSequence {
-                                start_sequence: seq + 1,
-                            },
-                        },
-                        ack_policy: AckPolicy::None,
-                        replay_policy: ReplayPolicy::Instant,
-                        flow_control: true,
-                        idle_heartbeat: EVENT_HEARTBEAT,
-                        memory_storage: true,
-                        num_replicas: 1,
-                        // Left behind by a reader that went away: removed by the server.
-                        inactive_threshold: Duration::from_secs(30),
-                        ..Default::default()
-                    })
-                    .await?;
-                Ok::<_, async_nats::Error>(subscriber)
-            }
-        })
+        let (delivery, _) = Delivery::create(
+            &self.js,
+            &stream,
+            "following the stream",
+            push::Config {
+                filter_subject: format!("{}>", wire::EVENT_SUBJECT_PREFIX),
+                deliver_policy: match start {
+                    EventStart::First => DeliverPolicy::All,
+                    EventStart::New => DeliverPolicy::New,
+                    EventStart::After(seq) => DeliverPolicy::ByStartSequence {
+                        start_sequence: seq + 1,
+                    },
+                },
+                ..reader_config()
+            },
+        )
         .await?;
         Ok(EventReader {
-            subscriber,
-            js: self.js.clone(),
-            consumer_seq: 0,
+            delivery,
             last_stream_seq: match start {
                 EventStart::After(seq) => seq,
                 _ => 0,
             },
         })
+    }
+}
+
+/// Every reader's consumer: ephemeral, one replica in memory, no acks, heartbeats and flow
+/// control (the subject, filter and start are the reader's).
+fn reader_config() -> push::Config {
+    push::Config {
+        ack_policy: AckPolicy::None,
+        replay_policy: ReplayPolicy::Instant,
+        flow_control: true,
+        idle_heartbeat: READER_HEARTBEAT,
+        memory_storage: true,
+        num_replicas: 1,
+        // Left behind by a reader that went away: removed by the server.
+        inactive_threshold: Duration::from_secs(30),
+        ..Default::default()
     }
 }
 
@@ -234,8 +228,127 @@ where
     Err(FleetError::js(what, last))
 }
 
-/// How often the server sends a heartbeat to an idle event reader.
-pub const EVENT_HEARTBEAT: Duration = Duration::from_secs(1);
+/// How often the server sends a heartbeat to an idle reader.
+pub const READER_HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// The messages of one reader's consumer, in order, each once; any sign that the consumer
+/// is lost or out of step ends it with an error (see [`Fleet::events_from`]).
+struct Delivery {
+    subscriber: async_nats::Subscriber,
+    js: jetstream::Context,
+    what: &'static str,
+    /// The consumer's sequence number of the last message taken.
+    consumer_seq: u64,
+    /// When the consumer counts as lost if nothing arrives.
+    deadline: tokio::time::Instant,
+}
+
+/// Silence after which a reader's consumer counts as lost: three heartbeats.
+const SILENCE: Duration = READER_HEARTBEAT.saturating_mul(3);
+
+impl Delivery {
+    /// Subscribes, then creates the consumer delivering there; a fresh subscription for
+    /// each try, so that a consumer created late by a try given up on delivers to nobody.
+    /// Returns the messages pending when the consumer was made, too.
+    async fn create(
+        js: &jetstream::Context,
+        stream: &jetstream::stream::Stream,
+        what: &'static str,
+        config: push::Config,
+    ) -> Result<(Self, u64), FleetError> {
+        let js = js.clone();
+        let client = js.client();
+        let (subscriber, pending) = create_consumer(what, || {
+            let client = client.clone();
+            let config = config.clone();
+            async move {
+                let deliver_subject = client.new_inbox();
+                let subscriber = client.subscribe(deliver_subject.clone()).await?;
+                let consumer = stream
+                    .create_consumer(push::Config {
+                        deliver_subject,
+                        ..config
+                    })
+                    .await?;
+                Ok::<_, async_nats::Error>((subscriber, consumer.cached_info().num_pending))
+            }
+        })
+        .await?;
+        let delivery = Self {
+            subscriber,
+            js,
+            what,
+            consumer_seq: 0,
+            deadline: tokio::time::Instant::now() + SILENCE,
+        };
+        Ok((delivery, pending))
+    }
+
+    fn lost(&self, why: String) -> Option<Result<jetstream::Message, FleetError>> {
+        Some(Err(FleetError::JetStream(format!("{}: {why}", self.what))))
+    }
+
+    /// The next message; an error when the consumer is lost or fell out of step, `None`
+    /// when the connection is closed.
+    async fn next(&mut self) -> Option<Result<jetstream::Message, FleetError>> {
+        loop {
+            // The deadline is kept across calls: `next` may be cancelled (in a `select!`)
+            // and called again any number of times, and nothing after the message is taken
+            // waits.
+            let message = match tokio::time::timeout_at(self.deadline, self.subscriber.next()).await
+            {
+                Err(_) => return self.lost(format!("no heartbeat for {SILENCE:?}")),
+                Ok(None) => return None,
+                Ok(Some(m)) => m,
+            };
+            self.deadline = tokio::time::Instant::now() + SILENCE;
+            if let Some(status) = message.status {
+                if status != async_nats::StatusCode::IDLE_HEARTBEAT {
+                    return self.lost(format!(
+                        "the server says {status} {}",
+                        message.description.as_deref().unwrap_or("")
+                    ));
+                }
+                // A flow-control request asks for a reply; a heartbeat tells the consumer's
+                // last sequence number, which must be the last one taken here.
+                if let Some(reply) = message.reply {
+                    let client = self.js.client();
+                    tokio::spawn(async move { client.publish(reply, Bytes::new()).await });
+                }
+                let last = message
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get("Nats-Last-Consumer"))
+                    .and_then(|v| v.as_str().parse::<u64>().ok());
+                if let Some(last) = last
+                    && last != self.consumer_seq
+                {
+                    return self.lost(format!(
+                        "the consumer delivered {last} messages, {} arrived",
+                        self.consumer_seq
+                    ));
+                }
+                continue;
+            }
+            let message = jetstream::Message {
+                message,
+                context: self.js.clone(),
+            };
+            let consumer_seq = match message.info() {
+                Ok(i) => i.consumer_sequence,
+                Err(e) => return Some(Err(FleetError::js(self.what, e))),
+            };
+            if consumer_seq != self.consumer_seq + 1 {
+                return self.lost(format!(
+                    "message {consumer_seq} of the consumer after {}",
+                    self.consumer_seq
+                ));
+            }
+            self.consumer_seq = consumer_seq;
+            return Some(Ok(message));
+        }
+    }
+}
 
 /// Applies a bucket entry to a view; a malformed one is described in the error.
 pub fn apply(view: &mut FleetView, entry: &BucketEntry) -> Result<Change, String> {
@@ -252,7 +365,7 @@ fn is_removal(headers: Option<&HeaderMap>) -> bool {
 
 /// Entries of the bucket, see [`Fleet::bucket`].
 pub struct BucketReader {
-    messages: push::Ordered,
+    delivery: Delivery,
     prefix: String,
     current: bool,
     follow: bool,
@@ -270,9 +383,9 @@ impl BucketReader {
         if self.current && !self.follow {
             return None;
         }
-        let message = match self.messages.next().await? {
+        let message = match self.delivery.next().await? {
             Ok(m) => m,
-            Err(e) => return Some(Err(FleetError::js("reading the bucket", e))),
+            Err(e) => return Some(Err(e)),
         };
         let info = match message.info() {
             Ok(i) => i,
@@ -309,10 +422,7 @@ pub enum EventStart {
 
 /// Messages of the event stream, see [`Fleet::events`]: each once, in the stream's order.
 pub struct EventReader {
-    subscriber: async_nats::Subscriber,
-    js: jetstream::Context,
-    /// The consumer's sequence number of the last message taken.
-    consumer_seq: u64,
+    delivery: Delivery,
     /// The stream's sequence number of the last event returned.
     last_stream_seq: u64,
 }
@@ -321,60 +431,15 @@ impl EventReader {
     /// The next event; an error when the consumer is lost or fell out of step (follow the
     /// stream again after the last event taken), `None` when the connection is closed.
     pub async fn next(&mut self) -> Option<Result<RawEvent, FleetError>> {
-        let lost = |why: String| {
-            Some(Err(FleetError::JetStream(format!(
-                "following the stream: {why}"
-            ))))
-        };
         loop {
-            let message =
-                match tokio::time::timeout(3 * EVENT_HEARTBEAT, self.subscriber.next()).await {
-                    Err(_) => return lost(format!("no heartbeat for {:?}", 3 * EVENT_HEARTBEAT)),
-                    Ok(None) => return None,
-                    Ok(Some(m)) => m,
-                };
-            if let Some(status) = message.status {
-                if status != async_nats::StatusCode::IDLE_HEARTBEAT {
-                    return lost(format!(
-                        "the server says {status} {}",
-                        message.description.as_deref().unwrap_or("")
-                    ));
-                }
-                // A flow-control request asks for a reply; a heartbeat tells the consumer's
-                // last sequence number, which must be the last one taken here.
-                if let Some(reply) = message.reply {
-                    let _ = self.js.client().publish(reply, Bytes::new()).await;
-                }
-                let last = message
-                    .headers
-                    .as_ref()
-                    .and_then(|h| h.get("Nats-Last-Consumer"))
-                    .and_then(|v| v.as_str().parse::<u64>().ok());
-                if let Some(last) = last
-                    && last != self.consumer_seq
-                {
-                    return lost(format!(
-                        "the consumer delivered {last} messages, {} arrived",
-                        self.consumer_seq
-                    ));
-                }
-                continue;
-            }
-            let message = jetstream::Message {
-                message,
-                context: self.js.clone(),
+            let message = match self.delivery.next().await? {
+                Ok(m) => m,
+                Err(e) => return Some(Err(e)),
             };
-            let (consumer_seq, stream_seq) = match message.info() {
-                Ok(i) => (i.consumer_sequence, i.stream_sequence),
+            let stream_seq = match message.info() {
+                Ok(i) => i.stream_sequence,
                 Err(e) => return Some(Err(FleetError::js("stream message metadata", e))),
             };
-            if consumer_seq != self.consumer_seq + 1 {
-                return lost(format!(
-                    "message {consumer_seq} of the consumer after {}",
-                    self.consumer_seq
-                ));
-            }
-            self.consumer_seq = consumer_seq;
             if stream_seq <= self.last_stream_seq {
                 continue;
             }
