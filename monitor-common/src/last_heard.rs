@@ -8,7 +8,8 @@
 //! never sees one without the other:
 //!
 //! - bits 63..20: `arrival_ns >> 10`, the arrival in units of 1.024 µs (wraps after 204 days
-//!   of uptime; readers reconstruct the full time from one they know, see [`arrival_after`]);
+//!   of uptime; readers reconstruct the full time from the clock, see
+//!   [`arrival_near`]);
 //! - bits 19..0: the slot's `heartbeats`, modulo 2^20.
 //!
 //! The agent only ever needs differences: how many heartbeats since it last read the slot,
@@ -42,19 +43,21 @@ pub const fn heartbeats_since(from: u64, to: u64) -> Option<u64> {
     if d > COUNT_MASK / 2 { None } else { Some(d) }
 }
 
-/// The arrival time a word carries, as the latest time at or after `known_ns` (an arrival the
-/// reader knows in full, from a record) with those low bits, rounded down to 1.024 µs. None
-/// if the word's arrival lies before `known_ns`'s unit (an older word).
+/// The arrival time a word carries: the time nearest `now_ns` with its low bits, rounded down
+/// to 1.024 µs. Nearest, not "at or before": a sweep reads the clock once and then words the
+/// kernel may store meanwhile, with arrivals a little after that reading. (Words 102 days or
+/// more away from `now_ns` read wrongly; none the agent compares is that old.)
 #[inline]
-pub const fn arrival_after(w: u64, known_ns: u64) -> Option<u64> {
-    let known = known_ns >> UNIT_SHIFT;
+pub const fn arrival_near(w: u64, now_ns: u64) -> u64 {
+    let now = now_ns >> UNIT_SHIFT;
     let units = w >> COUNT_BITS;
-    let d = units.wrapping_sub(known) & UNIT_MASK;
-    if d > UNIT_MASK / 2 {
-        None
+    let back = now.wrapping_sub(units) & UNIT_MASK;
+    let at = if back > UNIT_MASK / 2 {
+        now.saturating_add(UNIT_MASK + 1 - back)
     } else {
-        Some((known + d) << UNIT_SHIFT)
-    }
+        now.saturating_sub(back)
+    };
+    at << UNIT_SHIFT
 }
 
 #[cfg(test)]
@@ -68,12 +71,21 @@ mod tests {
         let b = word(t0 + 250_000_000, 44);
         assert_eq!(heartbeats_since(a, b), Some(3));
         assert_eq!(heartbeats_since(b, a), None, "an older word");
-        let at = arrival_after(b, t0).unwrap();
+        let now = t0 + 900_000_000;
+        let at = arrival_near(b, now);
         assert!(
             at <= t0 + 250_000_000 && t0 + 250_000_000 - at < 1024,
             "{at}"
         );
-        assert_eq!(arrival_after(a, t0 + 250_000_000), None);
+        // At the very time of the arrival, and a little before it (a clock read before the
+        // kernel stored the word).
+        for now in [t0 + 250_000_000, t0 + 249_000_000] {
+            let at = arrival_near(b, now);
+            assert!(
+                at <= t0 + 250_000_000 && t0 + 250_000_000 - at < 1024,
+                "{at}"
+            );
+        }
     }
 
     #[test]
@@ -85,11 +97,16 @@ mod tests {
 
     #[test]
     fn arrivals_wrap_past_the_units() {
-        // 1.024 µs units in 44 bits: the reader's known time fills in the high bits.
+        // 1.024 µs units in 44 bits: the clock fills in the high bits.
         let span = 1u64 << (UNIT_BITS + UNIT_SHIFT);
-        let known = 3 * span - 5_000_000;
-        let later = 3 * span + 7_000_000;
-        let at = arrival_after(word(later, 9), known).unwrap();
-        assert!(at <= later && later - at < 1024, "{at} vs {later}");
+        let arrival = 3 * span + 7_000_000;
+        let at = arrival_near(word(arrival, 9), arrival + 5_000_000);
+        assert!(at <= arrival && arrival - at < 1024, "{at} vs {arrival}");
+        let before_wrap = 3 * span - 2_000;
+        let at = arrival_near(word(before_wrap, 9), 3 * span + 1_000_000);
+        assert!(
+            at <= before_wrap && before_wrap - at < 1024,
+            "{at} vs {before_wrap}"
+        );
     }
 }

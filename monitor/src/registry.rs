@@ -86,8 +86,17 @@ impl Registry {
         self.slots.get(&id).copied()
     }
 
-    /// Every admitted peer as (id, slot), in slot order: a dense walk of the array, which is
-    /// what the sweep reads.
+    /// Slots handed out so far (free or not): every admitted peer's slot is below this.
+    pub fn slots_in_use(&self) -> u32 {
+        self.owners.len() as u32
+    }
+
+    /// The peer that owns `slot`, if any.
+    pub fn owner(&self, slot: u32) -> Option<u64> {
+        self.owners.get(slot as usize).copied().flatten()
+    }
+
+    /// Every admitted peer as (id, slot), in slot order: a dense walk of the array.
     pub fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
         self.owners
             .iter()

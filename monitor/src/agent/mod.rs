@@ -27,7 +27,7 @@ use crate::{
     detector::{
         levels::Levels,
         model::DetectorParams,
-        tracker::{DetectorConfig, Event, PeerTracker, SweepStep, SweepTime},
+        tracker::{DetectorConfig, Event, Lazy, PeerTracker, SweepStep, SweepTime, Watch},
     },
     metrics::{self, AgentMetrics, KindLabel, PeerSeries, Scrape},
     peer_table::{Busy, PeerTable},
@@ -47,7 +47,7 @@ pub struct Agent {
     table: PeerTable,
     registry: RwLock<Registry>,
     /// Sweep state, indexed by slot.
-    trackers: Mutex<Vec<Option<PeerTracker>>>,
+    trackers: Mutex<Trackers>,
     /// Replaced whole when SIGHUP changes the levels (`set_levels`), always while the
     /// trackers are locked, so a sweep sees one config for all its peers.
     detector: RwLock<Arc<DetectorConfig>>,
@@ -73,10 +73,47 @@ pub struct Agent {
     program_fd: OwnedFd,
     admission: Mutex<Admission>,
     expire_after_ns: Option<u64>,
+    /// When the sweep next checks silent peers against `expire_after_ns`.
+    next_expiry_scan_ns: AtomicU64,
     /// Arrivals of traced peers, for recording clients.
     arrivals: broadcast::Sender<ArrivalRecord>,
     recordings: Arc<Recordings>,
 }
+
+/// The sweep's state of every slot, in three dense arrays indexed by slot: what every sweep
+/// reads (`Watch`, 16 bytes), what it reads when a word moved or a deadline came (`Lazy`, 16
+/// bytes), and the trackers themselves, touched on refreshes, transitions and queries.
+struct Trackers {
+    watch: Vec<Watch>,
+    lazy: Vec<Lazy>,
+    peers: Vec<Option<PeerTracker>>,
+}
+
+impl Trackers {
+    fn new(capacity: usize) -> Self {
+        Self {
+            watch: vec![Watch::NEW; capacity],
+            lazy: vec![Lazy::NONE; capacity],
+            peers: vec![None; capacity],
+        }
+    }
+
+    /// The tracker of `slot` if it watches `id`.
+    fn of(&self, slot: u32, id: u64) -> Option<&PeerTracker> {
+        self.peers[slot as usize]
+            .as_ref()
+            .filter(|t| t.peer_id == id)
+    }
+
+    fn clear(&mut self, slot: u32) {
+        self.peers[slot as usize] = None;
+        self.watch[slot as usize] = Watch::NEW;
+        self.lazy[slot as usize] = Lazy::NONE;
+    }
+}
+
+/// How often silent peers are checked against `--expire-after`.
+const EXPIRY_SCAN_NS: u64 = 1_000_000_000;
 
 /// Unix time in ms, with sub-millisecond precision.
 fn wall_ms() -> f64 {
@@ -109,7 +146,7 @@ impl Agent {
         Self {
             table: parts.table,
             registry: RwLock::new(parts.registry),
-            trackers: Mutex::new(vec![None; capacity]),
+            trackers: Mutex::new(Trackers::new(capacity)),
             needs_ring: parts.detector.params.needs_ring(),
             detector: RwLock::new(Arc::new(parts.detector)),
             counters: parts.counters,
@@ -129,6 +166,7 @@ impl Agent {
             program_fd: parts.program_fd,
             admission: Mutex::new(Admission::new(parts.admission)),
             expire_after_ns: parts.expire_after.map(|d| d.as_nanos() as u64),
+            next_expiry_scan_ns: AtomicU64::new(0),
             arrivals: broadcast::channel(ARRIVAL_BUFFER).0,
             recordings: Arc::default(),
         }
@@ -157,16 +195,17 @@ impl Agent {
             hold: false,
         };
         let mut emit = |e| self.publish(e);
-        for (slot, t) in trackers.iter_mut().enumerate() {
+        let Trackers { watch, lazy, peers } = &mut *trackers;
+        for (slot, t) in peers.iter_mut().enumerate() {
             let Some(t) = t else { continue };
+            let (watch, lazy) = (&mut watch[slot], &mut lazy[slot]);
             // The estimate the new levels are judged by is the slot's current one.
-            if !t.is_exact()
-                && let Some((record, ring)) = self.read(slot as u32)
+            if let Some((record, ring)) = self.read(slot as u32)
                 && record.peer_id == t.peer_id
             {
-                t.observe(&record, &ring, &old, time, &mut emit);
+                t.observe(&record, &ring, watch, lazy, &old, time, &mut emit);
             }
-            t.relevel(&old, &new, time, &mut emit);
+            t.relevel(watch, lazy, &old, &new, time, &mut emit);
         }
         drop(trackers);
     }
@@ -281,10 +320,7 @@ impl Agent {
 
     fn qos(&self, slot: u32, id: u64, now: u64) -> Option<crate::detector::qos::QosReport> {
         let trackers = self.trackers.lock().expect("trackers lock");
-        trackers[slot as usize]
-            .as_ref()
-            .filter(|t| t.peer_id == id)
-            .map(|t| t.qos(now))
+        trackers.of(slot, id).map(|t| t.qos(now))
     }
 
     /// One peer; with `window`, its window's contents too (one consistent copy of the slot).
@@ -342,10 +378,15 @@ impl Agent {
         let trackers = self.trackers.lock().expect("trackers lock");
         let mut suspects = Vec::new();
         for (id, slot) in registry.iter() {
-            let tracker = trackers[slot as usize].as_ref().filter(|t| t.peer_id == id);
+            let tracker = trackers.of(slot, id);
             if let Some(t) = tracker
-                && let Some((last, floor_ms)) =
-                    t.threshold_floor(self.table.last_heard(slot), &crossing, &detector.params)
+                && let Some((last, floor_ms)) = t.threshold_floor(
+                    self.table.last_heard(slot),
+                    &trackers.lazy[slot as usize],
+                    &crossing,
+                    &detector.params,
+                    now,
+                )
                 && !beyond(last, floor_ms, now)
             {
                 continue;
@@ -392,10 +433,7 @@ impl Agent {
             if record.peer_id != id {
                 continue;
             }
-            let qos = trackers[slot as usize]
-                .as_ref()
-                .filter(|t| t.peer_id == id)
-                .map(|t| t.qos(now));
+            let qos = trackers.of(slot, id).map(|t| t.qos(now));
             peers.push(PeerView::new(&record, &ring, now, &self.detector(), qos));
         }
         drop(trackers);
@@ -458,7 +496,7 @@ impl Agent {
     fn forget_because(&self, id: u64, reason: &str) -> Result<(), ForgetError> {
         let mut registry = self.registry.write().expect("registry lock");
         let slot = registry.forget(&self.table, id)?;
-        self.trackers.lock().expect("trackers lock")[slot as usize] = None;
+        self.trackers.lock().expect("trackers lock").clear(slot);
         drop(registry);
         self.publish(Event::Forget {
             id,
@@ -503,9 +541,10 @@ impl Agent {
 
     /// One pass over every peer: new heartbeats end suspicions, passed deadlines raise them.
     /// A peer costs one load of its last-heard word (eight to a cache line) and a compare of
-    /// the clock with its next deadline; its record is copied only when its tracker asks (see
-    /// `PeerTracker::sweep`): about once every `LAZY_HEARTBEATS`, or when its silence nears a
-    /// level.
+    /// that word and the clock with its watch (16 bytes in a dense array); only a peer heard
+    /// since or at a deadline costs more, and its slot is read only when its tracker asks
+    /// (see `PeerTracker::step`): about once every `LAZY_HEARTBEATS`, or when its silence
+    /// nears a level.
     pub fn sweep(&self, now_ns: u64, hold: bool) {
         let started = std::time::Instant::now();
         let time = SweepTime {
@@ -519,44 +558,52 @@ impl Agent {
         // Under the trackers lock: the levels cannot change during the sweep.
         let detector = self.detector();
         let mut emit = |e| self.publish(e);
-        let mut expired = Vec::new();
         let mut refreshes = 0u64;
-        for (id, slot) in registry.iter() {
-            let tracker = &mut trackers[slot as usize];
-            match tracker {
-                Some(t) if t.peer_id == id => {
-                    let word = self.table.last_heard(slot);
-                    if t.sweep(word, &detector, time, &mut emit) == SweepStep::Refresh {
-                        refreshes += 1;
-                        if let Some((record, ring)) = self.read(slot)
-                            && record.peer_id == id
-                        {
-                            t.observe(&record, &ring, &detector, time, &mut emit);
-                        }
-                    }
-                    if self
-                        .expire_after_ns
-                        .is_some_and(|e| now_ns.saturating_sub(t.last_heard().0) > e)
-                    {
-                        expired.push(id);
-                    }
-                }
-                _ => {
-                    refreshes += 1;
-                    let Some((record, ring)) = self.read(slot) else {
-                        continue;
-                    };
-                    if record.peer_id != id {
-                        continue;
-                    }
-                    if tracker.as_ref().is_none_or(|t| t.peer_id != id) {
-                        *tracker = Some(PeerTracker::new(&record, &ring, &detector));
-                    }
-                    let t = tracker.as_mut().expect("just set");
-                    t.observe(&record, &ring, &detector, time, &mut emit);
-                }
+        let Trackers { watch, lazy, peers } = &mut *trackers;
+        let used = registry.slots_in_use() as usize;
+        for (slot, watch) in watch[..used].iter_mut().enumerate() {
+            let word = self.table.last_heard(slot as u32);
+            if watch.is_quiet(word, now_ns) {
+                continue;
             }
+            let lazy = &mut lazy[slot];
+            // A heartbeat the estimate's floor covers: no tracker, no slot.
+            if lazy.absorb(word, watch, time) {
+                continue;
+            }
+            let tracker = &mut peers[slot];
+            let Some(id) = registry.owner(slot as u32) else {
+                // No peer: nothing to do until an admission resets the slot (and its word).
+                *tracker = None;
+                *watch = Watch::vacant(word);
+                *lazy = Lazy::NONE;
+                continue;
+            };
+            if let Some(t) = tracker.as_mut().filter(|t| t.peer_id == id) {
+                if t.step(word, watch, lazy, &detector, time, &mut emit) == SweepStep::Refresh {
+                    refreshes += 1;
+                    if let Some((record, ring)) = self.read(slot as u32)
+                        && record.peer_id == id
+                    {
+                        t.observe(&record, &ring, watch, lazy, &detector, time, &mut emit);
+                    }
+                }
+                continue;
+            }
+            // A peer this slot's tracker has not seen yet.
+            refreshes += 1;
+            let Some((record, ring)) = self.read(slot as u32) else {
+                continue;
+            };
+            if record.peer_id != id {
+                continue;
+            }
+            let (mut t, new_watch, new_lazy) = PeerTracker::new(&record, &ring, &detector);
+            (*watch, *lazy) = (new_watch, new_lazy);
+            t.observe(&record, &ring, watch, lazy, &detector, time, &mut emit);
+            *tracker = Some(t);
         }
+        let expired = self.expired(&registry, &trackers, now_ns);
         drop(trackers);
         drop(registry);
         self.refreshes.fetch_add(refreshes, Ordering::Relaxed);
@@ -570,6 +617,29 @@ impl Agent {
         self.metrics
             .sweep_seconds
             .observe(started.elapsed().as_secs_f64());
+    }
+
+    /// Peers silent for longer than `--expire-after`, checked once a second (the bound is
+    /// minutes in practice; a scan of every tracker per sweep would cost more than the sweep).
+    fn expired(&self, registry: &Registry, trackers: &Trackers, now_ns: u64) -> Vec<u64> {
+        let Some(bound) = self.expire_after_ns else {
+            return Vec::new();
+        };
+        if now_ns < self.next_expiry_scan_ns.load(Ordering::Relaxed) {
+            return Vec::new();
+        }
+        self.next_expiry_scan_ns
+            .store(now_ns + EXPIRY_SCAN_NS, Ordering::Relaxed);
+        registry
+            .iter()
+            .filter(|&(id, slot)| {
+                trackers.of(slot, id).is_some_and(|t| {
+                    let last = t.last_arrival_ns(&trackers.watch[slot as usize], now_ns);
+                    now_ns.saturating_sub(last) > bound
+                })
+            })
+            .map(|(id, _)| id)
+            .collect()
     }
 
     /// What a metrics scrape reads: levels and phi of every peer from the sweep's trackers
@@ -588,11 +658,14 @@ impl Agent {
         let mut all: Vec<(f64, u64, f64, u8)> = Vec::new();
         {
             let trackers = self.trackers.lock().expect("trackers lock");
-            for t in trackers.iter().flatten() {
+            for (t, watch) in trackers.peers.iter().zip(&trackers.watch) {
+                let Some(t) = t else { continue };
                 let crossed = t.crossed();
                 peers_at[(crossed as usize).min(levels.len())] += 1;
-                let (last, estimate) = t.last_heard();
-                let phi = detector.phi(estimate, last, now);
+                // The estimate of the last refresh (at most a few heartbeats old) against the
+                // last arrival: the scrape reads no slot.
+                let last = t.last_arrival_ns(watch, now);
+                let phi = detector.phi(t.estimate(), last, now);
                 for (n, &le) in phi_le.iter_mut().zip(&metrics::PHI_BUCKETS) {
                     if phi <= le {
                         *n += 1;

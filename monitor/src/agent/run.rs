@@ -194,19 +194,66 @@ fn apply_reload(
     effective
 }
 
-/// Sweeps forever; detects its own stalls (Cassandra pauses convictions the same way).
-async fn sweep_loop(
-    agent: Arc<Agent>,
+/// The sweep's own thread: it wakes once a sweep and nothing else wakes it, where a sweep
+/// driven by the async runtime's timer cost a handful of thread switches each (the timer's
+/// worker, then the task's thread), and it keeps its pace whatever the socket's clients ask of
+/// the runtime.
+struct Sweeper {
+    stop: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Sweeper {
+    /// Starts sweeping every `interval`; `ended` fires if the thread ever ends by itself.
+    fn start(
+        agent: Arc<Agent>,
+        interval: Duration,
+        stall_bound: Duration,
+        notifier: Notifier,
+        ended: tokio::sync::oneshot::Sender<()>,
+    ) -> Result<Self> {
+        let (stop, stopped) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("sweep".into())
+            .spawn(move || {
+                // Dropped when the thread ends, also by a panic: the agent then stops.
+                let _ended = ended;
+                sweep_loop(&agent, interval, stall_bound, notifier, &stopped);
+            })
+            .context("starting the sweep thread")?;
+        Ok(Self { stop, thread })
+    }
+
+    fn stop(self) {
+        drop(self.stop);
+        let _ = self.thread.join();
+    }
+}
+
+/// Sweeps every `interval` until `stop` is dropped; detects its own stalls (Cassandra pauses
+/// convictions the same way). A tick that comes late is taken at once and the next one an
+/// interval after it.
+fn sweep_loop(
+    agent: &Agent,
     interval: Duration,
     stall_bound: Duration,
     mut notifier: Notifier,
+    stop: &std::sync::mpsc::Receiver<()>,
 ) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut next = std::time::Instant::now() + interval;
     let mut last = monotonic_ns();
     let mut hold_until = 0u64;
     loop {
-        ticker.tick().await;
+        match stop.recv_timeout(next.saturating_duration_since(std::time::Instant::now())) {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            _ => return,
+        }
+        let woke = std::time::Instant::now();
+        next = if woke > next + interval {
+            woke + interval
+        } else {
+            next + interval
+        };
         let now = monotonic_ns();
         let gap = now.saturating_sub(last);
         last = now;
@@ -220,7 +267,7 @@ async fn sweep_loop(
         }
         agent.sweep(now, now < hold_until);
         // The watchdog hears from the sweep itself: a stalled sweep stops the pings.
-        notifier.tick(&agent);
+        notifier.tick(agent);
     }
 }
 
@@ -453,7 +500,16 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     // Serving from here on: the socket is bound and the program attached.
     let mut notifier = Notifier::from_env(config.sweep_interval);
     notifier.ready(&agent);
-    tokio::select! {
+    let (sweep_ended, sweep_end) = tokio::sync::oneshot::channel();
+    let sweeper = Sweeper::start(
+        agent.clone(),
+        config.sweep_interval,
+        config.stall_bound,
+        notifier,
+        sweep_ended,
+    )?;
+    let outcome: Result<()> = async {
+        tokio::select! {
         () = reload => {}
         r = server::serve(listener, agent.clone(), policy) => r.context("serving the socket")?,
         r = reports => r.context("reading unknown-peer reports")?,
@@ -461,9 +517,14 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         r = serve_metrics => r.context("serving metrics")?,
         r = fleet => r.context("publishing to the fleet")?,
         r = forward_kernel_log => r.context("reading the XDP program's log")?,
-        () = sweep_loop(agent.clone(), config.sweep_interval, config.stall_bound, notifier) => {}
+        _ = sweep_end => anyhow::bail!("the sweep thread ended"),
         () = shutdown => log::info!("shutting down: detaching from {}", config.iface),
+        }
+        Ok(())
     }
+    .await;
+    sweeper.stop();
+    outcome?;
     notify::stopping();
     match &pinned {
         Some(dir) => log::info!(

@@ -326,31 +326,52 @@ impl DetectorParams {
         }
     }
 
-    /// A floor under the window's mean (ms, before pause) that holds until `more` further
-    /// intervals have entered the window, from the record's sums alone: each new interval
-    /// pushes out the oldest and is at least 0, and the `more` oldest cannot sum to more than
-    /// `more m + sqrt(v more (n - more))` (Cauchy-Schwarz on deviations that sum to zero, for
-    /// n samples of mean m and variance v). None while the window is still filling (its
-    /// bootstrap samples change as it fills) or for the models whose estimate is not a
-    /// function of the mean alone (`needs_ring`).
+    /// A floor under the window's mean (ms, before pause, bootstrap samples included as the
+    /// estimate includes them) that holds until `more` further intervals have entered the
+    /// window, from the record's sums alone. Each new interval is at least 0; once the window
+    /// is full it pushes out the oldest, and the e oldest of n samples of mean m and variance
+    /// v cannot sum to more than `e m + sqrt(v e (n - e))` (Cauchy-Schwarz on deviations that
+    /// sum to zero). The floor is the least such mean over 0..=`more` new intervals. None with
+    /// fewer than 4 intervals, or for the models whose estimate is not a function of the mean
+    /// alone (`needs_ring`).
     pub fn mean_floor_ms(&self, record: &PeerRecord, more: u64) -> Option<f64> {
-        if self.needs_ring() || record.samples < self.window || record.samples == 0 {
+        if self.needs_ring() || record.samples < 4 {
             return None;
         }
         let sums = WindowSums::from_record(record);
-        let n = sums.samples as f64;
-        let j = (more as f64).min(n);
-        let mean_us = sums.sum_us as f64 / n;
+        let window = self.window.max(sums.samples) as u64;
+        let n = sums.samples as u64;
+        let sum = sums.sum_us as f64;
+        let mean_us = sum / n as f64;
         let var_us = {
-            let n = sums.samples as u128;
+            let n = n as u128;
             let scaled =
                 (n * sums.sum_sq_us).saturating_sub(sums.sum_us as u128 * sums.sum_us as u128);
             scaled as f64 / (n * n) as f64
         };
-        let evicted_us = (j * mean_us + (var_us * j * (n - j)).sqrt()).min(sums.sum_us as f64);
+        let first_us = (self.first_interval_ms * 1000.0).round() as u64;
+        let mut floor_us = f64::INFINITY;
+        // In a full window each new interval pushes one out, and the mean's floor only falls
+        // with every one: the last is the least (the common case, one evaluation).
+        let from = if n == window { more } else { 0 };
+        for j in from..=more {
+            let kept = window.min(n + j);
+            let evicted = n + j - kept;
+            let evicted_us = if evicted == 0 {
+                0.0
+            } else if evicted >= n {
+                sum
+            } else {
+                let e = evicted as f64;
+                (e * mean_us + (var_us * e * (n - evicted) as f64).sqrt()).min(sum)
+            };
+            let (boot_n, boot_us) = bootstrap_samples(window as u32, kept as u32, first_us)
+                .fold((0u64, 0u64), |(c, s), x| (c + 1, s + x));
+            let mean = ((sum - evicted_us).max(0.0) + boot_us as f64) / (kept + boot_n) as f64;
+            floor_us = floor_us.min(mean);
+        }
         // A relative hair for rounding, always downwards.
-        let floor_us = (sums.sum_us as f64 - evicted_us).max(0.0) / n * (1.0 - 1e-9);
-        Some(floor_us / 1000.0)
+        Some(floor_us * (1.0 - 1e-9) / 1000.0)
     }
 
     /// The least silence (ms) at which phi can reach `levels[index]` for any estimate whose
@@ -903,7 +924,8 @@ mod tests {
     /// The floor of `mean_floor_ms` and `crossing_floor_ms` holds: whatever the next `more`
     /// heartbeats bring (kept or refused by the kernel's rules, short, long, after losses),
     /// the exact crossing of the first level never comes before it, for every model that
-    /// offers one; and with no further heartbeat the floor is at most the exact crossing.
+    /// offers one, in full windows and in windows still filling (with their bootstrap
+    /// samples); and with no further heartbeat the floor is at most the exact crossing.
     #[test]
     fn crossing_floors_hold_for_the_next_heartbeats() {
         let mut rng = fastrand::Rng::with_seed(7);
@@ -932,11 +954,14 @@ mod tests {
                     1 => rng.u64(0..base / 10 + 1),
                     _ => base + rng.u64(0..base / 5 + 1) - base / 10,
                 };
-                let intervals: Vec<u64> = (0..p.window as usize + rng.usize(0..40))
-                    .map(|_| jitter(&mut rng))
-                    .collect();
+                let count = if case % 4 == 0 {
+                    rng.usize(0..p.window as usize)
+                } else {
+                    p.window as usize + rng.usize(0..40)
+                };
+                let intervals: Vec<u64> = (0..count).map(|_| jitter(&mut rng)).collect();
                 let mut slot = slot_with_intervals(intervals, &config);
-                let more = 16;
+                let more = 1 + rng.u64(0..32);
                 let Some(floor) = p.mean_floor_ms(&slot.record, more) else {
                     continue;
                 };
@@ -969,7 +994,7 @@ mod tests {
                 }
             }
         }
-        // Most windows were full (a window still filling has no floor).
+        // Most windows had 4 intervals or more (fewer have no floor).
         assert!(checked > 1000, "{checked} of 1500 cases checked");
     }
 }

@@ -60,18 +60,13 @@ pub enum Event {
 }
 
 /// Most heartbeats a peer's estimate may go without being refreshed from its slot (see the
-/// module docs), and never more than a quarter of the window. More means fewer slot reads and
-/// a lower floor: with 128 intervals around 100 ms and the default 50 ms floor of the
-/// deviation, 32 heartbeats put the first level's floor at 138 ms of silence against an exact
-/// 164 ms, which a live peer seldom reaches.
-pub const LAZY_HEARTBEATS: u64 = 32;
+/// module docs). A peer gets the most of 32, 16, 8, 4, 2 or 1, and never more than a quarter
+/// of the intervals in its window, for which the floor keeps at least half of the exact
+/// margin above the mean (see `DetectorConfig::lazy_floor`): 32 for a 100 ms sender with the
+/// defaults (floor 138 ms of silence against an exact 164 ms), 4 for a 1 s one.
+pub const LAZY_HEARTBEATS: u8 = 32;
 
-/// Heartbeats an estimate over a window of `window` intervals may go unrefreshed.
-fn lazy_heartbeats(window: u32) -> u64 {
-    (window as u64 / 4).clamp(1, LAZY_HEARTBEATS)
-}
-
-/// `PeerTracker::floor_ns` of a peer whose estimate is refreshed with every heartbeat.
+/// `Lazy::floor_ns` of a peer whose estimate is refreshed with every heartbeat.
 const NO_FLOOR: u64 = u64::MAX;
 
 /// The detector configuration shared by every peer.
@@ -80,19 +75,15 @@ pub struct DetectorConfig {
     pub params: DetectorParams,
     pub levels: Levels,
     silences: LevelSilences,
-    /// Heartbeats an estimate may go unrefreshed (`lazy_heartbeats`).
-    lazy: u64,
 }
 
 impl DetectorConfig {
     pub fn new(params: DetectorParams, levels: Levels) -> Self {
         let silences = params.level_silences(levels.as_slice());
-        let lazy = lazy_heartbeats(params.window);
         Self {
             params,
             levels,
             silences,
-            lazy,
         }
     }
 
@@ -108,17 +99,32 @@ impl DetectorConfig {
         self.params.phi(estimate, silence_ms)
     }
 
-    /// A floor under the window's mean valid for the next `lazy` heartbeats (see
-    /// `DetectorParams::mean_floor_ms`), None if the model or the window has none.
-    fn mean_floor_ms(&self, record: &PeerRecord) -> Option<f64> {
-        self.params.mean_floor_ms(record, self.lazy)
+    /// How many heartbeats the estimate of `record` may go unrefreshed, and the floor under
+    /// the window's mean over that many (`DetectorParams::mean_floor_ms`): the most of
+    /// 32, 16, ..., 1 (at most a quarter of the window's intervals) whose first-level floor
+    /// keeps half the exact margin above the mean. None: refresh with every heartbeat.
+    fn lazy_floor(&self, record: &PeerRecord, estimate: &Estimate) -> Option<(u8, f64)> {
+        let exact = self.crossing_ms(0, estimate);
+        let want = estimate.mean_ms + (exact - estimate.mean_ms) / 2.0;
+        if !(exact > estimate.mean_ms) || !want.is_finite() {
+            return None;
+        }
+        let most = (record.samples / 4).min(LAZY_HEARTBEATS as u32) as u8;
+        [32u8, 16, 8, 4, 2, 1]
+            .into_iter()
+            .filter(|&j| j <= most)
+            .find_map(|j| {
+                let mean = self.params.mean_floor_ms(record, j as u64)?;
+                let floor = self.params.crossing_floor_ms(&self.silences, 0, mean)?;
+                (floor >= want).then_some((j, mean))
+            })
     }
 
-    /// The least silence (ns) at which phi can reach the first level before the estimate is
-    /// refreshed, or NO_FLOOR.
-    fn first_floor_ns(&self, mean_floor_ms: Option<f64>) -> u64 {
-        mean_floor_ms
-            .and_then(|floor| self.params.crossing_floor_ms(&self.silences, 0, floor))
+    /// The least silence (ns) at which phi can reach the first level for a window mean of at
+    /// least `mean_floor_ms`, or NO_FLOOR.
+    fn first_floor_ns(&self, mean_floor_ms: f64) -> u64 {
+        self.params
+            .crossing_floor_ms(&self.silences, 0, mean_floor_ms)
             .filter(|ms| ms.is_finite())
             .map_or(NO_FLOOR, |ms| (ms.max(0.0) * 1e6) as u64)
     }
@@ -143,72 +149,173 @@ pub struct SweepTime {
     pub hold: bool,
 }
 
-/// One peer's sweep state: one cache line of hot fields (the sweep touches it for every peer
-/// every sweep); the estimate and the QoS bookkeeping, touched when the estimate is refreshed,
-/// on transitions and on queries only, live behind a pointer.
+/// What every sweep reads of a slot, 16 bytes in a dense array (with the kernel's words, 24
+/// bytes a peer a sweep): a slot whose word has not moved and whose deadline has not come is
+/// done with one compare of each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub struct Watch {
+    /// The last-heard word last accounted for.
+    pub word: u64,
+    /// When phi reaches the next level not yet crossed (`Lazy::exact`), or the floor before
+    /// which it cannot reach the first level; u64::MAX for never.
+    pub deadline_ns: u64,
+}
+
+impl Watch {
+    /// A slot no tracker watches yet: any word is news.
+    pub const NEW: Self = Self {
+        word: u64::MAX,
+        deadline_ns: u64::MAX,
+    };
+
+    /// A slot with no peer: nothing to do until its word changes (an admission resets it).
+    pub fn vacant(word: u64) -> Self {
+        Self {
+            word,
+            deadline_ns: u64::MAX,
+        }
+    }
+
+    /// Nothing to do this sweep: no heartbeat since, no deadline reached.
+    #[inline(always)]
+    pub fn is_quiet(&self, word: u64, now_ns: u64) -> bool {
+        word == self.word && now_ns < self.deadline_ns
+    }
+}
+
+/// What a sweep reads of a slot whose word moved or whose deadline came: whether a heard peer
+/// can keep its estimate. 16 bytes, in a second dense array.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub struct Lazy {
+    /// Least silence (ns) at which phi can reach the first level until `heartbeats` more
+    /// heartbeats after the refresh, or NO_FLOOR (also while a level is crossed). Set only by
+    /// the tracker, so a slot with a floor has a tracker of its current peer.
+    floor_ns: u64,
+    /// The slot's heartbeat count at the refresh, modulo 2^20 (as words carry it).
+    refreshed: u32,
+    /// Heartbeats the floor covers.
+    heartbeats: u8,
+    /// `Watch::deadline_ns` is the exact crossing of the current estimate, not a floor.
+    exact: bool,
+}
+
+impl Lazy {
+    pub const NONE: Self = Self {
+        floor_ns: NO_FLOOR,
+        refreshed: 0,
+        heartbeats: 0,
+        exact: true,
+    };
+
+    /// A sweep's look at a slot whose watch was not quiet, without its tracker: a new
+    /// heartbeat the floor covers moves the deadline to the floor past it. True if nothing
+    /// more is needed; false if the tracker is (a heartbeat the floor does not cover, a
+    /// deadline reached, a stall).
+    #[inline]
+    pub fn absorb(&mut self, word: u64, watch: &mut Watch, time: SweepTime) -> bool {
+        // An older word than one accounted for (the kernel had not stored it yet when the
+        // slot was read) or the same count: nothing new.
+        if word != watch.word
+            && last_heard::heartbeats_since(watch.word, word).is_some_and(|n| n > 0)
+        {
+            if time.hold
+                || self
+                    .covers(word)
+                    .is_none_or(|n| n >= self.heartbeats as u64)
+            {
+                return false;
+            }
+            watch.word = word;
+            watch.deadline_ns =
+                last_heard::arrival_near(word, time.now_ns).saturating_add(self.floor_ns);
+            self.exact = false;
+        }
+        time.now_ns < watch.deadline_ns
+    }
+
+    /// Heartbeats between the refresh and `word`, if within the floor's span.
+    fn covers(&self, word: u64) -> Option<u64> {
+        let since = last_heard::heartbeats_since(last_heard::word(0, self.refreshed as u64), word)?;
+        (self.floor_ns != NO_FLOOR && since <= self.heartbeats as u64).then_some(since)
+    }
+}
+
+/// What a sweep does next for a peer whose watch was not quiet (see `PeerTracker::step`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SweepStep {
+    /// Nothing more: the new heartbeat kept the estimate, or passed levels were raised.
+    Done,
+    /// Read its slot and pass the record to `PeerTracker::observe`.
+    Refresh,
+}
+
+/// One peer's estimate, levels and QoS bookkeeping, touched on refreshes, transitions and
+/// queries only; what every sweep reads is its `Watch` and `Lazy`.
 #[derive(Debug, Clone)]
 pub struct PeerTracker {
     pub peer_id: u64,
-    /// The slot's heartbeat count when the estimate was last refreshed from it.
+    /// The slot's heartbeat count at the last refresh.
     heartbeats: u64,
-    /// The last arrival known: the slot's at the refresh, or a later one from the last-heard
-    /// word (up to 1.024 µs early, which only makes deadlines earlier).
+    /// The slot's last arrival at the last refresh (later arrivals are in the watch's word).
     last_arrival_ns: u64,
-    /// Monotonic time at which phi reaches the next level not yet crossed (`exact`), or before
-    /// which it cannot reach the first level (a floor); u64::MAX for never.
-    next_deadline_ns: u64,
-    /// The last-heard word last accounted for.
-    seen_word: u64,
-    /// Least silence (ns) at which phi can reach the first level until `LAZY_HEARTBEATS` more
-    /// heartbeats, or NO_FLOOR: every heartbeat refreshes the estimate.
-    floor_ns: u64,
-    /// Levels crossed since the peer was last heard (0..=levels).
+    /// Levels crossed since the peer was last heard (0..=levels); while any is, `Lazy` has no
+    /// floor, so the next heartbeat is read (its recovery is an event).
     crossed: u8,
-    /// `next_deadline_ns` is the exact crossing of the current estimate, not a floor.
-    exact: bool,
     cold: Box<Cold>,
 }
 
 #[derive(Debug, Clone)]
 struct Cold {
     estimate: Estimate,
-    /// The floor under the window's mean the refresh found (see `DetectorConfig::mean_floor_ms`).
+    /// The floor under the window's mean the refresh found (see `DetectorConfig::lazy_floor`).
     mean_floor_ms: Option<f64>,
     admitted_ns: u64,
     counter: QosCounter,
 }
 
-/// What a sweep needs next for a peer (see `PeerTracker::sweep`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SweepStep {
-    /// Nothing: the peer was checked from its word and its deadline.
-    Done,
-    /// Read its slot and pass the record to `PeerTracker::observe`.
-    Refresh,
-}
-
 impl PeerTracker {
-    /// `ring`: the window's intervals when the model needs them (see `DetectorConfig::estimate`).
-    pub fn new(record: &PeerRecord, ring: &[u32], config: &DetectorConfig) -> Self {
-        let mean_floor_ms = config.mean_floor_ms(record);
+    /// A tracker from the slot's record (and, where the model needs them, `ring`: see
+    /// `DetectorConfig::estimate`), with the watch and lazy state that go with it.
+    pub fn new(record: &PeerRecord, ring: &[u32], config: &DetectorConfig) -> (Self, Watch, Lazy) {
         let mut tracker = Self {
             peer_id: record.peer_id,
             heartbeats: record.heartbeats,
             last_arrival_ns: record.last_arrival_ns,
-            next_deadline_ns: u64::MAX,
-            seen_word: last_heard::word(record.last_arrival_ns, record.heartbeats),
-            floor_ns: config.first_floor_ns(mean_floor_ms),
             crossed: 0,
-            exact: true,
             cold: Box::new(Cold {
                 estimate: config.estimate(record, ring),
-                mean_floor_ms,
+                mean_floor_ms: None,
                 admitted_ns: record.last_arrival_ns,
                 counter: QosCounter::default(),
             }),
         };
-        tracker.next_deadline_ns = tracker.deadline(config);
-        tracker
+        let (mut watch, mut lazy) = (Watch::NEW, Lazy::NONE);
+        tracker.refreshed(record, config, &mut watch, &mut lazy);
+        (tracker, watch, lazy)
+    }
+
+    /// The watch and lazy state after the estimate was made from `record`.
+    fn refreshed(
+        &mut self,
+        record: &PeerRecord,
+        config: &DetectorConfig,
+        watch: &mut Watch,
+        lazy: &mut Lazy,
+    ) {
+        let floor = config
+            .lazy_floor(record, &self.cold.estimate)
+            .filter(|_| self.crossed == 0);
+        self.cold.mean_floor_ms = floor.map(|(_, mean)| mean);
+        *lazy = Lazy {
+            floor_ns: floor.map_or(NO_FLOOR, |(_, mean)| config.first_floor_ns(mean)),
+            refreshed: (record.heartbeats & ((1 << last_heard::COUNT_BITS) - 1)) as u32,
+            heartbeats: floor.map_or(0, |(j, _)| j),
+            exact: true,
+        };
+        watch.word = last_heard::word(record.last_arrival_ns, record.heartbeats);
+        watch.deadline_ns = self.deadline(config);
     }
 
     /// When phi reaches the first level not yet crossed (a multiply-add for the models with a
@@ -227,108 +334,89 @@ impl PeerTracker {
         }
     }
 
-    /// Whether the next deadline is exact (else a floor: see the module docs).
-    pub fn is_exact(&self) -> bool {
-        self.exact
+    /// The last arrival known at `now_ns`: the refresh's, or a later one from the watch's word
+    /// (up to 1.024 µs early).
+    pub fn last_arrival_ns(&self, watch: &Watch, now_ns: u64) -> u64 {
+        self.last_arrival_ns
+            .max(last_heard::arrival_near(watch.word, now_ns))
     }
 
-    /// One sweep from the peer's last-heard `word`: a heartbeat within `LAZY_HEARTBEATS` of
-    /// the estimate moves the deadline to the floor past it; an exact deadline that passed
-    /// raises its levels. Anything else (a floor reached, the estimate too old, a suspected
-    /// peer heard, a stall) asks for the slot to be read.
-    pub fn sweep(
+    /// The estimate of the last refresh (at most `Lazy`'s span of heartbeats old).
+    pub fn estimate(&self) -> &Estimate {
+        &self.cold.estimate
+    }
+
+    /// For a peer whose watch was not quiet (see `Watch::is_quiet`): a heartbeat within the
+    /// floor's span keeps the estimate (`Lazy::absorb`); an exact deadline that passed raises
+    /// its levels. Anything else (a floor reached, the estimate too old, a suspected peer
+    /// heard, a stall) asks for the slot to be read.
+    pub fn step(
         &mut self,
         word: u64,
+        watch: &mut Watch,
+        lazy: &mut Lazy,
         config: &DetectorConfig,
         time: SweepTime,
         emit: &mut impl FnMut(Event),
     ) -> SweepStep {
-        if word != self.seen_word
-            && let (Some(new), Some(at)) = (
-                last_heard::heartbeats_since(self.seen_word, word),
-                last_heard::arrival_after(word, self.last_arrival_ns),
-            )
-            && new > 0
-        {
-            let since_refresh =
-                last_heard::heartbeats_since(last_heard::word(0, self.heartbeats), word);
-            if self.crossed > 0
-                || self.floor_ns == NO_FLOOR
-                || time.hold
-                || since_refresh.is_none_or(|n| n >= config.lazy)
-            {
-                return SweepStep::Refresh;
-            }
-            self.seen_word = word;
-            self.last_arrival_ns = at;
-            self.next_deadline_ns = at.saturating_add(self.floor_ns);
-            self.exact = false;
+        if lazy.absorb(word, watch, time) {
+            return SweepStep::Done;
         }
-        if time.now_ns >= self.next_deadline_ns {
-            if !self.exact {
-                return SweepStep::Refresh;
-            }
-            self.check_deadlines(config, time, emit);
+        let news = word != watch.word
+            && last_heard::heartbeats_since(watch.word, word).is_some_and(|n| n > 0);
+        if news || !lazy.exact {
+            return SweepStep::Refresh;
         }
+        self.check_deadlines(watch, lazy, config, time, emit);
         SweepStep::Done
     }
 
     /// The least silence (ms) at which this peer's phi can reach the level whose crossing
     /// constants are `threshold` (`DetectorParams::level_silences` of that one level), and the
-    /// arrival it counts from, judged from its last-heard `word` without reading the slot:
-    /// exact while the estimate is current, a floor within `LAZY_HEARTBEATS` of it; None past
-    /// that.
+    /// arrival it counts from, judged from the slot's current `word` without reading the slot:
+    /// exact while the estimate is current, a floor within the lazy span; None past it.
     pub fn threshold_floor(
         &self,
         word: u64,
+        lazy: &Lazy,
         threshold: &LevelSilences,
         params: &DetectorParams,
+        now_ns: u64,
     ) -> Option<(u64, f64)> {
-        let at =
-            last_heard::arrival_after(word, self.last_arrival_ns).unwrap_or(self.last_arrival_ns);
-        match last_heard::heartbeats_since(last_heard::word(0, self.heartbeats), word)? {
-            0 => Some((
+        let current = last_heard::word(0, self.heartbeats);
+        if last_heard::heartbeats_since(current, word)? == 0 {
+            return Some((
                 self.last_arrival_ns,
                 threshold.silence_ms(0, &self.cold.estimate),
-            )),
-            n if n <= lazy_heartbeats(params.window) => {
-                let floor = params.crossing_floor_ms(threshold, 0, self.cold.mean_floor_ms?)?;
-                Some((at, floor))
-            }
-            _ => None,
+            ));
         }
+        lazy.covers(word)?;
+        let floor = params.crossing_floor_ms(threshold, 0, self.cold.mean_floor_ms?)?;
+        let at = last_heard::arrival_near(word, now_ns).max(self.last_arrival_ns);
+        Some((at, floor))
     }
 
-    /// Levels crossed since the peer was last heard (0 to the number of levels).
-    pub fn crossed(&self) -> u8 {
-        self.crossed
-    }
-
-    /// Arrival of the last heartbeat seen, and the estimate made from the window then.
-    pub fn last_heard(&self) -> (u64, &Estimate) {
-        (self.last_arrival_ns, &self.cold.estimate)
-    }
-
-    /// One sweep with a fresh record: notices a new heartbeat (recovery, new deadlines), then
-    /// any level whose deadline has passed.
+    /// A refresh: the slot's `record` (and `ring` where the model needs it). A new heartbeat
+    /// ends any suspicion and makes a new estimate; then any level whose deadline has passed
+    /// is raised.
     pub fn observe(
         &mut self,
         record: &PeerRecord,
         ring: &[u32],
+        watch: &mut Watch,
+        lazy: &mut Lazy,
         config: &DetectorConfig,
         time: SweepTime,
         emit: &mut impl FnMut(Event),
     ) {
         if record.heartbeats != self.heartbeats {
             self.heard(record, ring, config, time.wall_ms, emit);
-        } else if !self.exact {
+            self.refreshed(record, config, watch, lazy);
+        } else if !lazy.exact {
             // Nothing new since the estimate: the deadline was a floor, make it exact.
-            self.last_arrival_ns = record.last_arrival_ns;
-            self.seen_word = last_heard::word(record.last_arrival_ns, record.heartbeats);
-            self.exact = true;
-            self.next_deadline_ns = self.deadline(config);
+            self.refreshed(record, config, watch, lazy);
         }
-        self.check_deadlines(config, time, emit);
+        self.check_deadlines(watch, lazy, config, time, emit);
     }
 
     fn heard(
@@ -356,18 +444,15 @@ impl PeerTracker {
         self.crossed = 0;
         self.heartbeats = record.heartbeats;
         self.last_arrival_ns = record.last_arrival_ns;
-        self.seen_word = last_heard::word(record.last_arrival_ns, record.heartbeats);
         self.cold.estimate = config.estimate(record, ring);
-        self.cold.mean_floor_ms = config.mean_floor_ms(record);
-        self.floor_ns = config.first_floor_ns(self.cold.mean_floor_ms);
-        self.exact = true;
-        self.next_deadline_ns = self.deadline(config);
     }
 
-    /// Raises every level whose deadline has passed, lowest first. With `hold`, none (the
-    /// agent itself was just stalled and cannot trust its view of time yet).
-    pub fn check_deadlines(
+    /// Raises every level whose (exact) deadline has passed, lowest first. With `hold`, none
+    /// (the agent itself was just stalled and cannot trust its view of time yet).
+    fn check_deadlines(
         &mut self,
+        watch: &mut Watch,
+        lazy: &mut Lazy,
         config: &DetectorConfig,
         time: SweepTime,
         emit: &mut impl FnMut(Event),
@@ -381,9 +466,9 @@ impl PeerTracker {
         if hold {
             return;
         }
-        while now_ns >= self.next_deadline_ns {
+        while now_ns >= watch.deadline_ns {
             let silence_ms = now_ns.saturating_sub(self.last_arrival_ns) as f64 / 1e6;
-            let late_ms = (now_ns - self.next_deadline_ns) as f64 / 1e6;
+            let late_ms = (now_ns - watch.deadline_ns) as f64 / 1e6;
             emit(Event::Suspect {
                 id: self.peer_id,
                 level: levels[self.crossed as usize],
@@ -393,7 +478,9 @@ impl PeerTracker {
                 crossed_at: wall_ms - late_ms,
             });
             self.crossed += 1;
-            self.next_deadline_ns = self.deadline(config);
+            // A suspected peer heard again is read at once (its recovery is an event).
+            lazy.floor_ns = NO_FLOOR;
+            watch.deadline_ns = self.deadline(config);
             if self.crossed as usize == levels.len() {
                 self.cold.counter.suspect(now_ns);
             }
@@ -404,9 +491,11 @@ impl PeerTracker {
     /// deadlines have passed. A level it is past now and was not past before (a new level, or
     /// one that moved below its phi) is raised as an event, with the time it was crossed;
     /// levels it was already past raise nothing again. The caller first makes the estimate
-    /// current (`observe` with the slot's record where `is_exact` is false).
+    /// current (`observe` with the slot's record where `Lazy` says the deadline is a floor).
     pub fn relevel(
         &mut self,
+        watch: &mut Watch,
+        lazy: &mut Lazy,
         old: &DetectorConfig,
         new: &DetectorConfig,
         time: SweepTime,
@@ -436,15 +525,24 @@ impl PeerTracker {
             }
             self.crossed += 1;
         }
-        self.next_deadline_ns = self.deadline(new);
-        self.exact = true;
-        self.floor_ns = new.first_floor_ns(self.cold.mean_floor_ms);
+        watch.deadline_ns = self.deadline(new);
+        // The first level moved: the floor goes with it (and none while a level is crossed).
+        lazy.exact = true;
+        lazy.floor_ns = match self.cold.mean_floor_ms {
+            Some(mean) if self.crossed == 0 => new.first_floor_ns(mean),
+            _ => NO_FLOOR,
+        };
         let convicted = self.crossed as usize == levels.len();
         if convicted && !was_convicted {
             self.cold.counter.suspect(time.now_ns);
         } else if was_convicted && !convicted {
             self.cold.counter.trust(time.now_ns);
         }
+    }
+
+    /// Levels crossed since the peer was last heard (0 to the number of levels).
+    pub fn crossed(&self) -> u8 {
+        self.crossed
     }
 
     /// QoS at the highest level since admission.
@@ -461,6 +559,59 @@ mod tests {
     use crate::detector::model::Model;
 
     const MS: u64 = 1_000_000;
+
+    /// A tracker with its watch and lazy state, as the agent keeps them.
+    #[derive(Clone)]
+    struct Tracked {
+        t: PeerTracker,
+        watch: Watch,
+        lazy: Lazy,
+    }
+
+    impl Tracked {
+        fn new(record: &PeerRecord, cfg: &DetectorConfig) -> Self {
+            let (t, watch, lazy) = PeerTracker::new(record, &[], cfg);
+            Self { t, watch, lazy }
+        }
+
+        fn observe(
+            &mut self,
+            record: &PeerRecord,
+            ring: &[u32],
+            cfg: &DetectorConfig,
+            time: SweepTime,
+            emit: &mut impl FnMut(Event),
+        ) {
+            self.t.observe(
+                record,
+                ring,
+                &mut self.watch,
+                &mut self.lazy,
+                cfg,
+                time,
+                emit,
+            );
+        }
+
+        /// A sweep from the slot's word: the quiet check, then the tracker's step.
+        fn step(
+            &mut self,
+            word: u64,
+            cfg: &DetectorConfig,
+            time: SweepTime,
+            emit: &mut impl FnMut(Event),
+        ) -> SweepStep {
+            if self.watch.is_quiet(word, time.now_ns) {
+                return SweepStep::Done;
+            }
+            self.t
+                .step(word, &mut self.watch, &mut self.lazy, cfg, time, emit)
+        }
+
+        fn qos(&self, now_ns: u64) -> QosReport {
+            self.t.qos(now_ns)
+        }
+    }
 
     fn at(now_ns: u64, wall_ms: f64, hold: bool) -> SweepTime {
         SweepTime {
@@ -495,7 +646,7 @@ mod tests {
             Levels::new(vec![1.0, 3.0, 8.0]).unwrap(),
         );
         let mut record = PeerRecord::admitted(9, 1000 * MS);
-        let mut t = PeerTracker::new(&record, &[], &cfg);
+        let mut t = Tracked::new(&record, &cfg);
         let mut events = Vec::new();
         // Bootstrap mean 100 ms: exponential crossings at 230, 691, 1842 ms of silence.
         t.observe(&record, &[], &cfg, at(1200 * MS, 0.0, false), &mut |e| {
@@ -553,7 +704,7 @@ mod tests {
     fn a_stall_holds_suspicions_but_not_recoveries() {
         let cfg = config();
         let mut record = PeerRecord::admitted(1, 0);
-        let mut t = PeerTracker::new(&record, &[], &cfg);
+        let mut t = Tracked::new(&record, &cfg);
         let mut events = Vec::new();
         t.observe(&record, &[], &cfg, at(500 * MS, 0.0, true), &mut |e| {
             events.push(e)
@@ -575,7 +726,7 @@ mod tests {
     fn no_repeat_events_while_silence_continues() {
         let cfg = config();
         let record = PeerRecord::admitted(1, 0);
-        let mut t = PeerTracker::new(&record, &[], &cfg);
+        let mut t = Tracked::new(&record, &cfg);
         let mut n = 0;
         for ms in (0..2000).step_by(50) {
             t.observe(&record, &[], &cfg, at(ms * MS, 0.0, false), &mut |_| n += 1);
@@ -600,7 +751,7 @@ mod tests {
             let mut rng = fastrand::Rng::with_seed(11);
             let mut slot = monitor_common::maps::PeerSlot::admitted(5, 0);
             let (mut eager_events, mut lazy_events) = (Vec::new(), Vec::new());
-            let mut eager = PeerTracker::new(&slot.record, &[], &cfg);
+            let mut eager = Tracked::new(&slot.record, &cfg);
             let mut lazy = eager.clone();
             let mut word = last_heard::word(0, 0);
             let mut next_send = 100 * MS;
@@ -629,8 +780,7 @@ mod tests {
                 }
                 let time = at(now, now as f64 / 1e6, false);
                 eager.observe(&slot.record, &[], &cfg, time, &mut |e| eager_events.push(e));
-                if lazy.sweep(word, &cfg, time, &mut |e| lazy_events.push(e)) == SweepStep::Refresh
-                {
+                if lazy.step(word, &cfg, time, &mut |e| lazy_events.push(e)) == SweepStep::Refresh {
                     reads += 1;
                     lazy.observe(&slot.record, &[], &cfg, time, &mut |e| lazy_events.push(e));
                 }
@@ -653,8 +803,9 @@ mod tests {
     }
 
     #[test]
-    fn the_hot_state_of_a_peer_fits_one_cache_line() {
-        assert!(std::mem::size_of::<Option<PeerTracker>>() <= 64);
+    fn what_every_sweep_reads_is_small() {
+        assert_eq!(std::mem::size_of::<Watch>(), 16);
+        assert_eq!(std::mem::size_of::<Lazy>(), 16);
     }
 
     #[test]
