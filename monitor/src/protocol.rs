@@ -45,6 +45,13 @@ pub enum Request {
     },
 }
 
+impl Request {
+    /// Whether answering it reads every peer (the server runs those off the async workers).
+    pub fn scans_every_peer(&self) -> bool {
+        matches!(self, Request::Peers | Request::Suspects { .. })
+    }
+}
+
 const OPS: &str = "peer, peers, suspects, subscribe, forget, stats, record";
 
 /// Parses one request line into a request or a message saying what is wrong with it.

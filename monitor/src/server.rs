@@ -142,7 +142,7 @@ pub async fn serve<H: Handler>(
         let handler = handler.clone();
         tokio::spawn(async move {
             handler.client(true);
-            if let Err(e) = serve_client(stream, handler.as_ref()).await {
+            if let Err(e) = serve_client(stream, &handler).await {
                 log::debug!("client: {e}");
             }
             handler.client(false);
@@ -217,12 +217,20 @@ async fn refuse(stream: UnixStream, policy: AccessPolicy) {
 
 type Lines = Framed<UnixStream, RequestCodec>;
 
-async fn serve_client<H: Handler>(stream: UnixStream, handler: &H) -> io::Result<()> {
+async fn serve_client<H: Handler>(stream: UnixStream, handler: &Arc<H>) -> io::Result<()> {
     let mut lines = Framed::new(stream, RequestCodec::new());
     while let Some(line) = lines.next().await {
         let response = match line? {
             Ok(line) if line.trim().is_empty() => continue,
             Ok(line) => match parse_request(&line) {
+                // A pass over every peer (milliseconds at 50,000) runs on a blocking thread,
+                // so the runtime's workers keep serving the other clients meanwhile.
+                Ok(request) if request.scans_every_peer() => {
+                    let handler = handler.clone();
+                    tokio::task::spawn_blocking(move || handler.handle(request))
+                        .await
+                        .map_err(io::Error::other)?
+                }
                 Ok(request) => handler.handle(request),
                 Err(message) => Response::Reply(error_reply(message)),
             },

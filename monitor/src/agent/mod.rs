@@ -364,8 +364,10 @@ impl Agent {
     /// threshold is found once per request, so most peers cost a compare, not an erfc.
     ///
     /// A peer is first judged from its last-heard word and its tracker (the silence below which
-    /// it cannot be at the threshold: see `PeerTracker::threshold_floor`); only candidates get
-    /// their record copied and phi computed.
+    /// it cannot be at the threshold: see `PeerTracker::threshold_floor`), under the trackers'
+    /// lock for one compare a peer; only the candidates get their record copied and phi
+    /// computed, after the lock is let go, so a request never holds up the sweep for longer
+    /// than that pass.
     pub fn suspects(&self, threshold: f64) -> Vec<PeerView> {
         let detector = self.detector();
         let crossing = detector.params.level_silences(&[threshold]);
@@ -374,23 +376,27 @@ impl Agent {
             now.saturating_sub(last_ns) as f64 / 1e6 >= silence_ms * (1.0 - 1e-9)
         };
         let now = monotonic_ns();
-        let registry = self.registry.read().expect("registry lock");
-        let trackers = self.trackers.lock().expect("trackers lock");
-        let mut suspects = Vec::new();
-        for (id, slot) in registry.iter() {
-            let tracker = trackers.of(slot, id);
-            if let Some(t) = tracker
-                && let Some((last, floor_ms)) = t.threshold_floor(
-                    self.table.last_heard(slot),
-                    &trackers.lazy[slot as usize],
-                    &crossing,
-                    &detector.params,
-                    now,
-                )
-                && !beyond(last, floor_ms, now)
-            {
-                continue;
-            }
+        let candidates: Vec<(u64, u32)> = {
+            let registry = self.registry.read().expect("registry lock");
+            let trackers = self.trackers.lock().expect("trackers lock");
+            registry
+                .iter()
+                .filter(|&(id, slot)| {
+                    let floor = trackers.of(slot, id).and_then(|t| {
+                        t.threshold_floor(
+                            self.table.last_heard(slot),
+                            &trackers.lazy[slot as usize],
+                            &crossing,
+                            &detector.params,
+                            now,
+                        )
+                    });
+                    floor.is_none_or(|(last, floor_ms)| beyond(last, floor_ms, now))
+                })
+                .collect()
+        };
+        let mut suspects: Vec<(u32, PeerView)> = Vec::new();
+        for (id, slot) in candidates {
             let Some((record, ring)) = self.read(slot).filter(|(r, _)| r.peer_id == id) else {
                 continue;
             };
@@ -402,29 +408,31 @@ impl Agent {
             ) {
                 continue;
             }
-            let view = PeerView::new(
-                &record,
-                &ring,
-                now,
-                &self.detector(),
-                tracker.map(|t| t.qos(now)),
-            );
+            let view = PeerView::new(&record, &ring, now, &detector, None);
             if view.phi >= threshold {
-                suspects.push(view);
+                suspects.push((slot, view));
             }
         }
-        drop(trackers);
-        drop(registry);
+        if !suspects.is_empty() {
+            let trackers = self.trackers.lock().expect("trackers lock");
+            for (slot, view) in &mut suspects {
+                view.qos = trackers.of(*slot, view.id).map(|t| t.qos(now));
+            }
+        }
+        let mut suspects: Vec<PeerView> = suspects.into_iter().map(|(_, v)| v).collect();
         suspects.sort_unstable_by_key(|p| p.id);
         suspects
     }
 
+    /// Every admitted peer: the records are read with no lock held (a slot forgotten meanwhile
+    /// shows as another peer's or a free one and is left out), then the QoS of all of them in
+    /// one pass under the trackers' lock.
     fn collect(&self) -> Result<Vec<PeerView>, PeerError> {
         let now = monotonic_ns();
-        let registry = self.registry.read().expect("registry lock");
-        let trackers = self.trackers.lock().expect("trackers lock");
-        let mut peers = Vec::with_capacity(registry.len());
-        for (id, slot) in registry.iter() {
+        let slots: Vec<(u64, u32)> = self.registry.read().expect("registry lock").iter().collect();
+        let detector = self.detector();
+        let mut peers = Vec::with_capacity(slots.len());
+        for (id, slot) in slots {
             // A slot that stays busy through the retries fails the request (the client can
             // repeat it): leaving the peer out would read as "not watched".
             let (record, ring) = self
@@ -433,11 +441,15 @@ impl Agent {
             if record.peer_id != id {
                 continue;
             }
-            let qos = trackers.of(slot, id).map(|t| t.qos(now));
-            peers.push(PeerView::new(&record, &ring, now, &self.detector(), qos));
+            peers.push((slot, PeerView::new(&record, &ring, now, &detector, None)));
         }
-        drop(trackers);
-        drop(registry);
+        {
+            let trackers = self.trackers.lock().expect("trackers lock");
+            for (slot, view) in &mut peers {
+                view.qos = trackers.of(*slot, view.id).map(|t| t.qos(now));
+            }
+        }
+        let mut peers: Vec<PeerView> = peers.into_iter().map(|(_, v)| v).collect();
         peers.sort_unstable_by_key(|p| p.id);
         Ok(peers)
     }
