@@ -64,6 +64,9 @@ pub(crate) struct Tools {
 pub fn run(args: &BenchArgs) -> Result<()> {
     setup::ensure()?;
     workspace::require_root("bench")?;
+    // One bench at a time on a machine: they share namespace names (a second one would remove
+    // the first one's), and two at once would measure each other.
+    let _one_at_a_time = BenchLock::acquire()?;
     let tools = Tools::build()?;
     let (scales, seconds) = if args.quick {
         (vec![1000, 50_000], 3)
@@ -220,6 +223,37 @@ impl Tools {
             monitor: release.join("monitor"),
             probe: release.join("hbm-bench"),
         })
+    }
+}
+
+/// An exclusive lock on a file in /run for as long as a bench runs; a second bench waits.
+struct BenchLock {
+    /// Held (and the lock with it) until dropped.
+    _file: std::fs::File,
+}
+
+impl BenchLock {
+    const PATH: &'static str = "/run/heartbeat-monitor-bench.lock";
+
+    fn acquire() -> Result<Self> {
+        use std::os::fd::AsRawFd;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(Self::PATH)
+            .with_context(|| format!("opening {}", Self::PATH))?;
+        let lock = |flags| {
+            // SAFETY: flock on a file descriptor we own.
+            unsafe { libc::flock(file.as_raw_fd(), flags) == 0 }
+        };
+        if !lock(libc::LOCK_EX | libc::LOCK_NB) {
+            println!("==> another `cargo xtask bench` is running; waiting for it to finish");
+            if !lock(libc::LOCK_EX) {
+                bail!("locking {}: {}", Self::PATH, std::io::Error::last_os_error());
+            }
+        }
+        Ok(Self { _file: file })
     }
 }
 
