@@ -263,14 +263,15 @@ pub struct PeerTracker {
     /// Levels crossed since the peer was last heard (0..=levels); while any is, `Lazy` has no
     /// floor, so the next heartbeat is read (its recovery is an event).
     crossed: u8,
+    /// The floor under the window's mean the refresh found (see `DetectorConfig::lazy_floor`),
+    /// NaN for none; here rather than in `Cold` because `suspects` reads it for every peer.
+    mean_floor_ms: f64,
     cold: Box<Cold>,
 }
 
 #[derive(Debug, Clone)]
 struct Cold {
     estimate: Estimate,
-    /// The floor under the window's mean the refresh found (see `DetectorConfig::lazy_floor`).
-    mean_floor_ms: Option<f64>,
     admitted_ns: u64,
     counter: QosCounter,
 }
@@ -284,9 +285,9 @@ impl PeerTracker {
             heartbeats: record.heartbeats,
             last_arrival_ns: record.last_arrival_ns,
             crossed: 0,
+            mean_floor_ms: f64::NAN,
             cold: Box::new(Cold {
                 estimate: config.estimate(record, ring),
-                mean_floor_ms: None,
                 admitted_ns: record.last_arrival_ns,
                 counter: QosCounter::default(),
             }),
@@ -307,7 +308,7 @@ impl PeerTracker {
         let floor = config
             .lazy_floor(record, &self.cold.estimate)
             .filter(|_| self.crossed == 0);
-        self.cold.mean_floor_ms = floor.map(|(_, mean)| mean);
+        self.mean_floor_ms = floor.map_or(f64::NAN, |(_, mean)| mean);
         *lazy = Lazy {
             floor_ns: floor.map_or(NO_FLOOR, |(_, mean)| config.first_floor_ns(mean)),
             refreshed: (record.heartbeats & ((1 << last_heard::COUNT_BITS) - 1)) as u32,
@@ -391,7 +392,8 @@ impl PeerTracker {
             ));
         }
         lazy.covers(word)?;
-        let floor = params.crossing_floor_ms(threshold, 0, self.cold.mean_floor_ms?)?;
+        let mean_floor = Some(self.mean_floor_ms).filter(|m| !m.is_nan())?;
+        let floor = params.crossing_floor_ms(threshold, 0, mean_floor)?;
         let at = last_heard::arrival_near(word, now_ns).max(self.last_arrival_ns);
         Some((at, floor))
     }
@@ -528,9 +530,10 @@ impl PeerTracker {
         watch.deadline_ns = self.deadline(new);
         // The first level moved: the floor goes with it (and none while a level is crossed).
         lazy.exact = true;
-        lazy.floor_ns = match self.cold.mean_floor_ms {
-            Some(mean) if self.crossed == 0 => new.first_floor_ns(mean),
-            _ => NO_FLOOR,
+        lazy.floor_ns = if self.crossed == 0 && !self.mean_floor_ms.is_nan() {
+            new.first_floor_ns(self.mean_floor_ms)
+        } else {
+            NO_FLOOR
         };
         let convicted = self.crossed as usize == levels.len();
         if convicted && !was_convicted {
