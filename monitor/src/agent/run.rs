@@ -254,9 +254,11 @@ fn sweep_loop(
         } else {
             next + interval
         };
+        // The time since the last sweep ended: a sweep that itself takes long (the first one
+        // over a million new peers) is not a stall, since the kernel kept stamping arrivals
+        // meanwhile; a thread or a machine that was not running is.
         let now = monotonic_ns();
         let gap = now.saturating_sub(last);
-        last = now;
         if gap > stall_bound.as_nanos() as u64 {
             agent.stalls.fetch_add(1, Ordering::Relaxed);
             hold_until = now + gap;
@@ -266,6 +268,7 @@ fn sweep_loop(
             );
         }
         agent.sweep(now, now < hold_until);
+        last = monotonic_ns();
         // The watchdog hears from the sweep itself: a stalled sweep stops the pings.
         notifier.tick(agent);
     }
