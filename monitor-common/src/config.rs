@@ -37,6 +37,9 @@ pub struct XdpConfig {
     /// An interval longer than this many times the window's mean is an outage, not a sample
     /// (see `crate::slot`); 0 counts every interval.
     pub outage_factor: u32,
+    /// log2 of the peer index's buckets (`crate::index::bits_for` of the capacity); set by
+    /// the loader, which sizes the map.
+    pub index_bits: u32,
 }
 
 impl XdpConfig {
@@ -48,6 +51,7 @@ impl XdpConfig {
         unknown_reports_per_sec: 1000,
         max_interval_us: 0,
         outage_factor: 0,
+        index_bits: 0,
     };
 }
 

@@ -9,6 +9,7 @@
 pub mod auth;
 pub mod config;
 pub mod impair;
+pub mod index;
 pub mod last_heard;
 pub mod maps;
 pub mod slot;
@@ -26,4 +27,5 @@ mod pod {
     unsafe impl aya::Pod for crate::maps::UnknownPeerReport {}
     unsafe impl aya::Pod for crate::maps::ArrivalRecord {}
     unsafe impl aya::Pod for crate::impair::GilbertElliott {}
+    unsafe impl aya::Pod for crate::index::IndexBucket {}
 }

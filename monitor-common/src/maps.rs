@@ -15,8 +15,9 @@ pub const DEFAULT_CAPACITY: u32 = 65_536;
 /// `BPF_F_MMAPABLE`: the array map can be mmapped by userspace.
 pub const BPF_F_MMAPABLE: u32 = 1 << 10;
 
-/// Peer id -> slot index (HASH, written by the agent only).
-pub const PEER_INDEX_MAP: &str = "PEER_INDEX";
+/// Peer id -> slot index (ARRAY of [`crate::index::IndexBucket`], BPF_F_MMAPABLE, written by
+/// the agent only, through its mmap).
+pub use crate::index::PEER_INDEX_MAP;
 /// Slot index -> [`PeerSlot`] (ARRAY, BPF_F_MMAPABLE; the kernel writes, the agent mmaps).
 pub const PEER_STATE_MAP: &str = "PEER_STATE";
 /// One per-CPU [`Counters`] (PERCPU_ARRAY with a single entry).
@@ -197,7 +198,7 @@ const _: () = assert!(core::mem::offset_of!(UnknownPeerReport, src_addr) % 8 == 
 
 /// Version of everything a restarted agent reads from pinned maps: bump it whenever a map's
 /// layout or meaning changes, so an agent never misreads state pinned by another build.
-pub const LAYOUT_VERSION: u32 = 5;
+pub const LAYOUT_VERSION: u32 = 6;
 /// "HBMPIN\0\0".
 pub const META_MAGIC: u64 = u64::from_le_bytes(*b"HBMPIN\0\0");
 

@@ -26,6 +26,7 @@ use aya_log_ebpf::warn;
 use monitor_common::{
     auth::{AuthKey, KEY_SLOTS},
     config::{XDP_FLAG_CHECK_DESTINATION, XDP_FLAG_PASS_HEARTBEATS, XdpConfig},
+    index::{self, IndexBucket},
     maps::{
         ARRIVALS_BYTES, BPF_F_MMAPABLE, Counters, DEFAULT_CAPACITY, LOCAL_ADDRS_CAPACITY, PeerSlot,
         PinnedMeta, UNKNOWN_PEERS_BYTES,
@@ -38,8 +39,10 @@ use crate::parse::{Packet, Parsed};
 #[unsafe(no_mangle)]
 static CONFIG: XdpConfig = XdpConfig::DEFAULT;
 
+/// Peer id -> slot (`monitor_common::index`), written by the agent through its mmap.
 #[map]
-static PEER_INDEX: HashMap<u64, u32> = HashMap::with_max_entries(DEFAULT_CAPACITY, 0);
+static PEER_INDEX: Array<IndexBucket> =
+    Array::with_max_entries(index::buckets_for(DEFAULT_CAPACITY), BPF_F_MMAPABLE);
 
 #[map]
 static PEER_STATE: Array<PeerSlot> = Array::with_max_entries(DEFAULT_CAPACITY, BPF_F_MMAPABLE);

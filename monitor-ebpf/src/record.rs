@@ -9,7 +9,7 @@ use aya_log_ebpf::{debug, warn};
 use monitor_common::{
     auth::{KEY_CURRENT, KEY_PREVIOUS, siphash24_24},
     config::{XDP_FLAG_REQUIRE_AUTH, XdpConfig},
-    last_heard,
+    index, last_heard,
     maps::{ArrivalRecord, Counters, UnknownPeerReport},
     slot::{self, Outcome},
     wire::FLAG_AUTH,
@@ -29,8 +29,8 @@ pub fn record<C: EbpfContext>(
     counters: &mut Counters,
 ) {
     let peer_id = hb.peer_id;
-    let (index, slot) = match unsafe { PEER_INDEX.get(&peer_id) } {
-        Some(&index) => (index, PEER_STATE.get_ptr_mut(index)),
+    let (index, slot) = match lookup(peer_id, config.index_bits) {
+        Some(index) => (index, PEER_STATE.get_ptr_mut(index)),
         None => (0, None),
     };
     if config.flags & XDP_FLAG_REQUIRE_AUTH != 0 && !authentic(hb) {
@@ -99,6 +99,34 @@ pub fn record<C: EbpfContext>(
     if traced {
         trace_arrival(peer_id, now, hb, outcome, counters);
     }
+}
+
+/// The slot of `peer_id` in PEER_INDEX (`monitor_common::index`): its home bucket, one cache
+/// line, and the next ones only while a bucket says entries spilled past it. The agent may be
+/// changing an entry meanwhile; the caller checks the slot's own peer id under its lock.
+#[inline(always)]
+fn lookup(peer_id: u64, bits: u32) -> Option<u32> {
+    let mask = (1u32 << bits) - 1;
+    let mut b = index::home(peer_id, bits);
+    for _ in 0..index::PROBE_BUCKETS {
+        let bucket = PEER_INDEX.get_ptr(b)?;
+        for e in 0..index::BUCKET_ENTRIES {
+            // SAFETY: in the map value; plain integers the agent stores whole.
+            unsafe {
+                if core::ptr::read_volatile(&raw const (*bucket).ids[e]) == peer_id {
+                    let slot = core::ptr::read_volatile(&raw const (*bucket).slots[e]);
+                    if slot != 0 {
+                        return Some(slot - 1);
+                    }
+                }
+            }
+        }
+        if unsafe { core::ptr::read_volatile(&raw const (*bucket).overflow) } == 0 {
+            return None;
+        }
+        b = (b + 1) & mask;
+    }
+    None
 }
 
 /// Hands one arrival of a traced peer to `monitor record`. Untraced peers never get here:

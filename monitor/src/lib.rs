@@ -21,6 +21,7 @@ pub mod keyring;
 pub mod loaded;
 pub mod loadgen;
 pub mod metrics;
+pub mod peer_index;
 pub mod peer_table;
 pub mod peer_view;
 pub mod pinning;

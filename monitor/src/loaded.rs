@@ -5,7 +5,7 @@ use std::os::fd::AsFd;
 
 use aya::{
     Ebpf,
-    maps::{Array, HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray, RingBuf},
+    maps::{Array, Map, MapData, MapError, PerCpuArray, RingBuf},
 };
 use monitor_common::{
     auth::AuthKey,
@@ -18,6 +18,7 @@ use monitor_common::{
 };
 
 use crate::{
+    peer_index::PeerIndex,
     peer_table::{PeerTable, PeerTableError},
     program::{self, ProgramLoadError},
     registry::Registry,
@@ -90,7 +91,10 @@ impl LoadedProgram {
             (Some(Map::Array(_)), _) => return Err(LoadedError::MissingMap(LAST_HEARD_MAP)),
             _ => return Err(LoadedError::MissingMap(PEER_STATE_MAP)),
         };
-        let index = take(&mut ebpf, PEER_INDEX_MAP, BpfHashMap::try_from)?;
+        let index = match ebpf.map(PEER_INDEX_MAP) {
+            Some(Map::Array(index)) => PeerIndex::map(index.fd().as_fd(), capacity)?,
+            _ => return Err(LoadedError::MissingMap(PEER_INDEX_MAP)),
+        };
         let counters = take(&mut ebpf, COUNTERS_MAP, PerCpuArray::try_from)?;
         let unknown_reports = take(&mut ebpf, UNKNOWN_PEERS_MAP, RingBuf::try_from)?;
         let arrivals = take(&mut ebpf, ARRIVALS_MAP, RingBuf::try_from)?;

@@ -51,7 +51,7 @@ pub struct PeerTable {
 
 /// Maps `count` values of `T` of the BPF array whose fd is `fd`; returns the mapping and its
 /// length in bytes.
-fn map_array<T>(
+pub(crate) fn map_array<T>(
     map: &'static str,
     fd: BorrowedFd<'_>,
     count: u32,

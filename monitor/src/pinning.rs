@@ -13,7 +13,7 @@ use std::{
 
 use aya::{
     Ebpf,
-    maps::{Array, HashMap as BpfHashMap, Map, MapData, PerCpuArray, RingBuf},
+    maps::{Array, Map, MapData, PerCpuArray, RingBuf},
     programs::{
         Xdp,
         links::{FdLink, PinnedLink},
@@ -31,7 +31,7 @@ use monitor_common::{
     },
 };
 
-use crate::{peer_table::PeerTable, program, registry::Registry};
+use crate::{peer_index::PeerIndex, peer_table::PeerTable, program, registry::Registry};
 
 /// Every map, in the order they are pinned.
 pub const MAPS: [&str; 9] = [
@@ -285,9 +285,6 @@ pub fn adopt(dir: &Path, expected: &PinnedMeta) -> Result<Adopted, PinError> {
         });
     }
 
-    let index: BpfHashMap<MapData, u64, u32> = open(dir, PEER_INDEX_MAP)?
-        .try_into()
-        .map_err(|e| aya_err(dir, e))?;
     let table = match (open(dir, PEER_STATE_MAP)?, open(dir, LAST_HEARD_MAP)?) {
         (Map::Array(state), Map::Array(words)) => {
             PeerTable::map(state.fd().as_fd(), words.fd().as_fd(), meta.capacity)
@@ -295,11 +292,13 @@ pub fn adopt(dir: &Path, expected: &PinnedMeta) -> Result<Adopted, PinError> {
         }
         _ => return Err(aya_err(dir, "PEER_STATE or LAST_HEARD is not an array")),
     };
-    let mut peers = Vec::new();
-    for entry in index.iter() {
-        peers.push(entry.map_err(|e| aya_err(dir, e))?);
-    }
-    let registry = Registry::adopt(index, meta.capacity, &peers);
+    let index = match open(dir, PEER_INDEX_MAP)? {
+        Map::Array(index) => {
+            PeerIndex::map(index.fd().as_fd(), meta.capacity).map_err(|e| aya_err(dir, e))?
+        }
+        _ => return Err(aya_err(dir, "PEER_INDEX is not an array")),
+    };
+    let registry = Registry::adopt(index, meta.capacity);
     let program =
         Xdp::from_pin(dir.join(PROG), XdpAttachType::Interface).map_err(|e| aya_err(dir, e))?;
     let program_fd = program

@@ -11,6 +11,7 @@ use aya::{
 };
 use monitor_common::{
     config::{CONFIG_SYMBOL, XdpConfig},
+    index,
     last_heard::LAST_HEARD_MAP,
     maps::{MAX_WINDOW, PEER_INDEX_MAP, PEER_STATE_MAP},
 };
@@ -167,10 +168,15 @@ pub fn load_hook(
         return Err(ProgramLoadError::Capacity);
     }
     let level = log.aya_level();
+    // The index is sized for the capacity; the program is told its size in the same config.
+    let config = XdpConfig {
+        index_bits: index::bits_for(capacity),
+        ..*config
+    };
     let mut ebpf = EbpfLoader::new()
-        .override_global(CONFIG_SYMBOL, config, true)
+        .override_global(CONFIG_SYMBOL, &config, true)
         .override_global(aya_log::LEVEL, &level, false)
-        .map_max_entries(PEER_INDEX_MAP, capacity)
+        .map_max_entries(PEER_INDEX_MAP, index::buckets_for(capacity))
         .map_max_entries(PEER_STATE_MAP, capacity)
         .map_max_entries(LAST_HEARD_MAP, capacity)
         .load(OBJECT)

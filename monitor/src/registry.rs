@@ -1,12 +1,14 @@
 //! Which peer owns which slot. Userspace owns slot allocation: the kernel only ever looks a
-//! peer id up in PEER_INDEX and writes the slot it finds.
+//! peer id up in PEER_INDEX (written here, through its mmap) and writes the slot it finds.
 
 use std::collections::HashMap;
 
-use aya::maps::{HashMap as BpfHashMap, MapData, MapError};
 use monitor_common::maps::PeerRecord;
 
-use crate::peer_table::PeerTable;
+use crate::{
+    peer_index::{IndexFull, PeerIndex},
+    peer_table::PeerTable,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AdmitError {
@@ -15,20 +17,18 @@ pub enum AdmitError {
     #[error("no free slot: all {0} slots are in use (raise --capacity)")]
     Full(u32),
     #[error("writing peer {id} into the kernel's peer index: {source}")]
-    Index { id: u64, source: MapError },
+    Index { id: u64, source: IndexFull },
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ForgetError {
     #[error("unknown peer {0}")]
     Unknown(u64),
-    #[error("removing peer {id} from the kernel's peer index: {source}")]
-    Index { id: u64, source: MapError },
 }
 
 /// Slot allocation and the peer id -> slot index, kept identical in userspace and the kernel.
 pub struct Registry {
-    index: BpfHashMap<MapData, u64, u32>,
+    index: PeerIndex,
     slots: HashMap<u64, u32>,
     /// The owner of each slot handed out so far (None: free), for dense sweeps.
     owners: Vec<Option<u64>>,
@@ -38,7 +38,7 @@ pub struct Registry {
 }
 
 impl Registry {
-    pub fn new(index: BpfHashMap<MapData, u64, u32>, capacity: u32) -> Self {
+    pub fn new(index: PeerIndex, capacity: u32) -> Self {
         Self {
             index,
             slots: HashMap::new(),
@@ -50,15 +50,12 @@ impl Registry {
     }
 
     /// The registry of pinned state: every (id, slot) already in the kernel's index.
-    pub fn adopt(
-        index: BpfHashMap<MapData, u64, u32>,
-        capacity: u32,
-        peers: &[(u64, u32)],
-    ) -> Self {
+    pub fn adopt(index: PeerIndex, capacity: u32) -> Self {
+        let peers = index.entries();
         let mut registry = Self::new(index, capacity);
         let used = peers.iter().map(|&(_, slot)| slot + 1).max().unwrap_or(0);
         registry.owners = vec![None; used as usize];
-        for &(id, slot) in peers {
+        for &(id, slot) in &peers {
             registry.slots.insert(id, slot);
             registry.owners[slot as usize] = Some(id);
         }
@@ -119,7 +116,7 @@ impl Registry {
             None => return Err(AdmitError::Full(self.capacity)),
         };
         table.reset(slot, PeerRecord::admitted(id, now_ns));
-        if let Err(source) = self.index.insert(id, slot, 0) {
+        if let Err(source) = self.index.insert(id, slot) {
             self.free.push(slot);
             return Err(AdmitError::Index { id, source });
         }
@@ -138,9 +135,8 @@ impl Registry {
     /// looked it up just before sees a foreign id and leaves it alone.
     pub fn forget(&mut self, table: &PeerTable, id: u64) -> Result<u32, ForgetError> {
         let slot = *self.slots.get(&id).ok_or(ForgetError::Unknown(id))?;
-        self.index
-            .remove(&id)
-            .map_err(|source| ForgetError::Index { id, source })?;
+        let indexed = self.index.remove(id);
+        debug_assert!(indexed, "peer {id} was not in the kernel's index");
         self.slots.remove(&id);
         self.owners[slot as usize] = None;
         table.reset(slot, PeerRecord::admitted(0, 0));

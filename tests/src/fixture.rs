@@ -90,7 +90,8 @@ impl Fixture {
     /// Every (id, slot) in the kernel's own peer index (PEER_INDEX), sorted, found through the
     /// program's map ids: what the kernel would look ids up in, not the agent's registry.
     pub fn kernel_index(&self) -> Vec<(u64, u32)> {
-        use aya::maps::{HashMap, Map, MapData};
+        use aya::maps::{Array, Map, MapData};
+        use monitor_common::index::{BUCKET_ENTRIES, IndexBucket};
         let name = match self.hook {
             program::Hook::Xdp => program::PROGRAM_NAME,
             program::Hook::Tc => program::TC_PROGRAM_NAME,
@@ -110,11 +111,16 @@ impl Fixture {
             let data = MapData::from_id(id).expect("map by id");
             let info = data.info().expect("map info");
             if info.name() == monitor_common::maps::PEER_INDEX_MAP.as_bytes() {
-                let index = HashMap::<MapData, u64, u32>::try_from(Map::HashMap(data))
-                    .expect("PEER_INDEX is a u64 -> u32 hash");
+                let index = Array::<MapData, IndexBucket>::try_from(Map::Array(data))
+                    .expect("PEER_INDEX is an array of index buckets");
                 let mut entries: Vec<(u64, u32)> = index
                     .iter()
-                    .map(|entry| entry.expect("index entry"))
+                    .map(|bucket| bucket.expect("index bucket"))
+                    .flat_map(|bucket| {
+                        (0..BUCKET_ENTRIES)
+                            .filter(move |&e| bucket.slots[e] != 0)
+                            .map(move |e| (bucket.ids[e], bucket.slots[e] - 1))
+                    })
                     .collect();
                 entries.sort_unstable();
                 return entries;
