@@ -251,19 +251,45 @@ async fn serve_client<H: Handler>(stream: UnixStream, handler: &Arc<H>) -> io::R
     Ok(())
 }
 
+/// Events written to a subscriber before its socket is flushed: the ones a sweep raised
+/// together (a mass failure raises thousands) leave in a few writes, not one each.
+const EVENT_BATCH: usize = 256;
+
 /// Forwards events until the client hangs up. A subscriber that reads too slowly falls behind
 /// in the broadcast ring rather than slowing anyone down, and is told how many it missed.
 async fn stream_events(mut lines: Lines, mut events: broadcast::Receiver<Event>) -> io::Result<()> {
     loop {
         tokio::select! {
             event = events.recv() => {
-                let event = match event {
-                    Ok(event) => event,
-                    Err(broadcast::error::RecvError::Lagged(missed)) => Event::Lagged { missed },
-                    Err(broadcast::error::RecvError::Closed) => return Ok(()),
-                };
-                let line = serde_json::to_string(&event).map_err(io::Error::other)?;
-                lines.send(line).await?;
+                let mut event = Some(event);
+                let mut batched = 0;
+                // This event, then whatever else is already waiting, flushed once.
+                while let Some(next) = event.take() {
+                    let next = match next {
+                        Ok(event) => event,
+                        Err(broadcast::error::RecvError::Lagged(missed)) => Event::Lagged { missed },
+                        Err(broadcast::error::RecvError::Closed) => {
+                            lines.flush().await?;
+                            return Ok(());
+                        }
+                    };
+                    let line = serde_json::to_string(&next).map_err(io::Error::other)?;
+                    lines.feed(line).await?;
+                    batched += 1;
+                    if batched < EVENT_BATCH {
+                        event = match events.try_recv() {
+                            Ok(e) => Some(Ok(e)),
+                            Err(broadcast::error::TryRecvError::Lagged(n)) => {
+                                Some(Err(broadcast::error::RecvError::Lagged(n)))
+                            }
+                            Err(broadcast::error::TryRecvError::Closed) => {
+                                Some(Err(broadcast::error::RecvError::Closed))
+                            }
+                            Err(broadcast::error::TryRecvError::Empty) => None,
+                        };
+                    }
+                }
+                lines.flush().await?;
             }
             input = lines.next() => match input {
                 None => return Ok(()),
