@@ -166,8 +166,8 @@ fn print_stats(s: &AgentStats) {
         levels.join(",")
     );
     println!(
-        "uptime         {:.1} s, {} sweeps, {} stalls",
-        s.uptime_s, s.sweeps, s.stalls
+        "uptime         {:.1} s, {} sweeps, {} stalls, {} slot reads",
+        s.uptime_s, s.sweeps, s.stalls, s.refreshes
     );
     println!(
         "events         {} published, {} subscribers",
