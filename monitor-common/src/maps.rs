@@ -65,7 +65,11 @@ pub const FAMILY_IPV6: u16 = 6;
 /// odd or changed meanwhile. A CPU that finds the slot odd does not wait: it counts the
 /// heartbeat as `contended` and moves on (one peer's heartbeats normally land on one RX queue,
 /// so this is rare). The record comes first so that a reader that needs no ring copies only it.
-#[repr(C)]
+///
+/// Cache lines: slots are 64-byte aligned and a multiple of 64 bytes long (the array's values
+/// start on a page), so an accepted heartbeat touches the slot's first two lines (the lock and
+/// the record's hot fields, see [`PeerRecord`]) and the line of its ring entry.
+#[repr(C, align(64))]
 #[derive(Clone, Copy, Debug)]
 pub struct PeerSlot {
     /// Sequence counter, see above. 64 bits: the BPF target has no 32-bit atomics.
@@ -88,6 +92,12 @@ impl PeerSlot {
 }
 
 /// Everything about a peer except its ring of intervals.
+///
+/// Ordered by how often the kernel touches a field: with the slot's lock, the first 56 bytes
+/// fill the slot's first cache line (every heartbeat reads or writes them); the next 64 bytes
+/// are its second line (every accepted heartbeat, or every loss); the counters of duplicates,
+/// late heartbeats, authentication failures, outages and restarts come last, beside the ring,
+/// and are written only when those happen.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PeerRecord {
@@ -100,18 +110,6 @@ pub struct PeerRecord {
     pub last_seq: u64,
     /// Heartbeats accepted (in order, not duplicates).
     pub heartbeats: u64,
-    /// Sequence numbers skipped (net of late arrivals that filled a counted gap).
-    pub lost: u64,
-    /// Which of the [`crate::slot::MISSING_SPAN`] sequence numbers below `last_seq` were
-    /// counted in `lost` and have not arrived since: bit i is `last_seq - 1 - i`. Only a late
-    /// heartbeat whose bit is set takes one off `lost` (and clears it).
-    pub missing: u64,
-    /// Heartbeats repeating the last accepted sequence number.
-    pub duplicates: u64,
-    /// Heartbeats older than the last accepted one (or from an older incarnation).
-    pub out_of_order: u64,
-    /// Heartbeats whose authentication failed.
-    pub auth_failures: u64,
     /// Sum of the intervals in the window, microseconds.
     pub interval_sum_us: u64,
     /// Sum of the squared intervals in the window, microseconds squared.
@@ -120,15 +118,15 @@ pub struct PeerRecord {
     pub samples: u32,
     /// Next ring position to write.
     pub ring_head: u32,
+    // The slot's second line.
+    /// Which of the [`crate::slot::MISSING_SPAN`] sequence numbers below `last_seq` were
+    /// counted in `lost` and have not arrived since: bit i is `last_seq - 1 - i`. Only a late
+    /// heartbeat whose bit is set takes one off `lost` (and clears it).
+    pub missing: u64,
+    /// Sequence numbers skipped (net of late arrivals that filled a counted gap).
+    pub lost: u64,
     /// Incarnation (sender epoch) of the last accepted heartbeat.
     pub incarnation: u32,
-    /// [`FAMILY_IPV4`], [`FAMILY_IPV6`] or [`FAMILY_NONE`].
-    pub src_family: u16,
-    /// Source UDP port of the last accepted heartbeat, host order.
-    pub src_port: u16,
-    /// Source address of the last accepted heartbeat; IPv4 as the last 4 bytes of an
-    /// IPv4-mapped IPv6 address.
-    pub src_addr: [u8; 16],
     /// Recent loss, for loss-aware suspicion (`crate::slot`), as a two-state (Gilbert)
     /// picture of the sequence: `loss_heartbeats` accepted heartbeats that followed another of
     /// the same incarnation, `loss_gaps` of them came after a gap in the sequence, and those
@@ -138,14 +136,10 @@ pub struct PeerRecord {
     /// rest. All five are halved together every
     /// [`crate::slot::LOSS_MEMORY`] heartbeats, so they describe the last few hundred.
     pub loss_heartbeats: u32,
-    pub loss_gaps: u32,
-    pub loss_lost: u32,
-    pub burst_heartbeats: u32,
-    pub burst_gaps: u32,
-    /// Intervals left out of the window as outages (`crate::slot`), since admission.
-    pub outages: u32,
-    /// Times a new incarnation (sender restart) was accepted, since admission.
-    pub restarts: u32,
+    /// [`FAMILY_IPV4`], [`FAMILY_IPV6`] or [`FAMILY_NONE`].
+    pub src_family: u16,
+    /// Source UDP port of the last accepted heartbeat, host order.
+    pub src_port: u16,
     /// Consecutive intervals that were outages; a run of them is the path, not an outage.
     pub outage_run: u16,
     /// Heartbeats left in the current loss burst: set to [`crate::slot::BURST_MEMORY`] by a
@@ -154,6 +148,24 @@ pub struct PeerRecord {
     /// Non-zero: every arrival of this peer is also written to the ARRIVALS ring buffer
     /// (`monitor record`). Set and cleared by the agent.
     pub traced: u8,
+    /// Source address of the last accepted heartbeat; IPv4 as the last 4 bytes of an
+    /// IPv4-mapped IPv6 address.
+    pub src_addr: [u8; 16],
+    pub loss_gaps: u32,
+    pub loss_lost: u32,
+    pub burst_heartbeats: u32,
+    pub burst_gaps: u32,
+    // Cold: written only when what they count happens.
+    /// Heartbeats repeating the last accepted sequence number.
+    pub duplicates: u64,
+    /// Heartbeats older than the last accepted one (or from an older incarnation).
+    pub out_of_order: u64,
+    /// Heartbeats whose authentication failed.
+    pub auth_failures: u64,
+    /// Intervals left out of the window as outages (`crate::slot`), since admission.
+    pub outages: u32,
+    /// Times a new incarnation (sender restart) was accepted, since admission.
+    pub restarts: u32,
 }
 
 impl PeerRecord {
@@ -192,13 +204,22 @@ impl PeerRecord {
 }
 
 // The kernel writes source addresses as two 8-byte words.
+const _: () = assert!(core::mem::size_of::<PeerSlot>() % 64 == 0);
+// The hot fields: the lock and the record up to `ring_head` in the first line, the rest up to
+// `burst_gaps` in the second.
+const _: () = assert!(
+    core::mem::offset_of!(PeerSlot, record) + core::mem::offset_of!(PeerRecord, missing) == 64
+);
+const _: () = assert!(
+    core::mem::offset_of!(PeerSlot, record) + core::mem::offset_of!(PeerRecord, duplicates) == 128
+);
 const _: () = assert!(core::mem::offset_of!(PeerSlot, record) % 8 == 0);
 const _: () = assert!(core::mem::offset_of!(PeerRecord, src_addr) % 8 == 0);
 const _: () = assert!(core::mem::offset_of!(UnknownPeerReport, src_addr) % 8 == 0);
 
 /// Version of everything a restarted agent reads from pinned maps: bump it whenever a map's
 /// layout or meaning changes, so an agent never misreads state pinned by another build.
-pub const LAYOUT_VERSION: u32 = 6;
+pub const LAYOUT_VERSION: u32 = 7;
 /// "HBMPIN\0\0".
 pub const META_MAGIC: u64 = u64::from_le_bytes(*b"HBMPIN\0\0");
 

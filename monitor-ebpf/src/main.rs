@@ -96,15 +96,17 @@ enum Verdict {
 /// The one path of both hooks: parse, count, record.
 #[inline(always)]
 fn handle<C: Packet + EbpfContext>(ctx: &C) -> Verdict {
+    let config = config();
+    let check_destination = config.flags & XDP_FLAG_CHECK_DESTINATION != 0;
+    let parsed = parse::parse(ctx, config.port, check_destination);
+    // Looked up once the packet is parsed: the parser's registers are free by then.
     let Some(counters) = COUNTERS.get_ptr_mut(0) else {
         return Verdict::Pass;
     };
     // SAFETY: per-CPU value; XDP and TC programs run to completion on this CPU, nothing else
     // writes it.
     let counters = unsafe { &mut *counters };
-    let config = config();
-    let check_destination = config.flags & XDP_FLAG_CHECK_DESTINATION != 0;
-    match parse::parse(ctx, config.port, check_destination) {
+    match parsed {
         Parsed::NotHeartbeat => {
             counters.not_heartbeat += 1;
             Verdict::Pass
