@@ -504,3 +504,53 @@ fn fifty_thousand_peers_starting_at_once_are_all_admitted_with_the_defaults() {
     drop(agent);
     let _ = load.join();
 }
+
+/// Three clients each asking for every one of 50,000 peers (tens of milliseconds of work each,
+/// and a 20 MB answer) do not hold up a fourth asking for one: the passes over every peer run
+/// off the async workers (one per core, fewer than the big requests here, which would
+/// otherwise take them all), so the one-peer answer comes back before any big one has begun.
+#[test]
+fn requests_for_every_peer_do_not_hold_up_other_clients() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixStream;
+    require_root();
+    let pair = NetnsPair::new(56);
+    let dir = TempDir::new("hbmbusy");
+    let agent = AgentProcess::start(&pair, &["--peers", &dir.peers_file(1..=50_000)]);
+    wait_for(Duration::from_secs(30), "50,000 peers admitted", || {
+        (agent.ask(json!({"op": "stats"}))["stats"]["peers"] == json!(50_000)).then_some(())
+    });
+    let ask = |request: &serde_json::Value| {
+        let mut stream = UnixStream::connect(agent.socket()).expect("connect");
+        writeln!(stream, "{request}").expect("send");
+        stream
+    };
+    let big: Vec<UnixStream> = (0..3).map(|_| ask(&json!({"op": "peers"}))).collect();
+    let mut small = BufReader::new(ask(&json!({"op": "peer", "id": 7})));
+    let mut line = String::new();
+    small.read_line(&mut line).expect("the one-peer answer");
+    let reply: serde_json::Value = serde_json::from_str(&line).expect("JSON");
+    assert_eq!(reply["peer"]["id"], json!(7), "{line}");
+    // Neither big answer has begun to arrive (each is built whole, then sent): nothing to read.
+    for mut stream in &big {
+        stream.set_nonblocking(true).unwrap();
+        let arrived = match std::io::Read::read(&mut stream, &mut [0u8; 1]) {
+            Ok(n) => n > 0,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+            Err(e) => panic!("peek: {e}"),
+        };
+        assert!(
+            !arrived,
+            "a 50,000-peer answer came back before a one-peer answer"
+        );
+    }
+    // And every big one does complete.
+    for stream in big {
+        stream.set_nonblocking(false).unwrap();
+        let mut reader = BufReader::new(stream);
+        let mut line = String::new();
+        reader.read_line(&mut line).expect("the every-peer answer");
+        let reply: serde_json::Value = serde_json::from_str(&line).expect("JSON");
+        assert_eq!(reply["peers"].as_array().map(Vec::len), Some(50_000));
+    }
+}
