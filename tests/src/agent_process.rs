@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use monitor::client::Client;
+use monitor::serving::client::Client;
 use serde_json::{Value, json};
 
 use crate::{monitor_bin, netns::NetnsPair};
@@ -181,7 +181,11 @@ pub fn sender_to(pair: &NetnsPair, to: &str, id: u64, interval: &str, extra: &[&
 }
 
 /// `monitor loadgen` from the pair's `b` namespace to the agent's address and `port`; its report.
-pub fn loadgen(pair: &NetnsPair, port: u16, args: &[&str]) -> monitor::loadgen::LoadgenReport {
+pub fn loadgen(
+    pair: &NetnsPair,
+    port: u16,
+    args: &[&str],
+) -> monitor::peer::loadgen::LoadgenReport {
     let mut all = vec!["--to".to_string(), format!("{}:{port}", pair.addr_a)];
     all.extend(args.iter().map(|a| a.to_string()));
     crate::soak::loadgen(&monitor_bin(), &pair.ns_b, &all)

@@ -14,11 +14,11 @@ use aya::{
 };
 use monitor::{
     agent::{Agent, AgentParts},
-    client::Client,
-    clock::monotonic_ns,
     detector::{levels::Levels, model::DetectorParams, tracker::DetectorConfig},
-    loaded::LoadedProgram,
-    program,
+    kernel::clock::monotonic_ns,
+    kernel::loaded::LoadedProgram,
+    kernel::program,
+    serving::client::Client,
 };
 use monitor_common::{
     config::XdpConfig,
@@ -258,7 +258,7 @@ pub fn sweep_timings(peers: u32) -> SweepTimings {
         iface: "none".into(),
         mode: "none".into(),
         port: 0,
-        admission: monitor::admission::AdmissionPolicy {
+        admission: monitor::agent::admission::AdmissionPolicy {
             auto: false,
             from: vec![],
             rate_per_sec: 1,

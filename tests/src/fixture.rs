@@ -2,7 +2,10 @@
 //! packet through BPF_PROG_TEST_RUN.
 
 use aya::programs::{TestRun, TestRunOptions};
-use monitor::{clock::monotonic_ns, counters::CounterTotals, loaded::LoadedProgram, program};
+use monitor::{
+    kernel::clock::monotonic_ns, kernel::counters::CounterTotals, kernel::loaded::LoadedProgram,
+    kernel::program,
+};
 use monitor_common::{
     config::XdpConfig,
     maps::{PeerRecord, UnknownPeerReport},
@@ -133,7 +136,7 @@ impl Fixture {
     pub fn unknown_reports(&mut self) -> Vec<UnknownPeerReport> {
         let mut out = Vec::new();
         while let Some(item) = self.loaded.unknown_reports.next() {
-            out.push(monitor::admission::decode_report(&item).expect("report size"));
+            out.push(monitor::agent::admission::decode_report(&item).expect("report size"));
         }
         out
     }

@@ -24,7 +24,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use monitor::client::Client;
+use monitor::serving::client::Client;
 use monitor_common::wire::DEFAULT_PORT;
 use serde_json::{Value, json};
 

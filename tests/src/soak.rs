@@ -14,8 +14,8 @@ use std::{
 };
 
 use monitor::{
-    client::Client,
-    loadgen::{ChurnSchedule, LoadgenReport},
+    peer::loadgen::{ChurnSchedule, LoadgenReport},
+    serving::client::Client,
 };
 use serde::Serialize;
 use serde_json::{Value, json};

@@ -16,7 +16,7 @@ use integration_tests::{
     netns::NetnsPair,
     require_root,
 };
-use monitor::program;
+use monitor::kernel::program;
 use serde_json::json;
 
 /// The other XDP program's port: it drops datagrams to it and passes everything else, so

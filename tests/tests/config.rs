@@ -91,7 +91,7 @@ fn sighup_applies_new_levels_and_keeps_what_needs_a_restart() {
     let _ = dying.0.kill();
     let _ = dying.0.wait();
     // Past level 3, the highest for now.
-    let next_suspect = |events: &mut monitor::client::Client| loop {
+    let next_suspect = |events: &mut monitor::serving::client::Client| loop {
         let line = events.read_line().expect("an event within 10 s");
         let e: Value = serde_json::from_str(&line).unwrap();
         if e["event"] == "suspect" && e["id"] == 2 {

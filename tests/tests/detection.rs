@@ -13,7 +13,7 @@ use integration_tests::{
     netns::NetnsPair,
     require_root, wait_for,
 };
-use monitor::client::Client;
+use monitor::serving::client::Client;
 use serde_json::{Value, json};
 
 /// Reads events until `done` says so, or fails after `within`.

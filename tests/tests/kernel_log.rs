@@ -11,7 +11,7 @@ use std::{
 use integration_tests::{
     agent_process::TempDir, http::in_netns, monitor_bin, netns::NetnsPair, require_root,
 };
-use monitor::client::Client;
+use monitor::serving::client::Client;
 use serde_json::json;
 
 /// Starts the agent with `extra`, sends one malformed heartbeat (3 bytes to the heartbeat

@@ -16,7 +16,7 @@ use std::{
 use integration_tests::{
     agent_process::TempDir, monitor_bin, netns::ip, require_root, unique_name,
 };
-use monitor::client::Client;
+use monitor::serving::client::Client;
 use serde_json::json;
 
 /// The unit as shipped.

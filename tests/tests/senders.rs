@@ -150,14 +150,14 @@ fn self_tests_pass_and_datagrams_match_the_rust_encoder_and_signer() {
     }
 
     let key_file = senders.key_file("a.key", KEY_A);
-    let key = monitor::auth_key::read_key_file(Path::new(&key_file)).unwrap();
+    let key = monitor::peer::auth_key::read_key_file(Path::new(&key_file)).unwrap();
     let (id, incarnation) = (0xfedc_ba98_7654_3210_u64, 0xdead_beef_u32);
     for signed in [false, true] {
         let expected: Vec<String> = (0..5)
             .map(|seq| {
                 let mut header = HeartbeatHeader::new(id, incarnation, seq);
                 if signed {
-                    monitor::auth_key::sign(&mut header, &key);
+                    monitor::peer::auth_key::sign(&mut header, &key);
                 }
                 header
                     .to_bytes()

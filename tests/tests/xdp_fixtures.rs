@@ -5,7 +5,7 @@ use integration_tests::{
     fixture::{Fixture, XDP_DROP, XDP_PASS},
     packet::*,
 };
-use monitor::counters::CounterTotals;
+use monitor::kernel::counters::CounterTotals;
 use monitor_common::{
     config::{XDP_FLAG_PASS_HEARTBEATS, XdpConfig},
     maps::{FAMILY_IPV4, FAMILY_IPV6},
@@ -392,7 +392,10 @@ fn sequence_tracking_counts_lost_duplicates_and_late_arrivals() {
 #[test]
 fn accepted_heartbeats_store_the_last_heard_word() {
     use monitor_common::last_heard;
-    for hook in [monitor::program::Hook::Xdp, monitor::program::Hook::Tc] {
+    for hook in [
+        monitor::kernel::program::Hook::Xdp,
+        monitor::kernel::program::Hook::Tc,
+    ] {
         let mut fx = Fixture::new_hook(XdpConfig::DEFAULT, &[PEER], hook);
         let slot = fx.loaded.registry.slot_of(PEER).unwrap();
         let admitted = fx.record(PEER);
@@ -615,7 +618,7 @@ fn a_forgotten_peer_is_unknown_and_its_slot_is_left_alone() {
     let cleared = fx.loaded.table.record(slot).unwrap();
     assert_eq!((cleared.peer_id, cleared.heartbeats), (0, 0));
     // The freed slot goes to the next peer admitted, clean.
-    let now = monitor::clock::monotonic_ns();
+    let now = monitor::kernel::clock::monotonic_ns();
     assert_eq!(
         fx.loaded.registry.admit(&fx.loaded.table, 99, now).unwrap(),
         slot
@@ -625,7 +628,7 @@ fn a_forgotten_peer_is_unknown_and_its_slot_is_left_alone() {
 }
 
 mod authentication {
-    use monitor::auth_key::sign;
+    use monitor::peer::auth_key::sign;
     use monitor_common::{
         auth::{AuthKey, KEY_CURRENT, KEY_PREVIOUS},
         config::XDP_FLAG_REQUIRE_AUTH,
@@ -731,7 +734,7 @@ mod authentication {
 /// verdicts, counters and peer record, packet by packet.
 #[test]
 fn the_tc_hook_judges_every_packet_as_xdp_does() {
-    use monitor::program::Hook;
+    use monitor::kernel::program::Hook;
     let mut packets: Vec<(String, Vec<u8>)> = Vec::new();
     for (name, packet) in layouts() {
         let frame = packet.build();
@@ -815,7 +818,7 @@ fn to_destination(packet: &Packet, dst: std::net::IpAddr) -> Vec<u8> {
 }
 
 /// A fixture that checks destinations, accepting heartbeats at `addrs` only.
-fn checking_destinations(hook: monitor::program::Hook, addrs: &[&str]) -> Fixture {
+fn checking_destinations(hook: monitor::kernel::program::Hook, addrs: &[&str]) -> Fixture {
     use monitor_common::config::XDP_FLAG_CHECK_DESTINATION;
     let mut fx = Fixture::new_hook(
         XdpConfig {
@@ -830,7 +833,8 @@ fn checking_destinations(hook: monitor::program::Hook, addrs: &[&str]) -> Fixtur
 }
 
 fn set_local(fx: &mut Fixture, addrs: &[&str]) {
-    let mut map = monitor::destination::LocalAddrs::take(&mut fx.loaded.ebpf).expect("LOCAL_ADDRS");
+    let mut map =
+        monitor::kernel::destination::LocalAddrs::take(&mut fx.loaded.ebpf).expect("LOCAL_ADDRS");
     let set = addrs.iter().map(|a| a.parse().unwrap()).collect();
     map.set(&set).expect("fill LOCAL_ADDRS");
     // The map stays in the kernel with the program; the userspace handle may go.
@@ -858,7 +862,7 @@ fn not_local_of(packet: &Packet) -> std::net::IpAddr {
 /// recorded and consumed: every layout, both hooks.
 #[test]
 fn heartbeats_to_another_host_pass_and_are_not_recorded() {
-    use monitor::program::Hook;
+    use monitor::kernel::program::Hook;
     let local = ["192.0.2.1", "2001:db8::1"];
     for hook in [Hook::Xdp, Hook::Tc] {
         for (name, packet) in layouts() {
@@ -886,7 +890,7 @@ fn heartbeats_to_another_host_pass_and_are_not_recorded() {
 /// and traffic to other ports is untouched by the check.
 #[test]
 fn the_check_comes_after_the_port_and_before_validation() {
-    let mut fx = checking_destinations(monitor::program::Hook::Xdp, &["192.0.2.1"]);
+    let mut fx = checking_destinations(monitor::kernel::program::Hook::Xdp, &["192.0.2.1"]);
     let mut broken = Packet::heartbeat_v4(PEER, 1);
     broken.payload[0] ^= 0xff;
     let frame = to_destination(&broken, NOT_LOCAL_V4.parse().unwrap());
@@ -911,7 +915,7 @@ fn the_check_comes_after_the_port_and_before_validation() {
 /// one removed is not. A multicast group counts when listed.
 #[test]
 fn local_addresses_change_under_the_running_program() {
-    let mut fx = checking_destinations(monitor::program::Hook::Xdp, &[]);
+    let mut fx = checking_destinations(monitor::kernel::program::Hook::Xdp, &[]);
     let packet = Packet::heartbeat_v4(PEER, 1);
     let frame = to_destination(&packet, NOT_LOCAL_V4.parse().unwrap());
     assert_eq!(fx.run(&frame), XDP_PASS);
@@ -947,12 +951,12 @@ fn without_the_check_every_destination_counts() {
 }
 
 /// The fixture's LOCAL_ADDRS, found through the program's map ids.
-fn local_addrs_of(fx: &Fixture) -> monitor::destination::LocalAddrs {
+fn local_addrs_of(fx: &Fixture) -> monitor::kernel::destination::LocalAddrs {
     use aya::maps::MapData;
     let info = fx
         .loaded
         .ebpf
-        .program(monitor::program::PROGRAM_NAME)
+        .program(monitor::kernel::program::PROGRAM_NAME)
         .expect("the program")
         .info()
         .expect("program info");
@@ -960,7 +964,8 @@ fn local_addrs_of(fx: &Fixture) -> monitor::destination::LocalAddrs {
         let data = MapData::from_id(id).expect("map by id");
         if data.info().expect("map info").name() == monitor_common::maps::LOCAL_ADDRS_MAP.as_bytes()
         {
-            return monitor::destination::LocalAddrs::from_map_data(data).expect("LOCAL_ADDRS");
+            return monitor::kernel::destination::LocalAddrs::from_map_data(data)
+                .expect("LOCAL_ADDRS");
         }
     }
     panic!("the program uses no map named LOCAL_ADDRS");

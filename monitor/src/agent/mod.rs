@@ -2,6 +2,7 @@
 //! suspicions and answers socket requests. Starting it (loading or adopting the program,
 //! binding the socket, the tasks) is `run`'s job.
 
+pub mod admission;
 mod notify;
 mod run;
 
@@ -21,22 +22,22 @@ use tokio::sync::broadcast;
 
 pub use self::run::{AgentConfig, Reload, run};
 use crate::{
-    admission::{Admission, AdmissionPolicy, Verdict},
-    clock::monotonic_ns,
-    counters::CounterTotals,
+    agent::admission::{Admission, AdmissionPolicy, Verdict},
     detector::{
         levels::Levels,
         model::DetectorParams,
         tracker::{DetectorConfig, Event, Lazy, PeerTracker, SweepStep, SweepTime, Watch},
     },
-    metrics::{self, AgentMetrics, KindLabel, PeerSeries, Scrape},
-    peer_table::{Busy, PeerTable},
-    peer_view::{PeerView, WindowDetail, ip_addr},
-    program,
-    protocol::{AgentStats, PeerError, Request, error_reply, ok_reply},
-    recording::{ARRIVAL_BUFFER, RecordingGuard, Recordings},
-    registry::{AdmitError, ForgetError, Registry},
-    server::{Handler, Recording, Response},
+    kernel::clock::monotonic_ns,
+    kernel::counters::CounterTotals,
+    kernel::peer_table::{Busy, PeerTable},
+    kernel::program,
+    kernel::registry::{AdmitError, ForgetError, Registry},
+    serving::metrics::{self, AgentMetrics, KindLabel, PeerSeries, Scrape},
+    serving::peer_view::{PeerView, WindowDetail, ip_addr},
+    serving::protocol::{AgentStats, PeerError, Request, error_reply, ok_reply},
+    serving::recording::{ARRIVAL_BUFFER, RecordingGuard, Recordings},
+    serving::server::{Handler, Recording, Response},
 };
 
 /// Events buffered per subscriber before a slow one is told it missed some.
@@ -429,7 +430,12 @@ impl Agent {
     /// one pass under the trackers' lock.
     fn collect(&self) -> Result<Vec<PeerView>, PeerError> {
         let now = monotonic_ns();
-        let slots: Vec<(u64, u32)> = self.registry.read().expect("registry lock").iter().collect();
+        let slots: Vec<(u64, u32)> = self
+            .registry
+            .read()
+            .expect("registry lock")
+            .iter()
+            .collect();
         let detector = self.detector();
         let mut peers = Vec::with_capacity(slots.len());
         for (id, slot) in slots {

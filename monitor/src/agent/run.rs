@@ -22,24 +22,25 @@ use super::{
     notify::{self, Notifier},
 };
 use crate::{
-    access::{self, AccessPolicy},
-    admission::{self, AdmissionPolicy},
-    auth_key::read_key_file,
-    clock::monotonic_ns,
+    agent::admission::{self, AdmissionPolicy},
     detector::{
         levels::Levels,
         model::{DetectorParams, Model},
         tracker::DetectorConfig,
     },
-    kernel_log,
-    keyring::KeyRing,
-    loaded::LoadedProgram,
-    metrics,
-    peer_table::PeerTable,
-    pinning,
-    program::{self, AttachMode},
-    registry::{AdmitError, Registry},
-    ring_reader, server,
+    kernel::clock::monotonic_ns,
+    kernel::kernel_log,
+    kernel::keyring::KeyRing,
+    kernel::loaded::LoadedProgram,
+    kernel::peer_table::PeerTable,
+    kernel::pinning,
+    kernel::program::{self, AttachMode},
+    kernel::registry::{AdmitError, Registry},
+    kernel::ring_reader,
+    peer::auth_key::read_key_file,
+    serving::access::{self, AccessPolicy},
+    serving::metrics,
+    serving::server,
 };
 
 /// Everything `monitor run` is told.
@@ -57,7 +58,7 @@ pub struct AgentConfig {
     pub admission: AdmissionPolicy,
     pub pass_heartbeats: bool,
     /// Which destination addresses heartbeats are accepted at (`--listen-addr`).
-    pub listen: crate::destination::Listen,
+    pub listen: crate::kernel::destination::Listen,
     pub unknown_reports_per_sec: u32,
     /// The detector; its `window` is the kernel's window.
     pub detector: DetectorParams,
@@ -353,7 +354,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         _ => load_and_attach(&config, &xdp, expected)?,
     };
     // Fills LOCAL_ADDRS and follows the interface's addresses until the agent stops.
-    let _destinations = crate::destination::start(
+    let _destinations = crate::kernel::destination::start(
         &config.iface,
         &config.listen,
         kernel.ebpf.as_mut(),

@@ -398,7 +398,10 @@ mod tests {
             "{printed}"
         );
         assert!(printed.contains("pass-heartbeats = true\n"), "{printed}");
-        assert!(printed.contains("# port = 18498   (default)\n"), "{printed}");
+        assert!(
+            printed.contains("# port = 18498   (default)\n"),
+            "{printed}"
+        );
         assert!(
             printed.contains("# auth-key-file = (not set)\n"),
             "{printed}"

@@ -1,7 +1,7 @@
 use std::{path::PathBuf, process::ExitCode};
 
 use clap::Args;
-use monitor::pinning;
+use monitor::kernel::pinning;
 
 #[derive(Debug, Args)]
 pub struct DetachArgs {

@@ -6,7 +6,7 @@ use std::{
 
 use anyhow::Context;
 use clap::Args;
-use monitor::loadgen::{self, LoadgenConfig};
+use monitor::peer::loadgen::{self, LoadgenConfig};
 
 use super::parse_duration;
 
@@ -19,7 +19,7 @@ pub struct LoadgenArgs {
     #[arg(long, default_value_t = 1000)]
     peers: u64,
     /// Id of the first peer; the others follow consecutively.
-    #[arg(long, default_value_t = 1, value_parser = monitor::admission::parse_peer_id)]
+    #[arg(long, default_value_t = 1, value_parser = monitor::agent::admission::parse_peer_id)]
     first_id: u64,
     /// Heartbeats per second per peer.
     #[arg(long, default_value_t = 10.0)]
@@ -74,7 +74,7 @@ pub fn loadgen(args: LoadgenArgs) -> anyhow::Result<ExitCode> {
         key: args
             .auth_key_file
             .as_deref()
-            .map(monitor::auth_key::read_key_file)
+            .map(monitor::peer::auth_key::read_key_file)
             .transpose()?,
     };
     let report = loadgen::run(&config, &stop)?;

@@ -3,9 +3,11 @@ use std::{path::PathBuf, process::ExitCode};
 use clap::{Args, Subcommand};
 use monitor::{
     DEFAULT_SOCKET,
-    client::Client,
-    peer_view::PeerView,
-    protocol::{AgentStats, PeerReply, PeersReply, StatsReply, SuspectsReply, into_result},
+    serving::client::Client,
+    serving::peer_view::PeerView,
+    serving::protocol::{
+        AgentStats, PeerReply, PeersReply, StatsReply, SuspectsReply, into_result,
+    },
 };
 use serde_json::{Value, json};
 
@@ -26,7 +28,7 @@ enum What {
     /// One peer.
     Peer {
         /// Peer id (decimal or 0x hex).
-        #[arg(value_parser = monitor::admission::parse_peer_id)]
+        #[arg(value_parser = monitor::agent::admission::parse_peer_id)]
         id: u64,
     },
     /// Every admitted peer.
@@ -39,7 +41,7 @@ enum What {
     /// Stop watching a peer and free its slot.
     Forget {
         /// Peer id (decimal or 0x hex).
-        #[arg(value_parser = monitor::admission::parse_peer_id)]
+        #[arg(value_parser = monitor::agent::admission::parse_peer_id)]
         id: u64,
     },
     /// Agent and kernel counters.
@@ -64,7 +66,7 @@ pub fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
     // A slot that kept changing while the agent read it: a busy moment, not an answer. Ask
     // again a few times before reporting it.
     for _ in 0..BUSY_RETRIES {
-        if !monitor::protocol::is_busy(&reply) {
+        if !monitor::serving::protocol::is_busy(&reply) {
             break;
         }
         std::thread::sleep(BUSY_PAUSE);

@@ -12,16 +12,16 @@ use anyhow::{Context, bail};
 use clap::Args;
 use monitor::{
     DEFAULT_SOCKET,
-    client::Client,
     detector::trace::{Arrival, format_trace},
-    recording::ArrivalLine,
+    serving::client::Client,
+    serving::recording::ArrivalLine,
 };
 use serde_json::{Value, json};
 
 use super::parse_duration;
 
 fn parse_id(text: &str) -> Result<u64, String> {
-    monitor::admission::parse_peer_id(text)
+    monitor::agent::admission::parse_peer_id(text)
 }
 
 #[derive(Debug, Args)]

@@ -5,13 +5,13 @@ use std::time::Duration;
 use clap::Args;
 use monitor::{
     DEFAULT_SOCKET,
-    admission::AdmissionPolicy,
+    agent::admission::AdmissionPolicy,
     agent::{self, AgentConfig},
     detector::{
         levels::Levels,
         model::{DetectorParams, Model},
     },
-    program::{AttachMode, Hook},
+    kernel::program::{AttachMode, Hook},
 };
 
 use super::parse_duration;
@@ -86,8 +86,8 @@ pub struct RunArgs {
     /// untouched and counted as not_local. Default: the interface's own addresses, followed as
     /// they change. `any` records every destination. A multicast group or broadcast address
     /// counts only when listed here (docs/wire-format.md).
-    #[arg(long, value_name = "ADDR", value_delimiter = ',', value_parser = clap::value_parser!(monitor::destination::ListenAddr))]
-    listen_addr: Vec<monitor::destination::ListenAddr>,
+    #[arg(long, value_name = "ADDR", value_delimiter = ',', value_parser = clap::value_parser!(monitor::kernel::destination::ListenAddr))]
+    listen_addr: Vec<monitor::kernel::destination::ListenAddr>,
     /// Require heartbeats signed with the 128-bit key in this file (32 hex digits, mode 0600).
     /// SIGHUP re-reads it: the new key is current, the old one accepted for --auth-grace.
     #[arg(long, help_heading = "Security")]
@@ -147,7 +147,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "HOST:PORT", help_heading = "Metrics")]
     metrics_addr: Option<std::net::SocketAddr>,
     /// Give this peer series of its own (phi, silence, level); repeat or comma-separate.
-    #[arg(long = "metrics-peer", value_name = "ID", value_delimiter = ',', value_parser = monitor::admission::parse_peer_id, help_heading = "Metrics")]
+    #[arg(long = "metrics-peer", value_name = "ID", value_delimiter = ',', value_parser = monitor::agent::admission::parse_peer_id, help_heading = "Metrics")]
     metrics_peers: Vec<u64>,
     /// Give the K peers with the highest phi at each scrape series of their own (with
     /// --metrics-peer, at most 1000 in all).
@@ -157,8 +157,8 @@ pub struct RunArgs {
     /// target `kernel`: warn (malformed heartbeats, authentication failures), debug (also
     /// unknown peers and busy slots). Off costs nothing: disabled lines are removed when the
     /// program is verified.
-    #[arg(long, value_enum, default_value_t = monitor::program::KernelLog::Off)]
-    kernel_log: monitor::program::KernelLog,
+    #[arg(long, value_enum, default_value_t = monitor::kernel::program::KernelLog::Off)]
+    kernel_log: monitor::kernel::program::KernelLog,
     /// How often every peer is checked for crossed levels (bounds event latency).
     #[arg(long, default_value = "50ms", value_parser = parse_duration, help_heading = "Detector")]
     sweep_interval: Duration,
@@ -293,7 +293,7 @@ fn agent_config(args: RunArgs) -> anyhow::Result<AgentConfig> {
             ..DetectorParams::DEFAULT
         },
     };
-    let metrics_peers = monitor::metrics::PeerSeries {
+    let metrics_peers = monitor::serving::metrics::PeerSeries {
         ids: args.metrics_peers,
         top: args.metrics_top,
     };
@@ -323,11 +323,11 @@ fn agent_config(args: RunArgs) -> anyhow::Result<AgentConfig> {
             "--persist and --pin-path need --hook xdp: with --hook tc the attachment ends with the agent"
         );
     }
-    let listen =
-        monitor::destination::Listen::from_args(&args.listen_addr).map_err(anyhow::Error::msg)?;
+    let listen = monitor::kernel::destination::Listen::from_args(&args.listen_addr)
+        .map_err(anyhow::Error::msg)?;
     let pin_path = match (args.pin_path, args.persist) {
         (Some(path), _) => Some(path),
-        (None, true) => Some(monitor::pinning::default_pin_path(&args.iface)),
+        (None, true) => Some(monitor::kernel::pinning::default_pin_path(&args.iface)),
         (None, false) => None,
     };
     Ok(AgentConfig {

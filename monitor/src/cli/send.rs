@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::Context;
 use clap::Args;
-use monitor::sender::{self, SenderConfig};
+use monitor::peer::sender::{self, SenderConfig};
 
 use super::parse_duration;
 
@@ -48,7 +48,7 @@ pub fn default_incarnation() -> u32 {
 }
 
 fn parse_id(text: &str) -> Result<u64, String> {
-    let id = monitor::admission::parse_peer_id(text)?;
+    let id = monitor::agent::admission::parse_peer_id(text)?;
     monitor_common::wire::validate_peer_id(id).map_err(|_| {
         format!("{id} is not a valid peer id: id 0 is reserved (docs/wire-format.md)")
     })?;
@@ -75,7 +75,7 @@ pub fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
         key: args
             .auth_key_file
             .as_deref()
-            .map(monitor::auth_key::read_key_file)
+            .map(monitor::peer::auth_key::read_key_file)
             .transpose()?,
     };
     let stop = Arc::new(AtomicBool::new(false));

@@ -1,7 +1,7 @@
 use std::{path::PathBuf, process::ExitCode};
 
 use clap::Args;
-use monitor::{DEFAULT_SOCKET, client::Client, protocol::into_result};
+use monitor::{DEFAULT_SOCKET, serving::client::Client, serving::protocol::into_result};
 use serde_json::{Value, json};
 
 #[derive(Debug, Args)]

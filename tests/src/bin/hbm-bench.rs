@@ -216,7 +216,7 @@ fn soak(
         started + 2.0 * period_s as f64 * 1000.0,
         ended - 1000.0,
     );
-    let stats = monitor::client::Client::connect(socket)
+    let stats = monitor::serving::client::Client::connect(socket)
         .and_then(|mut c| c.request(&serde_json::json!({"op": "stats"})))
         .map(|v| v["stats"].clone())
         .unwrap_or(serde_json::Value::Null);

@@ -10,7 +10,7 @@ use aya::{
     programs::{SchedClassifier, TcAttachType},
 };
 use clap::Parser;
-use monitor::program::IMPAIR_OBJECT;
+use monitor::kernel::program::IMPAIR_OBJECT;
 use monitor_common::impair::{GE_BAD, GE_DROPPED, GE_PASSED, GilbertElliott};
 
 #[derive(Parser)]

@@ -63,8 +63,8 @@ use crossterm::{
 };
 use monitor::{
     DEFAULT_SOCKET,
-    client::Client,
-    protocol::{PeerReply, PeersReply, StatsReply, SuspectsReply, into_result},
+    serving::client::Client,
+    serving::protocol::{PeerReply, PeersReply, StatsReply, SuspectsReply, into_result},
 };
 use ratatui::{Terminal, backend::CrosstermBackend};
 use serde::de::DeserializeOwned;

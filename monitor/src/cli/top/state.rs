@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
-use monitor::{peer_view::PeerView, protocol::AgentStats};
+use monitor::{serving::peer_view::PeerView, serving::protocol::AgentStats};
 use serde_json::Value;
 
 /// Events kept for the events pane (more than any terminal shows).

@@ -1,7 +1,7 @@
 //! Drawing `monitor top` from its state: header, level counts, the peer table, the followed
 //! peer, the events, the key help. Nothing here talks to the agent or reads keys.
 
-use monitor::peer_view::PeerView;
+use monitor::serving::peer_view::PeerView;
 use ratatui::{
     Frame,
     layout::{Constraint, Layout, Rect},

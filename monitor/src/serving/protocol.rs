@@ -4,11 +4,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use crate::{
-    admission::AdmissionCounters,
-    counters::CounterTotals,
-    peer_view::PeerView,
-    program::RunStats,
-    recording::{MAX_RECORD_MS, MAX_RECORD_PEERS},
+    agent::admission::AdmissionCounters,
+    kernel::counters::CounterTotals,
+    kernel::program::RunStats,
+    serving::peer_view::PeerView,
+    serving::recording::{MAX_RECORD_MS, MAX_RECORD_PEERS},
 };
 
 /// Longest request line the agent reads; longer lines get an error reply and are discarded.

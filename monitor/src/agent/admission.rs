@@ -67,7 +67,7 @@ pub fn parse_peer_id(text: &str) -> Result<u64, String> {
 
 /// Decodes one unknown-peer report from the kernel's ring; None if it is too short.
 pub fn decode_report(bytes: &[u8]) -> Option<UnknownPeerReport> {
-    crate::ring_reader::decode(bytes)
+    crate::kernel::ring_reader::decode(bytes)
 }
 
 #[cfg(test)]

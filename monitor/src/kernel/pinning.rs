@@ -31,7 +31,10 @@ use monitor_common::{
     },
 };
 
-use crate::{peer_index::PeerIndex, peer_table::PeerTable, program, registry::Registry};
+use crate::{
+    kernel::peer_index::PeerIndex, kernel::peer_table::PeerTable, kernel::program,
+    kernel::registry::Registry,
+};
 
 /// Every map, in the order they are pinned.
 pub const MAPS: [&str; 9] = [

@@ -19,10 +19,10 @@ use tokio_util::codec::{Decoder, Encoder, Framed, LinesCodec, LinesCodecError};
 use monitor_common::maps::ArrivalRecord;
 
 use crate::{
-    access::AccessPolicy,
     detector::tracker::Event,
-    protocol::{MAX_REQUEST_BYTES, Request, error_reply, parse_request},
-    recording::{ArrivalLine, RecordingGuard},
+    serving::access::AccessPolicy,
+    serving::protocol::{MAX_REQUEST_BYTES, Request, error_reply, parse_request},
+    serving::recording::{ArrivalLine, RecordingGuard},
 };
 
 /// Clients served at once; more wait in the listen backlog.

@@ -18,10 +18,10 @@ use monitor_common::{
 };
 
 use crate::{
-    peer_index::PeerIndex,
-    peer_table::{PeerTable, PeerTableError},
-    program::{self, ProgramLoadError},
-    registry::Registry,
+    kernel::peer_index::PeerIndex,
+    kernel::peer_table::{PeerTable, PeerTableError},
+    kernel::program::{self, ProgramLoadError},
+    kernel::registry::Registry,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -38,7 +38,7 @@ pub enum LoadedError {
     #[error(transparent)]
     Table(#[from] PeerTableError),
     #[error(transparent)]
-    Pin(#[from] crate::pinning::PinError),
+    Pin(#[from] crate::kernel::pinning::PinError),
 }
 
 pub struct LoadedProgram {
@@ -82,7 +82,7 @@ impl LoadedProgram {
     ) -> Result<Self, LoadedError> {
         let mut ebpf = program::load_hook(config, capacity, log, hook)?;
         if let Some(dir) = pin_dir {
-            crate::pinning::pin_maps(dir, &ebpf)?;
+            crate::kernel::pinning::pin_maps(dir, &ebpf)?;
         }
         let table = match (ebpf.map(PEER_STATE_MAP), ebpf.map(LAST_HEARD_MAP)) {
             (Some(Map::Array(state)), Some(Map::Array(words))) => {

@@ -7,11 +7,11 @@
 //!   and signing, transient send errors logged and survived.
 //! - [`heartbeat`] builds (and with a key, signs) the 32 bytes of one heartbeat, for a
 //!   service that sends from its own socket or event loop (tokio, mio, ...).
-//! - [`monitor_common::wire::HeartbeatHeader`] and [`crate::auth_key::sign`] are the pieces
+//! - [`monitor_common::wire::HeartbeatHeader`] and [`crate::peer::auth_key::sign`] are the pieces
 //!   underneath, as docs/wire-format.md describes them byte by byte.
 //!
-//! Keys are read with [`crate::auth_key::read_key_file`] (32 hex digits, mode 0600) or parsed
-//! with [`crate::auth_key::parse_key`].
+//! Keys are read with [`crate::peer::auth_key::read_key_file`] (32 hex digits, mode 0600) or parsed
+//! with [`crate::peer::auth_key::parse_key`].
 //!
 //! ```no_run
 //! use std::{
@@ -19,13 +19,13 @@
 //!     time::Duration,
 //! };
 //!
-//! use monitor::sender::{self, SenderConfig};
+//! use monitor::peer::sender::{self, SenderConfig};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! // Heartbeats as peer 17 every 100 ms, signed, on a thread of their own until told to stop.
 //! let mut config = SenderConfig::new("192.0.2.1:18498".parse()?, 17);
 //! config.interval = Duration::from_millis(100);
-//! config.key = Some(monitor::auth_key::read_key_file("/etc/heartbeat/key".as_ref())?);
+//! config.key = Some(monitor::peer::auth_key::read_key_file("/etc/heartbeat/key".as_ref())?);
 //! let stop = Arc::new(AtomicBool::new(false));
 //! let sending = std::thread::spawn({
 //!     let stop = stop.clone();
@@ -112,7 +112,7 @@ pub fn unix_time_incarnation() -> u32 {
 pub fn heartbeat(id: u64, incarnation: u32, seq: u64, key: Option<&AuthKey>) -> [u8; HEADER_LEN] {
     let mut header = HeartbeatHeader::new(id, incarnation, seq);
     if let Some(key) = key {
-        crate::auth_key::sign(&mut header, key);
+        crate::peer::auth_key::sign(&mut header, key);
     }
     header.to_bytes()
 }
@@ -184,7 +184,7 @@ mod tests {
         let plain = heartbeat(7, 1, 42, None);
         assert_eq!(plain, HeartbeatHeader::new(7, 1, 42).to_bytes());
         assert_eq!(plain[24..], [0; 8]);
-        let key = crate::auth_key::parse_key("000102030405060708090a0b0c0d0e0f").unwrap();
+        let key = crate::peer::auth_key::parse_key("000102030405060708090a0b0c0d0e0f").unwrap();
         let signed = heartbeat(7, 1, 42, Some(&key));
         let header = HeartbeatHeader::decode(&signed).unwrap();
         assert_eq!(

@@ -229,7 +229,7 @@ pub fn run(config: &LoadgenConfig, stop: &AtomicBool) -> Result<LoadgenReport, L
             n / config.peers,
         );
         if let Some(key) = &config.key {
-            crate::auth_key::sign(&mut header, key);
+            crate::peer::auth_key::sign(&mut header, key);
         }
         batch.packets.push(header.to_bytes());
     };

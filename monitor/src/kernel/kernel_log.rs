@@ -48,7 +48,7 @@ pub fn of_loaded(ebpf: &mut Ebpf) -> Result<KernelLogger, KernelLogError> {
 
 /// The log ring of an adopted (pinned) program, found through the program's own maps.
 pub fn of_adopted(program_fd: BorrowedFd<'_>) -> Result<KernelLogger, KernelLogError> {
-    let id = crate::program::run_stats(program_fd)?.id;
+    let id = crate::kernel::program::run_stats(program_fd)?.id;
     Ok(EbpfLogger::init_from_id_with_logger(id, Forward)?)
 }
 

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use monitor_common::maps::PeerRecord;
 
 use crate::{
-    peer_index::{IndexFull, PeerIndex},
-    peer_table::PeerTable,
+    kernel::peer_index::{IndexFull, PeerIndex},
+    kernel::peer_table::PeerTable,
 };
 
 #[derive(Debug, thiserror::Error)]

@@ -12,7 +12,7 @@ use std::{
 
 use monitor_common::index::{BUCKET_ENTRIES, IndexBucket, PROBE_BUCKETS, bits_for, home};
 
-use crate::peer_table::{PeerTableError, map_array};
+use crate::kernel::peer_table::{PeerTableError, map_array};
 
 /// No empty entry in the buckets an id may live in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

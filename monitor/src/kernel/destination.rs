@@ -135,7 +135,7 @@ pub enum DestinationError {
     #[error("map {LOCAL_ADDRS_MAP}: {0}")]
     Map(#[from] MapError),
     #[error(transparent)]
-    Pin(#[from] crate::pinning::PinError),
+    Pin(#[from] crate::kernel::pinning::PinError),
     #[error("reading the addresses of {iface}: {source}")]
     Interface { iface: String, source: io::Error },
     #[error("{0} destination addresses; LOCAL_ADDRS holds at most {LOCAL_ADDRS_CAPACITY}")]
@@ -167,7 +167,7 @@ impl LocalAddrs {
 
     /// The map pinned under `dir` (adopted state).
     pub fn open_pinned(dir: &Path) -> Result<Self, DestinationError> {
-        let map: Map = crate::pinning::open(dir, LOCAL_ADDRS_MAP)?;
+        let map: Map = crate::kernel::pinning::open(dir, LOCAL_ADDRS_MAP)?;
         Ok(Self {
             map: BpfHashMap::try_from(map)?,
         })

@@ -30,7 +30,7 @@ use prometheus_client::{
 };
 use tokio::net::TcpListener;
 
-use crate::protocol::AgentStats;
+use crate::serving::protocol::AgentStats;
 
 /// The most per-peer series a configuration may ask for (ids and top-K together).
 pub const MAX_PEER_SERIES: usize = 1000;
@@ -551,7 +551,10 @@ fn respond<B>(request: &Request<B>, registry: &Registry) -> Response<Full<Bytes>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{admission::AdmissionCounters, counters::CounterTotals, program::RunStats};
+    use crate::{
+        agent::admission::AdmissionCounters, kernel::counters::CounterTotals,
+        kernel::program::RunStats,
+    };
 
     struct Fake {
         metrics: AgentMetrics,

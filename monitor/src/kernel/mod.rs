@@ -1,0 +1,17 @@
+//! The kernel side: loading and attaching the XDP (or TC) program, pinning its state, and the
+//! agent's handles on its maps: the peer table and its last-heard words, the id index and the
+//! slot registry, the counters, the keys, the destination addresses, the program's log and ring
+//! buffers, and the clock the program stamps arrivals with.
+
+pub mod clock;
+pub mod counters;
+pub mod destination;
+pub mod kernel_log;
+pub mod keyring;
+pub mod loaded;
+pub mod peer_index;
+pub mod peer_table;
+pub mod pinning;
+pub mod program;
+pub mod registry;
+pub mod ring_reader;
