@@ -17,6 +17,7 @@ use monitor::{
     detector::{levels::Levels, model::DetectorParams, tracker::DetectorConfig},
     kernel::clock::monotonic_ns,
     kernel::loaded::LoadedProgram,
+    kernel::maps::KernelMaps,
     kernel::program,
     serving::client::Client,
 };
@@ -76,8 +77,9 @@ fn test_run_ns(xdp: &mut aya::programs::Xdp, packet: &[u8], repeat: u32) -> f64 
 fn monitor_with_peer_7(log: program::KernelLog) -> LoadedProgram {
     let mut loaded = LoadedProgram::load_pinned(&XdpConfig::DEFAULT, 16, None, log).expect("load");
     loaded
+        .maps
         .registry
-        .admit(&loaded.table, 7, monotonic_ns())
+        .admit(&loaded.maps.table, 7, monotonic_ns())
         .expect("admit");
     loaded
 }
@@ -214,9 +216,13 @@ pub fn sweep_timings(peers: u32) -> SweepTimings {
     let loaded = LoadedProgram::load(&XdpConfig::DEFAULT, peers).expect("load");
     let LoadedProgram {
         ebpf,
-        table,
-        mut registry,
-        counters,
+        maps:
+            KernelMaps {
+                table,
+                mut registry,
+                counters,
+                ..
+            },
         ..
     } = loaded;
     let now = monotonic_ns();

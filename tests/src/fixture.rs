@@ -39,8 +39,9 @@ impl Fixture {
         let now = monotonic_ns();
         for &id in peers {
             loaded
+                .maps
                 .registry
-                .admit(&loaded.table, id, now)
+                .admit(&loaded.maps.table, id, now)
                 .expect("admit");
         }
         Self { loaded, hook }
@@ -77,17 +78,35 @@ impl Fixture {
     }
 
     pub fn counters(&self) -> CounterTotals {
-        CounterTotals::read(&self.loaded.counters).expect("read counters")
+        CounterTotals::read(&self.loaded.maps.counters).expect("read counters")
     }
 
     pub fn record(&self, id: u64) -> PeerRecord {
-        let slot = self.loaded.registry.slot_of(id).expect("peer admitted");
-        self.loaded.table.record(slot).expect("consistent read")
+        let slot = self
+            .loaded
+            .maps
+            .registry
+            .slot_of(id)
+            .expect("peer admitted");
+        self.loaded
+            .maps
+            .table
+            .record(slot)
+            .expect("consistent read")
     }
 
     pub fn intervals(&self, id: u64) -> Vec<u32> {
-        let slot = self.loaded.registry.slot_of(id).expect("peer admitted");
-        self.loaded.table.intervals(slot).expect("consistent read")
+        let slot = self
+            .loaded
+            .maps
+            .registry
+            .slot_of(id)
+            .expect("peer admitted");
+        self.loaded
+            .maps
+            .table
+            .intervals(slot)
+            .expect("consistent read")
     }
 
     /// Every (id, slot) in the kernel's own peer index (PEER_INDEX), sorted, found through the
@@ -135,7 +154,7 @@ impl Fixture {
     /// Drains the unknown-peer ring buffer.
     pub fn unknown_reports(&mut self) -> Vec<UnknownPeerReport> {
         let mut out = Vec::new();
-        while let Some(item) = self.loaded.unknown_reports.next() {
+        while let Some(item) = self.loaded.maps.unknown_reports.next() {
             out.push(monitor::agent::admission::decode_report(&item).expect("report size"));
         }
         out

@@ -397,10 +397,10 @@ fn accepted_heartbeats_store_the_last_heard_word() {
         monitor::kernel::program::Hook::Tc,
     ] {
         let mut fx = Fixture::new_hook(XdpConfig::DEFAULT, &[PEER], hook);
-        let slot = fx.loaded.registry.slot_of(PEER).unwrap();
+        let slot = fx.loaded.maps.registry.slot_of(PEER).unwrap();
         let admitted = fx.record(PEER);
         assert_eq!(
-            fx.loaded.table.last_heard(slot),
+            fx.loaded.maps.table.last_heard(slot),
             last_heard::word(admitted.last_arrival_ns, 0),
             "{hook:?}: admission"
         );
@@ -408,17 +408,17 @@ fn accepted_heartbeats_store_the_last_heard_word() {
             assert_eq!(fx.run(&Packet::heartbeat_v4(PEER, seq).build()), XDP_DROP);
             let r = fx.record(PEER);
             assert_eq!(
-                fx.loaded.table.last_heard(slot),
+                fx.loaded.maps.table.last_heard(slot),
                 last_heard::word(r.last_arrival_ns, r.heartbeats),
                 "{hook:?}: after seq {seq}"
             );
         }
-        let word = fx.loaded.table.last_heard(slot);
+        let word = fx.loaded.maps.table.last_heard(slot);
         // A duplicate and a late one are not arrivals.
         for seq in [5, 3] {
             fx.run(&Packet::heartbeat_v4(PEER, seq).build());
         }
-        assert_eq!(fx.loaded.table.last_heard(slot), word, "{hook:?}");
+        assert_eq!(fx.loaded.maps.table.last_heard(slot), word, "{hook:?}");
         assert_eq!(fx.record(PEER).heartbeats, 3);
     }
 }
@@ -517,10 +517,10 @@ fn unknown_peers_are_counted_reported_and_never_given_state() {
     );
     // The kernel never admits by itself: its own index still holds only PEER, no slot but
     // PEER's was written, and PEER's record is as admitted.
-    let slot = fx.loaded.registry.slot_of(PEER).unwrap();
+    let slot = fx.loaded.maps.registry.slot_of(PEER).unwrap();
     assert_eq!(fx.kernel_index(), vec![(PEER, slot)]);
-    for other in (0..fx.loaded.table.capacity()).filter(|&s| s != slot) {
-        let r = fx.loaded.table.record(other).expect("consistent read");
+    for other in (0..fx.loaded.maps.table.capacity()).filter(|&s| s != slot) {
+        let r = fx.loaded.maps.table.record(other).expect("consistent read");
         assert_eq!(
             (r.peer_id, r.heartbeats, r.last_seq),
             (0, 0, 0),
@@ -611,16 +611,24 @@ fn intervals_over_the_cap_are_not_counted_but_still_heard() {
 fn a_forgotten_peer_is_unknown_and_its_slot_is_left_alone() {
     let mut fx = Fixture::with_peers(&[PEER, 8]);
     fx.run(&Packet::heartbeat_v4(PEER, 1).build());
-    let slot = fx.loaded.registry.slot_of(PEER).unwrap();
-    fx.loaded.registry.forget(&fx.loaded.table, PEER).unwrap();
+    let slot = fx.loaded.maps.registry.slot_of(PEER).unwrap();
+    fx.loaded
+        .maps
+        .registry
+        .forget(&fx.loaded.maps.table, PEER)
+        .unwrap();
     assert_eq!(fx.run(&Packet::heartbeat_v4(PEER, 2).build()), XDP_DROP);
     assert_eq!(fx.counters().unknown_peer, 1);
-    let cleared = fx.loaded.table.record(slot).unwrap();
+    let cleared = fx.loaded.maps.table.record(slot).unwrap();
     assert_eq!((cleared.peer_id, cleared.heartbeats), (0, 0));
     // The freed slot goes to the next peer admitted, clean.
     let now = monitor::kernel::clock::monotonic_ns();
     assert_eq!(
-        fx.loaded.registry.admit(&fx.loaded.table, 99, now).unwrap(),
+        fx.loaded
+            .maps
+            .registry
+            .admit(&fx.loaded.maps.table, 99, now)
+            .unwrap(),
         slot
     );
     fx.run(&Packet::heartbeat_v4(99, 1).build());
@@ -647,7 +655,7 @@ mod authentication {
             },
             peers,
         );
-        fx.loaded.auth_keys.set(KEY_CURRENT, KEY, 0).unwrap();
+        fx.loaded.maps.auth_keys.set(KEY_CURRENT, KEY, 0).unwrap();
         fx
     }
 
@@ -711,7 +719,7 @@ mod authentication {
         let mut fx = fixture(&[PEER]);
         assert_eq!(fx.run(&signed(PEER, 1, &OLD)), XDP_DROP);
         assert_eq!(fx.record(PEER).heartbeats, 0, "OLD is not a key yet");
-        fx.loaded.auth_keys.set(KEY_PREVIOUS, OLD, 0).unwrap();
+        fx.loaded.maps.auth_keys.set(KEY_PREVIOUS, OLD, 0).unwrap();
         fx.run(&signed(PEER, 2, &OLD));
         fx.run(&signed(PEER, 3, &KEY));
         assert_eq!(
@@ -720,6 +728,7 @@ mod authentication {
             "both keys during the grace period"
         );
         fx.loaded
+            .maps
             .auth_keys
             .set(KEY_PREVIOUS, AuthKey::default(), 0)
             .unwrap();

@@ -2,6 +2,7 @@
 //! the socket bound, the sweeper, the unknown-peer reports and key reloads running until
 //! shutdown.
 
+use crate::kernel::maps::KernelMaps;
 use std::{
     future::Future,
     os::fd::{AsFd, OwnedFd},
@@ -11,10 +12,9 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use aya::maps::{MapData, PerCpuArray};
 use monitor_common::{
     config::{XDP_FLAG_PASS_HEARTBEATS, XDP_FLAG_REQUIRE_AUTH, XdpConfig},
-    maps::{Counters, LAYOUT_VERSION, META_MAGIC, PeerSlot, PinnedMeta},
+    maps::{LAYOUT_VERSION, META_MAGIC, PeerSlot, PinnedMeta},
 };
 
 use super::{
@@ -32,10 +32,9 @@ use crate::{
     kernel::kernel_log,
     kernel::keyring::KeyRing,
     kernel::loaded::LoadedProgram,
-    kernel::peer_table::PeerTable,
     kernel::pinning,
     kernel::program::{self, AttachMode},
-    kernel::registry::{AdmitError, Registry},
+    kernel::registry::AdmitError,
     kernel::ring_reader,
     peer::auth_key::read_key_file,
     serving::access::{self, AccessPolicy},
@@ -374,12 +373,15 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         }
     };
     let Kernel {
-        table,
-        mut registry,
-        counters,
-        unknown_reports,
-        arrivals,
-        auth_keys,
+        maps:
+            KernelMaps {
+                table,
+                mut registry,
+                counters,
+                unknown_reports,
+                arrivals,
+                auth_keys,
+            },
         program_fd,
         mode,
         ebpf,
@@ -545,12 +547,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
 
 /// What the agent runs on: a freshly loaded program or adopted pinned state.
 struct Kernel {
-    table: PeerTable,
-    registry: Registry,
-    counters: PerCpuArray<MapData, Counters>,
-    unknown_reports: aya::maps::RingBuf<MapData>,
-    arrivals: aya::maps::RingBuf<MapData>,
-    auth_keys: aya::maps::Array<MapData, monitor_common::auth::AuthKey>,
+    maps: KernelMaps,
     program_fd: OwnedFd,
     /// "native", "skb", "tc", or "adopted".
     mode: String,
@@ -565,17 +562,12 @@ fn adopt(dir: &std::path::Path, expected: &PinnedMeta) -> Result<Kernel> {
     log::info!(
         "adopted the program pinned at {}: {} peers, their windows kept",
         dir.display(),
-        a.registry.len()
+        a.maps.registry.len()
     );
     // The pin holds the attachment; the handle is not needed.
     drop(a.link);
     Ok(Kernel {
-        table: a.table,
-        registry: a.registry,
-        counters: a.counters,
-        unknown_reports: a.unknown_reports,
-        arrivals: a.arrivals,
-        auth_keys: a.auth_keys,
+        maps: a.maps,
         program_fd: a.program_fd,
         mode: "adopted".into(),
         ebpf: None,
@@ -602,12 +594,7 @@ fn load_and_attach(config: &AgentConfig, xdp: &XdpConfig, meta: PinnedMeta) -> R
     let result = (|| {
         let LoadedProgram {
             mut ebpf,
-            table,
-            registry,
-            counters,
-            unknown_reports,
-            arrivals,
-            auth_keys,
+            maps,
             meta: mut meta_map,
         } = loaded?;
         let mode = match config.hook {
@@ -627,12 +614,7 @@ fn load_and_attach(config: &AgentConfig, xdp: &XdpConfig, meta: PinnedMeta) -> R
         // The attached program's: its run statistics are the agent's `xdp` stats.
         let program_fd = program::program_fd(&mut ebpf, config.hook)?;
         Ok(Kernel {
-            table,
-            registry,
-            counters,
-            unknown_reports,
-            arrivals,
-            auth_keys,
+            maps,
             program_fd,
             mode,
             ebpf: Some(ebpf),

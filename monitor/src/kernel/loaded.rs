@@ -1,6 +1,7 @@
 //! The XDP program loaded into the kernel together with userspace handles on its maps: what
 //! the agent runs on, and what the packet-fixture tests drive through BPF_PROG_TEST_RUN.
 
+use crate::kernel::maps::KernelMaps;
 use std::os::fd::AsFd;
 
 use aya::{
@@ -8,12 +9,11 @@ use aya::{
     maps::{Array, Map, MapData, MapError, PerCpuArray, RingBuf},
 };
 use monitor_common::{
-    auth::AuthKey,
     config::XdpConfig,
     last_heard::LAST_HEARD_MAP,
     maps::{
-        ARRIVALS_MAP, AUTH_KEYS_MAP, COUNTERS_MAP, Counters, META_MAP, PEER_INDEX_MAP,
-        PEER_STATE_MAP, PinnedMeta, UNKNOWN_PEERS_MAP,
+        ARRIVALS_MAP, AUTH_KEYS_MAP, COUNTERS_MAP, META_MAP, PEER_INDEX_MAP, PEER_STATE_MAP,
+        PinnedMeta, UNKNOWN_PEERS_MAP,
     },
 };
 
@@ -44,13 +44,7 @@ pub enum LoadedError {
 pub struct LoadedProgram {
     /// Owns the program and whatever it is attached to; dropping it detaches.
     pub ebpf: Ebpf,
-    pub table: PeerTable,
-    pub registry: Registry,
-    pub counters: PerCpuArray<MapData, Counters>,
-    pub unknown_reports: RingBuf<MapData>,
-    /// Arrivals of traced peers (`monitor record`).
-    pub arrivals: RingBuf<MapData>,
-    pub auth_keys: Array<MapData, AuthKey>,
+    pub maps: KernelMaps,
     pub meta: Array<MapData, PinnedMeta>,
 }
 
@@ -102,12 +96,14 @@ impl LoadedProgram {
         let meta = take(&mut ebpf, META_MAP, Array::try_from)?;
         Ok(Self {
             ebpf,
-            table,
-            registry: Registry::new(index, capacity),
-            counters,
-            unknown_reports,
-            arrivals,
-            auth_keys,
+            maps: KernelMaps {
+                table,
+                registry: Registry::new(index, capacity),
+                counters,
+                unknown_reports,
+                arrivals,
+                auth_keys,
+            },
             meta,
         })
     }

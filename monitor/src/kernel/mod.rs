@@ -9,6 +9,7 @@ pub mod destination;
 pub mod kernel_log;
 pub mod keyring;
 pub mod loaded;
+pub mod maps;
 pub mod peer_index;
 pub mod peer_table;
 pub mod pinning;

@@ -4,6 +4,7 @@
 //!
 //! Layout of a pin directory: `link` (the XDP attachment), `prog`, and one file per map.
 
+use crate::kernel::maps::KernelMaps;
 use std::{
     ffi::CString,
     io,
@@ -13,7 +14,7 @@ use std::{
 
 use aya::{
     Ebpf,
-    maps::{Array, Map, MapData, PerCpuArray, RingBuf},
+    maps::{Array, Map, MapData},
     programs::{
         Xdp,
         links::{FdLink, PinnedLink},
@@ -22,12 +23,10 @@ use aya::{
 };
 use aya_obj::programs::XdpAttachType;
 use monitor_common::{
-    auth::AuthKey,
     last_heard::LAST_HEARD_MAP,
     maps::{
-        ARRIVALS_MAP, AUTH_KEYS_MAP, COUNTERS_MAP, Counters, LAYOUT_VERSION, LOCAL_ADDRS_MAP,
-        META_MAGIC, META_MAP, PEER_INDEX_MAP, PEER_STATE_MAP, PeerSlot, PinnedMeta,
-        UNKNOWN_PEERS_MAP,
+        ARRIVALS_MAP, AUTH_KEYS_MAP, COUNTERS_MAP, LAYOUT_VERSION, LOCAL_ADDRS_MAP, META_MAGIC,
+        META_MAP, PEER_INDEX_MAP, PEER_STATE_MAP, PeerSlot, PinnedMeta, UNKNOWN_PEERS_MAP,
     },
 };
 
@@ -202,12 +201,7 @@ pub fn pin_program(
 
 /// Pinned state, opened.
 pub struct Adopted {
-    pub table: PeerTable,
-    pub registry: Registry,
-    pub counters: PerCpuArray<MapData, Counters>,
-    pub unknown_reports: RingBuf<MapData>,
-    pub arrivals: RingBuf<MapData>,
-    pub auth_keys: Array<MapData, AuthKey>,
+    pub maps: KernelMaps,
     pub meta: PinnedMeta,
     pub program_fd: OwnedFd,
     /// Holding it keeps nothing alive that the pin does not: dropping it leaves the program
@@ -312,20 +306,22 @@ pub fn adopt(dir: &Path, expected: &PinnedMeta) -> Result<Adopted, PinError> {
         .map_err(|e| aya_err(dir, e))?;
     let link = PinnedLink::from_pin(dir.join(LINK)).map_err(|e| aya_err(dir, e))?;
     Ok(Adopted {
-        table,
-        registry,
-        counters: open(dir, COUNTERS_MAP)?
-            .try_into()
-            .map_err(|e| aya_err(dir, e))?,
-        unknown_reports: open(dir, UNKNOWN_PEERS_MAP)?
-            .try_into()
-            .map_err(|e| aya_err(dir, e))?,
-        arrivals: open(dir, ARRIVALS_MAP)?
-            .try_into()
-            .map_err(|e| aya_err(dir, e))?,
-        auth_keys: open(dir, AUTH_KEYS_MAP)?
-            .try_into()
-            .map_err(|e| aya_err(dir, e))?,
+        maps: KernelMaps {
+            table,
+            registry,
+            counters: open(dir, COUNTERS_MAP)?
+                .try_into()
+                .map_err(|e| aya_err(dir, e))?,
+            unknown_reports: open(dir, UNKNOWN_PEERS_MAP)?
+                .try_into()
+                .map_err(|e| aya_err(dir, e))?,
+            arrivals: open(dir, ARRIVALS_MAP)?
+                .try_into()
+                .map_err(|e| aya_err(dir, e))?,
+            auth_keys: open(dir, AUTH_KEYS_MAP)?
+                .try_into()
+                .map_err(|e| aya_err(dir, e))?,
+        },
         meta,
         program_fd,
         link,
