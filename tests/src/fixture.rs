@@ -81,13 +81,16 @@ impl Fixture {
         CounterTotals::read(&self.loaded.maps.counters).expect("read counters")
     }
 
-    pub fn record(&self, id: u64) -> PeerRecord {
-        let slot = self
-            .loaded
+    fn slot(&self, id: u64) -> u32 {
+        self.loaded
             .maps
             .registry
             .slot_of(id)
-            .expect("peer admitted");
+            .expect("peer admitted")
+    }
+
+    pub fn record(&self, id: u64) -> PeerRecord {
+        let slot = self.slot(id);
         self.loaded
             .maps
             .table
@@ -96,12 +99,7 @@ impl Fixture {
     }
 
     pub fn intervals(&self, id: u64) -> Vec<u32> {
-        let slot = self
-            .loaded
-            .maps
-            .registry
-            .slot_of(id)
-            .expect("peer admitted");
+        let slot = self.slot(id);
         self.loaded
             .maps
             .table

@@ -579,8 +579,9 @@ impl Agent {
         let mut refreshes = 0u64;
         let Trackers { watch, lazy, peers } = &mut *trackers;
         let used = registry.slots_in_use() as usize;
-        for (slot, watch) in watch[..used].iter_mut().enumerate() {
-            let word = self.table.last_heard(slot as u32);
+        let words = &self.table.last_heard_words()[..used];
+        for (slot, (watch, word)) in watch[..used].iter_mut().zip(words).enumerate() {
+            let word = word.load(Ordering::Relaxed);
             if watch.is_quiet(word, now_ns) {
                 continue;
             }

@@ -326,56 +326,27 @@ impl DetectorParams {
         }
     }
 
-    /// A floor under the window's mean (ms, before pause, bootstrap samples included as the
-    /// estimate includes them) that holds until `more` further intervals have entered the
-    /// window, from the record's sums alone. Each new interval is at least 0; once the window
-    /// is full it pushes out the oldest, and the e oldest of n samples of mean m and variance
-    /// v cannot sum to more than `e m + sqrt(v e (n - e))` (Cauchy-Schwarz on deviations that
-    /// sum to zero). The floor is the least such mean over 0..=`more` new intervals. None with
-    /// fewer than 4 intervals, or for the models whose estimate is not a function of the mean
-    /// alone (`needs_ring`).
-    pub fn mean_floor_ms(&self, record: &PeerRecord, more: u64) -> Option<f64> {
+    /// What bounds the window's mean from below over the next few intervals, from the record's
+    /// sums alone (see `MeanFloor`). None with fewer than 4 intervals, or for the models whose
+    /// estimate is not a function of the mean alone (`needs_ring`).
+    pub fn mean_floor(&self, record: &PeerRecord) -> Option<MeanFloor> {
         if self.needs_ring() || record.samples < 4 {
             return None;
         }
         let sums = WindowSums::from_record(record);
-        let window = self.window.max(sums.samples) as u64;
-        let n = sums.samples as u64;
-        let sum = sums.sum_us as f64;
-        let mean_us = sum / n as f64;
-        let var_us = {
-            let n = n as u128;
-            let scaled =
-                (n * sums.sum_sq_us).saturating_sub(sums.sum_us as u128 * sums.sum_us as u128);
-            scaled as f64 / (n * n) as f64
-        };
-        let first_us = (self.first_interval_ms * 1000.0).round() as u64;
-        let mut floor_us = f64::INFINITY;
-        // In a full window each new interval pushes one out, and the mean's floor only falls
-        // with every one: the last is the least (the common case, one evaluation).
-        let from = if n == window { more } else { 0 };
-        for j in from..=more {
-            let kept = window.min(n + j);
-            let evicted = n + j - kept;
-            let evicted_us = if evicted == 0 {
-                0.0
-            } else if evicted >= n {
-                sum
-            } else {
-                let e = evicted as f64;
-                (e * mean_us + (var_us * e * (n - evicted) as f64).sqrt()).min(sum)
-            };
-            let (boot_n, boot_us) = bootstrap_samples(window as u32, kept as u32, first_us)
-                .fold((0u64, 0u64), |(c, s), x| (c + 1, s + x));
-            let mean = ((sum - evicted_us).max(0.0) + boot_us as f64) / (kept + boot_n) as f64;
-            floor_us = floor_us.min(mean);
-        }
-        // A relative hair for rounding, always downwards.
-        Some(floor_us * (1.0 - 1e-9) / 1000.0)
+        let (mean_ms, std_ms) = sums.moments_ms()?;
+        Some(MeanFloor {
+            samples: sums.samples as u64,
+            window: self.window.max(sums.samples) as u64,
+            sum_us: sums.sum_us as f64,
+            mean_us: mean_ms * 1000.0,
+            std_us: std_ms * 1000.0,
+            first_us: (self.first_interval_ms * 1000.0).round() as u64,
+        })
     }
 
     /// The least silence (ms) at which phi can reach `levels[index]` for any estimate whose
-    /// window mean is at least `mean_floor_ms` (see `mean_floor_ms`): the deviation is at
+    /// window mean is at least `mean_floor_ms` (see `MeanFloor`): the deviation is at
     /// least the floor `min_std_ms`, and loss only ever lowers phi. None where no such bound is
     /// cheap (a level below the mean's phi, the ring models).
     pub fn crossing_floor_ms(
@@ -422,6 +393,52 @@ impl DetectorParams {
 impl Default for DetectorParams {
     fn default() -> Self {
         Self::DEFAULT
+    }
+}
+
+/// A window's intervals as far as a floor under its future mean needs them: count, sum,
+/// moments, and the bootstrap rule (`DetectorParams::mean_floor`).
+#[derive(Debug, Clone, Copy)]
+pub struct MeanFloor {
+    samples: u64,
+    window: u64,
+    sum_us: f64,
+    mean_us: f64,
+    std_us: f64,
+    first_us: u64,
+}
+
+impl MeanFloor {
+    /// A floor under the window's mean (ms, before pause, bootstrap samples included as the
+    /// estimate includes them) that holds until `more` further intervals have entered the
+    /// window. Each new interval is at least 0; once the window is full it pushes out the
+    /// oldest, and the e oldest of n samples of mean m and deviation s cannot sum to more than
+    /// `e m + s sqrt(e (n - e))` (Cauchy-Schwarz on deviations that sum to zero). The floor is
+    /// the least such mean over 0..=`more` new intervals.
+    pub fn after_ms(&self, more: u64) -> f64 {
+        let (n, window, sum) = (self.samples, self.window, self.sum_us);
+        let mut floor_us = f64::INFINITY;
+        // In a full window each new interval pushes one out, and the mean's floor only falls
+        // with every one: the last is the least (the common case, one evaluation).
+        let from = if n == window { more } else { 0 };
+        for j in from..=more {
+            let kept = window.min(n + j);
+            let evicted = n + j - kept;
+            let evicted_us = if evicted == 0 {
+                0.0
+            } else if evicted >= n {
+                sum
+            } else {
+                let e = evicted as f64;
+                (e * self.mean_us + self.std_us * (e * (n - evicted) as f64).sqrt()).min(sum)
+            };
+            let (boot_n, boot_us) = bootstrap_samples(window as u32, kept as u32, self.first_us)
+                .fold((0u64, 0u64), |(c, s), x| (c + 1, s + x));
+            let mean = ((sum - evicted_us).max(0.0) + boot_us as f64) / (kept + boot_n) as f64;
+            floor_us = floor_us.min(mean);
+        }
+        // A relative hair for rounding, always downwards.
+        floor_us * (1.0 - 1e-9) / 1000.0
     }
 }
 
@@ -921,7 +938,7 @@ mod tests {
         }
     }
 
-    /// The floor of `mean_floor_ms` and `crossing_floor_ms` holds: whatever the next `more`
+    /// The floor of `MeanFloor::after_ms` and `crossing_floor_ms` holds: whatever the next `more`
     /// heartbeats bring (kept or refused by the kernel's rules, short, long, after losses),
     /// the exact crossing of the first level never comes before it, for every model that
     /// offers one, in full windows and in windows still filling (with their bootstrap
@@ -962,7 +979,7 @@ mod tests {
                 let intervals: Vec<u64> = (0..count).map(|_| jitter(&mut rng)).collect();
                 let mut slot = slot_with_intervals(intervals, &config);
                 let more = 1 + rng.u64(0..32);
-                let Some(floor) = p.mean_floor_ms(&slot.record, more) else {
+                let Some(floor) = p.mean_floor(&slot.record).map(|f| f.after_ms(more)) else {
                     continue;
                 };
                 checked += 1;

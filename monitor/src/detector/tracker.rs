@@ -99,24 +99,34 @@ impl DetectorConfig {
         self.params.phi(estimate, silence_ms)
     }
 
-    /// How many heartbeats the estimate of `record` may go unrefreshed, and the floor under
-    /// the window's mean over that many (`DetectorParams::mean_floor_ms`): the most of
-    /// 32, 16, ..., 1 (at most a quarter of the window's intervals) whose first-level floor
-    /// keeps half the exact margin above the mean. None: refresh with every heartbeat.
-    fn lazy_floor(&self, record: &PeerRecord, estimate: &Estimate) -> Option<(u8, f64)> {
-        let exact = self.crossing_ms(0, estimate);
-        let want = estimate.mean_ms + (exact - estimate.mean_ms) / 2.0;
-        if !(exact > estimate.mean_ms) || !want.is_finite() {
+    /// How many heartbeats the estimate of `record` may go unrefreshed, the floor under the
+    /// window's mean over that many (`MeanFloor`), and the first level's floor for it: the
+    /// most of 32, 16, ..., 1 (at most a quarter of the window's intervals) whose floor keeps
+    /// half the exact margin (`exact_ms`, the first level's crossing) above the mean. None:
+    /// refresh with every heartbeat.
+    fn lazy_floor(
+        &self,
+        record: &PeerRecord,
+        estimate: &Estimate,
+        exact_ms: f64,
+    ) -> Option<LazyFloor> {
+        let want = estimate.mean_ms + (exact_ms - estimate.mean_ms) / 2.0;
+        if !(exact_ms > estimate.mean_ms) || !want.is_finite() {
             return None;
         }
         let most = (record.samples / 4).min(LAZY_HEARTBEATS as u32) as u8;
+        let mean_floor = self.params.mean_floor(record)?;
         [32u8, 16, 8, 4, 2, 1]
             .into_iter()
             .filter(|&j| j <= most)
-            .find_map(|j| {
-                let mean = self.params.mean_floor_ms(record, j as u64)?;
-                let floor = self.params.crossing_floor_ms(&self.silences, 0, mean)?;
-                (floor >= want).then_some((j, mean))
+            .find_map(|heartbeats| {
+                let mean_ms = mean_floor.after_ms(heartbeats as u64);
+                let silence_ms = self.params.crossing_floor_ms(&self.silences, 0, mean_ms)?;
+                (silence_ms >= want).then_some(LazyFloor {
+                    heartbeats,
+                    mean_ms,
+                    silence_ms,
+                })
             })
     }
 
@@ -125,8 +135,7 @@ impl DetectorConfig {
     fn first_floor_ns(&self, mean_floor_ms: f64) -> u64 {
         self.params
             .crossing_floor_ms(&self.silences, 0, mean_floor_ms)
-            .filter(|ms| ms.is_finite())
-            .map_or(NO_FLOOR, |ms| (ms.max(0.0) * 1e6) as u64)
+            .map_or(NO_FLOOR, floor_ns)
     }
 
     /// Silence (ms) at which phi reaches level `index` for this estimate.
@@ -137,6 +146,25 @@ impl DetectorConfig {
             self.levels.as_slice()[index],
             estimate,
         )
+    }
+}
+
+/// What `DetectorConfig::lazy_floor` found for a refreshed estimate.
+struct LazyFloor {
+    /// Heartbeats the estimate may go unrefreshed.
+    heartbeats: u8,
+    /// The floor under the window's mean over those heartbeats.
+    mean_ms: f64,
+    /// The least silence at which phi can reach the first level meanwhile.
+    silence_ms: f64,
+}
+
+/// A floor's silence in ns, or NO_FLOOR if it is not finite.
+fn floor_ns(silence_ms: f64) -> u64 {
+    if silence_ms.is_finite() {
+        (silence_ms.max(0.0) * 1e6) as u64
+    } else {
+        NO_FLOOR
     }
 }
 
@@ -305,18 +333,23 @@ impl PeerTracker {
         watch: &mut Watch,
         lazy: &mut Lazy,
     ) {
-        let floor = config
-            .lazy_floor(record, &self.cold.estimate)
-            .filter(|_| self.crossed == 0);
-        self.mean_floor_ms = floor.map_or(f64::NAN, |(_, mean)| mean);
+        // The first level's exact crossing, computed once: the deadline while no level is
+        // crossed, and what the floor is held against.
+        let exact_ms = (self.crossed == 0).then(|| config.crossing_ms(0, &self.cold.estimate));
+        let floor =
+            exact_ms.and_then(|exact| config.lazy_floor(record, &self.cold.estimate, exact));
+        self.mean_floor_ms = floor.as_ref().map_or(f64::NAN, |f| f.mean_ms);
         *lazy = Lazy {
-            floor_ns: floor.map_or(NO_FLOOR, |(_, mean)| config.first_floor_ns(mean)),
-            refreshed: (record.heartbeats & ((1 << last_heard::COUNT_BITS) - 1)) as u32,
-            heartbeats: floor.map_or(0, |(j, _)| j),
+            floor_ns: floor.as_ref().map_or(NO_FLOOR, |f| floor_ns(f.silence_ms)),
+            refreshed: last_heard::word(0, record.heartbeats) as u32,
+            heartbeats: floor.as_ref().map_or(0, |f| f.heartbeats),
             exact: true,
         };
         watch.word = last_heard::word(record.last_arrival_ns, record.heartbeats);
-        watch.deadline_ns = self.deadline(config);
+        watch.deadline_ns = match exact_ms {
+            Some(ms) => self.after_silence(ms),
+            None => self.deadline(config),
+        };
     }
 
     /// When phi reaches the first level not yet crossed (a multiply-add for the models with a
@@ -326,7 +359,12 @@ impl PeerTracker {
         if level >= config.silences.len() {
             return u64::MAX;
         }
-        let silence_ns = config.crossing_ms(level, &self.cold.estimate) * 1e6;
+        self.after_silence(config.crossing_ms(level, &self.cold.estimate))
+    }
+
+    /// The time `silence_ms` after the last arrival; u64::MAX for an infinite silence.
+    fn after_silence(&self, silence_ms: f64) -> u64 {
+        let silence_ns = silence_ms * 1e6;
         if silence_ns.is_finite() {
             self.last_arrival_ns
                 .saturating_add(silence_ns.max(0.0) as u64)

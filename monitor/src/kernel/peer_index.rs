@@ -43,24 +43,8 @@ impl PeerIndex {
     #[cfg(test)]
     pub(crate) fn anonymous(capacity: u32) -> Self {
         let bits = bits_for(capacity);
-        let bytes = (size_of::<IndexBucket>() << bits).next_multiple_of(4096);
-        // SAFETY: a private anonymous mapping, unmapped by drop.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(ptr, libc::MAP_FAILED);
-        Self {
-            base: NonNull::new(ptr.cast()).unwrap(),
-            bits,
-            bytes,
-        }
+        let (base, bytes) = crate::kernel::peer_table::anonymous_array(1 << bits);
+        Self { base, bits, bytes }
     }
 
     fn mask(&self) -> u32 {

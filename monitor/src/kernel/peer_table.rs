@@ -49,6 +49,26 @@ pub struct PeerTable {
     words_bytes: usize,
 }
 
+/// Anonymous memory for `count` values of `T` in place of a BPF array (unit tests: the same
+/// code, no kernel); returns the mapping and its length in bytes, for the owner's munmap.
+#[cfg(test)]
+pub(crate) fn anonymous_array<T>(count: usize) -> (NonNull<T>, usize) {
+    let bytes = (count * size_of::<T>()).next_multiple_of(4096);
+    // SAFETY: a private anonymous mapping, unmapped by its owner's drop.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(ptr, libc::MAP_FAILED);
+    (NonNull::new(ptr.cast()).unwrap(), bytes)
+}
+
 /// Maps `count` values of `T` of the BPF array whose fd is `fd`; returns the mapping and its
 /// length in bytes.
 pub(crate) fn map_array<T>(
@@ -148,12 +168,17 @@ impl PeerTable {
         None
     }
 
-    /// The slot's last-heard word (`monitor_common::last_heard`): one load from a dense array
-    /// that the kernel stores with every accepted heartbeat.
+    /// Every slot's last-heard word (`monitor_common::last_heard`), the dense array the kernel
+    /// stores into with every accepted heartbeat: the sweep walks it in order.
+    pub fn last_heard_words(&self) -> &[AtomicU64] {
+        // SAFETY: the mapping holds `capacity` aligned u64 for as long as `self`; the kernel
+        // and `reset` only ever store them whole, so atomic loads see whole words.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast(), self.capacity as usize) }
+    }
+
+    /// The slot's last-heard word.
     pub fn last_heard(&self, slot: u32) -> u64 {
-        assert!(slot < self.capacity, "slot {slot} out of range");
-        // SAFETY: in bounds of the mapping; an aligned u64 the kernel writes with one store.
-        unsafe { std::ptr::read_volatile(self.words.as_ptr().add(slot as usize)) }
+        self.last_heard_words()[slot as usize].load(Ordering::Relaxed)
     }
 
     /// A consistent copy of a slot's intervals, oldest first, in microseconds.
@@ -212,16 +237,15 @@ impl PeerTable {
     /// the record's, so no word of the slot's previous peer is taken for this one's.
     pub fn reset(&self, slot: u32, record: PeerRecord) {
         self.locked(slot, |ptr| {
-            // SAFETY: we hold the slot's lock; the fields written are plain integers; the word
-            // is in bounds (`locked` checked the slot).
+            // SAFETY: we hold the slot's lock; the fields written are plain integers.
             unsafe {
                 std::ptr::write_volatile(&raw mut (*ptr).record, record);
                 std::ptr::write_volatile(&raw mut (*ptr).ring_us, [0; MAX_WINDOW]);
-                std::ptr::write_volatile(
-                    self.words.as_ptr().add(slot as usize),
-                    last_heard::word(record.last_arrival_ns, record.heartbeats),
-                );
             }
+            self.last_heard_words()[slot as usize].store(
+                last_heard::word(record.last_arrival_ns, record.heartbeats),
+                Ordering::Relaxed,
+            );
         });
     }
 
@@ -284,26 +308,11 @@ mod tests {
 
     /// A table over anonymous memory instead of BPF maps: the same protocol, no kernel.
     pub(crate) fn anonymous(capacity: u32) -> PeerTable {
-        fn mapping<T>(bytes: usize) -> NonNull<T> {
-            // SAFETY: a private anonymous mapping, unmapped by PeerTable's drop.
-            let ptr = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    bytes,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            assert_ne!(ptr, libc::MAP_FAILED);
-            NonNull::new(ptr.cast()).unwrap()
-        }
-        let bytes = capacity as usize * size_of::<PeerSlot>();
-        let words_bytes = capacity as usize * size_of::<u64>();
+        let (base, bytes) = anonymous_array::<PeerSlot>(capacity as usize);
+        let (words, words_bytes) = anonymous_array::<u64>(capacity as usize);
         PeerTable {
-            base: mapping(bytes),
-            words: mapping(words_bytes),
+            base,
+            words,
             capacity,
             bytes,
             words_bytes,
