@@ -1,7 +1,7 @@
 //! Load-time configuration of the XDP program, written into its read-only data before the
 //! program is verified, so the verifier folds every field to a constant.
 
-use crate::{maps::MAX_WINDOW, wire::DEFAULT_PORT};
+use crate::{maps::MAX_WINDOW, passive::MAX_FLOW_PORTS, wire::DEFAULT_PORT};
 
 /// Name of the global in the eBPF object.
 pub const CONFIG_SYMBOL: &str = "CONFIG";
@@ -18,6 +18,9 @@ pub const XDP_FLAG_GAPLESS_WINDOW: u32 = 1 << 2;
 /// `monitor run --listen-addr`) are recorded; others are passed untouched and counted as
 /// `not_local`. Without it every destination counts (`--listen-addr any`).
 pub const XDP_FLAG_CHECK_DESTINATION: u32 = 1 << 3;
+/// BFD control packets (UDP 3784 and 4784) are heartbeats of their session
+/// (`crate::passive`); recorded and passed on.
+pub const XDP_FLAG_BFD: u32 = 1 << 4;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,6 +43,9 @@ pub struct XdpConfig {
     /// log2 of the peer index's buckets (`crate::index::bits_for` of the capacity); set by
     /// the loader, which sizes the map.
     pub index_bits: u32,
+    /// UDP ports whose every datagram is a heartbeat of its (source address, source port) flow
+    /// (`crate::passive`), recorded and passed on; 0 = unused.
+    pub flow_ports: [u16; MAX_FLOW_PORTS],
 }
 
 impl XdpConfig {
@@ -52,6 +58,7 @@ impl XdpConfig {
         max_interval_us: 0,
         outage_factor: 0,
         index_bits: 0,
+        flow_ports: [0; MAX_FLOW_PORTS],
     };
 }
 

@@ -12,6 +12,7 @@ pub mod impair;
 pub mod index;
 pub mod last_heard;
 pub mod maps;
+pub mod passive;
 pub mod slot;
 pub mod wire;
 

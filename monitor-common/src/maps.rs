@@ -166,6 +166,28 @@ pub struct PeerRecord {
     pub outages: u32,
     /// Times a new incarnation (sender restart) was accepted, since admission.
     pub restarts: u32,
+    // Passive sources (`crate::passive`), cold too: set at admission, or written by BFD
+    // packets only.
+    /// [`crate::passive::SOURCE_HEARTBEAT`], `SOURCE_BFD` or `SOURCE_FLOW`: stamped by the agent
+    /// at admission; the kernel records a passive packet only into a slot of its source.
+    pub source: u8,
+    /// BFD: the session state the peer reported in its last packet (`crate::passive::BFD_UP`...).
+    pub bfd_state: u8,
+    /// BFD: the diagnostic code of its last packet.
+    pub bfd_diag: u8,
+    /// BFD: its Detect Mult.
+    pub bfd_detect_mult: u8,
+    /// BFD: times the reported state changed, so a reader that looks now and then still sees
+    /// a Down that came and went between two looks.
+    pub bfd_transitions: u32,
+    /// BFD: the peer's Desired Min TX Interval (µs). A change starts a fresh window.
+    pub bfd_desired_min_tx_us: u32,
+    /// BFD: the peer's Required Min RX Interval (µs).
+    pub bfd_required_min_rx_us: u32,
+    /// BFD: My Discriminator of the peer (the session's key, with the source address).
+    pub bfd_my_discriminator: u32,
+    /// BFD: Your Discriminator (ours, as the peer knows it).
+    pub bfd_your_discriminator: u32,
 }
 
 impl PeerRecord {
@@ -199,12 +221,30 @@ impl PeerRecord {
             outage_run: 0,
             burst_left: 0,
             traced: 0,
+            source: crate::passive::SOURCE_HEARTBEAT,
+            bfd_state: 0,
+            bfd_diag: 0,
+            bfd_detect_mult: 0,
+            bfd_transitions: 0,
+            bfd_desired_min_tx_us: 0,
+            bfd_required_min_rx_us: 0,
+            bfd_my_discriminator: 0,
+            bfd_your_discriminator: 0,
         }
+    }
+
+    /// A passive peer of `source` (`crate::passive`) admitted at `now_ns`.
+    pub const fn admitted_passive(peer_id: u64, now_ns: u64, source: u8) -> Self {
+        let mut record = Self::admitted(peer_id, now_ns);
+        record.source = source;
+        record
     }
 }
 
 // The kernel writes source addresses as two 8-byte words.
 const _: () = assert!(core::mem::size_of::<PeerSlot>() % 64 == 0);
+// Eleven cache lines; the passive sources' fields fit in what alignment left over.
+const _: () = assert!(core::mem::size_of::<PeerSlot>() == 704);
 // The hot fields: the lock and the record up to `ring_head` in the first line, the rest up to
 // `burst_gaps` in the second.
 const _: () = assert!(
@@ -219,7 +259,7 @@ const _: () = assert!(core::mem::offset_of!(UnknownPeerReport, src_addr) % 8 == 
 
 /// Version of everything a restarted agent reads from pinned maps: bump it whenever a map's
 /// layout or meaning changes, so an agent never misreads state pinned by another build.
-pub const LAYOUT_VERSION: u32 = 7;
+pub const LAYOUT_VERSION: u32 = 8;
 /// "HBMPIN\0\0".
 pub const META_MAGIC: u64 = u64::from_le_bytes(*b"HBMPIN\0\0");
 
@@ -239,6 +279,8 @@ pub struct PinnedMeta {
     pub max_interval_us: u32,
     /// `XdpConfig::outage_factor` of the build that pinned it.
     pub outage_factor: u32,
+    /// `XdpConfig::flow_ports` of the build that pinned it.
+    pub flow_ports: [u16; crate::passive::MAX_FLOW_PORTS],
 }
 
 /// What the XDP program decided, counted per CPU (one lookup per packet, no atomics).
@@ -274,6 +316,10 @@ pub struct Counters {
     /// Packets to the heartbeat port whose destination address is not in LOCAL_ADDRS (passed
     /// untouched, not recorded; only with `XDP_FLAG_CHECK_DESTINATION`).
     pub not_local: u64,
+    /// BFD control packets recorded in a session's slot (`XDP_FLAG_BFD`; always passed on).
+    pub bfd: u64,
+    /// Datagrams to a `--udp-port` port recorded in a flow's slot (always passed on).
+    pub flow: u64,
 }
 
 /// A valid heartbeat from a peer id that has no slot, as reported to the agent.
@@ -286,6 +332,14 @@ pub struct UnknownPeerReport {
     pub src_family: u16,
     pub src_port: u16,
     pub src_addr: [u8; 16],
+    /// `crate::passive::SOURCE_*`: what kind of peer to admit.
+    pub source: u8,
+    /// BFD: the state the session reported.
+    pub bfd_state: u8,
+    /// The destination port it was sent to.
+    pub dst_port: u16,
+    /// BFD: My Discriminator; 0 for other sources.
+    pub discriminator: u32,
 }
 
 /// One heartbeat of a traced peer as the kernel judged it, for `monitor record`.

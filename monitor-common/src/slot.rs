@@ -126,6 +126,31 @@ pub fn arrive(
     Outcome::Accepted { lost }
 }
 
+/// A packet of a passive source (`crate::passive`): no sequence numbers, so each one is the
+/// next, and nothing is lost or out of order; the same rules as [`arrive`] from there.
+/// `new_epoch` (a BFD session changed its timers) starts a fresh window: the intervals before
+/// are of another rate, and the one across the change is not counted (rule 2).
+#[inline(always)]
+pub fn arrive_passive(
+    slot: &mut PeerSlot,
+    now_ns: u64,
+    new_epoch: bool,
+    config: &XdpConfig,
+) -> Outcome {
+    let record = &mut slot.record;
+    let mut incarnation = record.incarnation;
+    if new_epoch && record.heartbeats != 0 {
+        record.samples = 0;
+        record.ring_head = 0;
+        record.interval_sum_us = 0;
+        record.interval_sum_sq_us = 0;
+        record.outage_run = 0;
+        incarnation += 1;
+    }
+    let seq = record.last_seq + 1;
+    arrive(slot, now_ns, seq, incarnation, config)
+}
+
 /// Sequence numbers below the last accepted one whose late arrival is recognised as filling a
 /// counted gap (the width of `PeerRecord::missing`).
 pub const MISSING_SPAN: u64 = 64;
@@ -338,6 +363,32 @@ mod tests {
         assert_eq!(slot.record.missing, 0b1_0011);
         late(&mut slot, 2);
         assert_eq!((slot.record.lost, slot.record.missing), (2, 0b0_0011));
+    }
+
+    #[test]
+    fn passive_packets_are_each_the_next_and_a_new_epoch_empties_the_window() {
+        let mut slot = PeerSlot::admitted(7, 0);
+        for i in 1..=5u64 {
+            let outcome = arrive_passive(&mut slot, i * 10 * MS, false, &config());
+            assert_eq!(outcome, Outcome::Accepted { lost: 0 });
+        }
+        assert_eq!(
+            (slot.record.samples, slot.record.interval_sum_us),
+            (4, 40_000)
+        );
+        // The timers changed: the interval across the change is not counted, nor the old ones.
+        arrive_passive(&mut slot, 500 * MS, true, &config());
+        assert_eq!((slot.record.samples, slot.record.restarts), (0, 1));
+        arrive_passive(&mut slot, 600 * MS, false, &config());
+        assert_eq!(
+            (slot.record.samples, slot.record.interval_sum_us),
+            (1, 100_000)
+        );
+        assert_eq!(slot.record.lost, 0);
+        // A new epoch on the very first packet is just the first packet.
+        let mut slot = PeerSlot::admitted(7, 0);
+        arrive_passive(&mut slot, MS, true, &config());
+        assert_eq!((slot.record.heartbeats, slot.record.restarts), (1, 0));
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! timestamp them, update the sender's peer slot.
 //!
 //! Per packet: parse Ethernet (+ up to two VLAN tags), IPv4 (IHL honoured, fragments skipped)
-//! or IPv6, UDP; match the heartbeat port; (with `XDP_FLAG_CHECK_DESTINATION`) check that
+//! or IPv6, UDP; match the heartbeat port (or, for passive sources, the BFD ports and the
+//! `--udp-port` ports: those packets are recorded under an id derived from them and always
+//! passed on); (with `XDP_FLAG_CHECK_DESTINATION`) check that
 //! the destination address is this host's (LOCAL_ADDRS); validate the header with the rules
 //! shared with userspace (`monitor_common::wire`); look the peer id up; update its slot under
 //! the slot's sequence counter. Everything that is not a valid heartbeat is passed untouched.
@@ -25,7 +27,7 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use monitor_common::{
     auth::{AuthKey, KEY_SLOTS},
-    config::{XDP_FLAG_CHECK_DESTINATION, XDP_FLAG_PASS_HEARTBEATS, XdpConfig},
+    config::{XDP_FLAG_PASS_HEARTBEATS, XdpConfig},
     index::{self, IndexBucket},
     maps::{
         ARRIVALS_BYTES, BPF_F_MMAPABLE, Counters, DEFAULT_CAPACITY, LOCAL_ADDRS_CAPACITY, PeerSlot,
@@ -97,8 +99,7 @@ enum Verdict {
 #[inline(always)]
 fn handle<C: Packet + EbpfContext>(ctx: &C) -> Verdict {
     let config = config();
-    let check_destination = config.flags & XDP_FLAG_CHECK_DESTINATION != 0;
-    let parsed = parse::parse(ctx, config.port, check_destination);
+    let parsed = parse::parse(ctx, &config);
     // Looked up once the packet is parsed: the parser's registers are free by then.
     let Some(counters) = COUNTERS.get_ptr_mut(0) else {
         return Verdict::Pass;
@@ -122,6 +123,11 @@ fn handle<C: Packet + EbpfContext>(ctx: &C) -> Verdict {
                 ctx,
                 "malformed heartbeat to port {}: passed on", config.port
             );
+            Verdict::Pass
+        }
+        // Never consumed: the host's BFD daemon or service is the packet's real receiver.
+        Parsed::Passive(packet) => {
+            record::record_passive(&packet, &config, counters);
             Verdict::Pass
         }
         Parsed::Heartbeat(hb) => {

@@ -4,7 +4,12 @@ use core::mem::size_of;
 
 use aya_ebpf::programs::{TcContext, XdpContext};
 use monitor_common::{
+    config::{XDP_FLAG_BFD, XDP_FLAG_CHECK_DESTINATION, XdpConfig},
     maps::{FAMILY_IPV4, FAMILY_IPV6},
+    passive::{
+        self, BFD_CONTROL_LEN, BFD_MULTIHOP_PORT, BFD_SINGLE_HOP_PORT, BfdControl, SOURCE_BFD,
+        SOURCE_FLOW, SOURCE_HEARTBEAT,
+    },
     wire::{HeartbeatHeader, split_first_word, validate_fields, validate_peer_id},
 };
 
@@ -16,9 +21,17 @@ use network_types::{
     vlan::VlanHdr,
 };
 
-/// A heartbeat that passed every check, decoded, with where it came from.
+/// A packet that passed every check, decoded, with where it came from: a heartbeat, or a packet
+/// of a passive source (`monitor_common::passive`: a BFD control packet or a datagram of a
+/// watched UDP flow) under the id derived from it. One type for both, every field written on
+/// every path: an enum whose variants carry different payloads gets copied with uninitialised
+/// bytes, which LLVM may turn into reads of registers the verifier has never seen written.
 pub struct Heartbeat {
     pub peer_id: u64,
+    /// `SOURCE_HEARTBEAT`, `SOURCE_BFD` or `SOURCE_FLOW`.
+    pub source: u8,
+    pub dst_port: u16,
+    /// Heartbeats only (0 for passive sources).
     pub seq: u64,
     pub incarnation: u32,
     pub flags: u8,
@@ -30,10 +43,26 @@ pub struct Heartbeat {
     /// Source address as the two native-endian words of its 16 bytes; IPv4 in the
     /// IPv4-mapped IPv6 layout (::ffff:a.b.c.d).
     pub src_words: [u64; 2],
+    /// BFD only (all zero otherwise).
+    pub bfd: BfdControl,
 }
+
+const NO_BFD: BfdControl = BfdControl {
+    diag: 0,
+    state: 0,
+    poll: false,
+    final_: false,
+    detect_mult: 0,
+    my_discriminator: 0,
+    your_discriminator: 0,
+    desired_min_tx_us: 0,
+    required_min_rx_us: 0,
+};
 
 pub enum Parsed {
     NotHeartbeat,
+    /// Of a passive source: recorded, and always passed on.
+    Passive(Heartbeat),
     /// To the heartbeat port, but addressed to another host (see `LOCAL_ADDRS`).
     NotLocal,
     Malformed,
@@ -89,18 +118,44 @@ fn ptr_at<C: Packet, T>(ctx: &C, offset: usize) -> Option<*const T> {
     Some((start + offset) as *const T)
 }
 
-/// `check_destination`: a packet to the port whose destination address is not in
-/// `LOCAL_ADDRS` is `NotLocal` (one hash lookup, after the port matched).
+/// With `XDP_FLAG_CHECK_DESTINATION`, a packet to one of our ports whose destination address
+/// is not in `LOCAL_ADDRS` is `NotLocal` (one hash lookup, after the port matched).
 #[inline(always)]
-pub fn parse<C: Packet>(ctx: &C, port: u16, check_destination: bool) -> Parsed {
-    match parse_inner(ctx, port, check_destination) {
+pub fn parse<C: Packet>(ctx: &C, config: &XdpConfig) -> Parsed {
+    match parse_inner(ctx, config) {
         Some(parsed) => parsed,
         None => Parsed::NotHeartbeat,
     }
 }
 
+/// Which source a destination port belongs to, if any. The configuration is folded to
+/// constants by the verifier, so the tests for sources that are off cost nothing.
 #[inline(always)]
-fn parse_inner<C: Packet>(ctx: &C, port: u16, check_destination: bool) -> Option<Parsed> {
+fn source_of(dst_port: u16, config: &XdpConfig) -> Option<u8> {
+    if dst_port == config.port {
+        return Some(SOURCE_HEARTBEAT);
+    }
+    if config.flags & XDP_FLAG_BFD != 0
+        && (dst_port == BFD_SINGLE_HOP_PORT || dst_port == BFD_MULTIHOP_PORT)
+    {
+        return Some(SOURCE_BFD);
+    }
+    // Unrolled; an unused entry is 0, which no datagram we get here is sent to.
+    let ports = config.flow_ports;
+    if dst_port != 0
+        && (dst_port == ports[0]
+            || dst_port == ports[1]
+            || dst_port == ports[2]
+            || dst_port == ports[3])
+    {
+        return Some(SOURCE_FLOW);
+    }
+    None
+}
+
+#[inline(always)]
+fn parse_inner<C: Packet>(ctx: &C, config: &XdpConfig) -> Option<Parsed> {
+    let check_destination = config.flags & XDP_FLAG_CHECK_DESTINATION != 0;
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
     let mut ether_type = unsafe { (*eth).ether_type };
     let mut offset = EthHdr::LEN;
@@ -163,9 +218,8 @@ fn parse_inner<C: Packet>(ctx: &C, port: u16, check_destination: bool) -> Option
     }
     let udp: *const UdpHdr = ptr_at(ctx, offset)?;
     let udp = unsafe { &*udp };
-    if u16::from_be_bytes(udp.dst) != port {
-        return None;
-    }
+    let dst_port = u16::from_be_bytes(udp.dst);
+    let source = source_of(dst_port, config)?;
     // Addressed to another host (this one routes or forwards it): not ours to record or
     // consume, whatever it carries. The same 16-byte layout as the source address.
     if check_destination {
@@ -179,10 +233,57 @@ fn parse_inner<C: Packet>(ctx: &C, port: u16, check_destination: bool) -> Option
         }
     }
     // From here on it is addressed to us: anything wrong is malformed, not foreign.
+    let payload_len = (u16::from_be_bytes(udp.len) as usize).wrapping_sub(UdpHdr::LEN);
+    let src_port = u16::from_be_bytes(udp.src);
+    if source == SOURCE_FLOW {
+        return Some(Parsed::Passive(Heartbeat {
+            peer_id: passive::flow_peer_id(src_words, src_port),
+            source,
+            dst_port,
+            seq: 0,
+            incarnation: 0,
+            flags: 0,
+            authenticated: [0; 3],
+            tag: 0,
+            src_family,
+            src_port,
+            src_words,
+            bfd: NO_BFD,
+        }));
+    }
+    if source == SOURCE_BFD {
+        let Some(control) = ptr_at::<C, [u8; BFD_CONTROL_LEN]>(ctx, offset + UdpHdr::LEN) else {
+            return Some(Parsed::Malformed);
+        };
+        let p = control.cast::<u8>();
+        let words = unsafe {
+            [
+                u64::from_be(load::u64_at(p)),
+                u64::from_be(load::u64_at(p.add(8))),
+                u64::from_be(load::u64_at(p.add(16))),
+            ]
+        };
+        let Ok(bfd) = passive::decode_bfd(words, payload_len) else {
+            return Some(Parsed::Malformed);
+        };
+        return Some(Parsed::Passive(Heartbeat {
+            peer_id: passive::bfd_peer_id(src_words, bfd.my_discriminator),
+            source,
+            dst_port,
+            seq: 0,
+            incarnation: 0,
+            flags: 0,
+            authenticated: [0; 3],
+            tag: 0,
+            src_family,
+            src_port,
+            src_words,
+            bfd,
+        }));
+    }
     let Some(header) = ptr_at::<C, HeartbeatHeader>(ctx, offset + UdpHdr::LEN) else {
         return Some(Parsed::Malformed);
     };
-    let payload_len = (u16::from_be_bytes(udp.len) as usize).wrapping_sub(UdpHdr::LEN);
     // Three 8-byte loads for the whole header (see `load`), decoded from network order.
     let p = header.cast::<u8>();
     let (first, peer_id, seq, tag) = unsafe {
@@ -201,6 +302,8 @@ fn parse_inner<C: Packet>(ctx: &C, port: u16, check_destination: bool) -> Option
     }
     Some(Parsed::Heartbeat(Heartbeat {
         peer_id: u64::from_be(peer_id),
+        source,
+        dst_port,
         seq: u64::from_be(seq),
         incarnation,
         flags,
@@ -208,7 +311,8 @@ fn parse_inner<C: Packet>(ctx: &C, port: u16, check_destination: bool) -> Option
         authenticated: [first, peer_id, seq],
         tag,
         src_family,
-        src_port: u16::from_be_bytes(udp.src),
+        src_port,
         src_words,
+        bfd: NO_BFD,
     }))
 }

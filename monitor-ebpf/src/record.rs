@@ -11,6 +11,7 @@ use monitor_common::{
     config::{XDP_FLAG_REQUIRE_AUTH, XdpConfig},
     index, last_heard,
     maps::{ArrivalRecord, Counters, UnknownPeerReport},
+    passive::{self, SOURCE_BFD, SOURCE_HEARTBEAT},
     slot::{self, Outcome},
     wire::FLAG_AUTH,
 };
@@ -55,7 +56,20 @@ pub fn record<C: EbpfContext>(
     let Some(slot) = slot else {
         counters.unknown_peer += 1;
         debug!(ctx, "heartbeat of unknown peer {}", peer_id);
-        report_unknown(hb, peer_id, now, config, counters);
+        let mut report = UnknownPeerReport {
+            peer_id,
+            seq: hb.seq,
+            incarnation: hb.incarnation,
+            src_family: hb.src_family,
+            src_port: hb.src_port,
+            src_addr: [0; 16],
+            source: SOURCE_HEARTBEAT,
+            bfd_state: 0,
+            dst_port: config.port,
+            discriminator: 0,
+        };
+        set_src_addr(&mut report.src_addr, hb.src_words);
+        report_unknown(&report, now, config, counters);
         return;
     };
     // SAFETY: the pointer comes from a successful lookup; concurrent writers are excluded by
@@ -97,7 +111,68 @@ pub fn record<C: EbpfContext>(
     let traced = slot.record.traced != 0;
     unlock(&mut slot.lock);
     if traced {
-        trace_arrival(peer_id, now, hb, outcome, counters);
+        trace_arrival(peer_id, now, hb.seq, hb.incarnation, outcome, counters);
+    }
+}
+
+/// A packet of a passive source (a BFD session, a UDP flow): the same slot, lock and window
+/// rules as a heartbeat (`slot::arrive_passive`), under the id derived from the packet. No
+/// authentication (nothing to verify it with), and the caller passes the packet on.
+#[inline(always)]
+pub fn record_passive(p: &Heartbeat, config: &XdpConfig, counters: &mut Counters) {
+    let (index, slot) = match lookup(p.peer_id, config.index_bits) {
+        Some(index) => (index, PEER_STATE.get_ptr_mut(index)),
+        None => (0, None),
+    };
+    let now = unsafe { bpf_ktime_get_ns() };
+    let Some(slot) = slot else {
+        counters.unknown_peer += 1;
+        let mut report = UnknownPeerReport {
+            peer_id: p.peer_id,
+            seq: 0,
+            incarnation: 0,
+            src_family: p.src_family,
+            src_port: p.src_port,
+            src_addr: [0; 16],
+            source: p.source,
+            bfd_state: p.bfd.state,
+            dst_port: p.dst_port,
+            discriminator: p.bfd.my_discriminator,
+        };
+        set_src_addr(&mut report.src_addr, p.src_words);
+        report_unknown(&report, now, config, counters);
+        return;
+    };
+    // SAFETY: as in `record`.
+    let slot = unsafe { &mut *slot };
+    if !try_lock(&mut slot.lock) {
+        counters.contended += 1;
+        return;
+    }
+    // The slot must be this source's: a heartbeat peer may have picked the same id.
+    if slot.record.peer_id != p.peer_id || slot.record.source != p.source {
+        unlock(&mut slot.lock);
+        counters.unknown_peer += 1;
+        return;
+    }
+    let new_epoch = p.source == SOURCE_BFD && passive::note_bfd(&mut slot.record, &p.bfd);
+    let outcome = slot::arrive_passive(slot, now, new_epoch, config);
+    slot.record.src_family = p.src_family;
+    slot.record.src_port = p.src_port;
+    set_src_addr(&mut slot.record.src_addr, p.src_words);
+    if p.source == SOURCE_BFD {
+        counters.bfd += 1;
+    } else {
+        counters.flow += 1;
+    }
+    if let Some(word) = LAST_HEARD.get_ptr_mut(index) {
+        unsafe { core::ptr::write_volatile(word, last_heard::word(now, slot.record.heartbeats)) };
+    }
+    let traced = slot.record.traced != 0;
+    let (seq, incarnation) = (slot.record.last_seq, slot.record.incarnation);
+    unlock(&mut slot.lock);
+    if traced {
+        trace_arrival(p.peer_id, now, seq, incarnation, outcome, counters);
     }
 }
 
@@ -135,15 +210,16 @@ fn lookup(peer_id: u64, bits: u32) -> Option<u32> {
 fn trace_arrival(
     peer_id: u64,
     now: u64,
-    hb: &Heartbeat,
+    seq: u64,
+    incarnation: u32,
     outcome: Outcome,
     counters: &mut Counters,
 ) {
     let record = ArrivalRecord {
         peer_id,
         at_ns: now,
-        seq: hb.seq,
-        incarnation: hb.incarnation,
+        seq,
+        incarnation,
         outcome: outcome.code(),
     };
     if ARRIVALS.output::<ArrivalRecord>(&record, 0).is_err() {
@@ -225,8 +301,7 @@ fn set_src_addr(dst: &mut [u8; 16], words: [u64; 2]) {
 /// times per second per CPU, so a flood of forged ids cannot flood the agent.
 #[inline(always)]
 fn report_unknown(
-    hb: &Heartbeat,
-    peer_id: u64,
+    report: &UnknownPeerReport,
     now: u64,
     config: &XdpConfig,
     counters: &mut Counters,
@@ -239,19 +314,7 @@ fn report_unknown(
         counters.unknown_suppressed += 1;
         return;
     }
-    let mut report = UnknownPeerReport {
-        peer_id,
-        seq: hb.seq,
-        incarnation: hb.incarnation,
-        src_family: hb.src_family,
-        src_port: hb.src_port,
-        src_addr: [0; 16],
-    };
-    set_src_addr(&mut report.src_addr, hb.src_words);
-    if UNKNOWN_PEERS
-        .output::<UnknownPeerReport>(&report, 0)
-        .is_ok()
-    {
+    if UNKNOWN_PEERS.output::<UnknownPeerReport>(report, 0).is_ok() {
         counters.report_window_count += 1;
         counters.unknown_reported += 1;
     } else {

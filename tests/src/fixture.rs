@@ -47,6 +47,15 @@ impl Fixture {
         Self { loaded, hook }
     }
 
+    /// Admits a passive peer (`monitor_common::passive`) of `source`.
+    pub fn admit_passive(&mut self, id: u64, source: u8) {
+        self.loaded
+            .maps
+            .registry
+            .admit_passive(&self.loaded.maps.table, id, monotonic_ns(), source)
+            .expect("admit");
+    }
+
     pub fn with_peers(peers: &[u64]) -> Self {
         Self::new(XdpConfig::DEFAULT, peers)
     }

@@ -180,6 +180,8 @@ fn print_stats(s: &AgentStats) {
         ("heartbeats", k.heartbeats),
         ("not_heartbeat", k.not_heartbeat),
         ("not_local", k.not_local),
+        ("bfd", k.bfd),
+        ("flow", k.flow),
         ("malformed", k.malformed),
         ("unknown_peer", k.unknown_peer),
         ("duplicates", k.duplicates),

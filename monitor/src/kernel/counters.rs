@@ -23,6 +23,12 @@ pub struct CounterTotals {
     /// Packets to the heartbeat port addressed to another host (passed, not recorded).
     #[serde(default)]
     pub not_local: u64,
+    /// BFD control packets recorded in a session's slot (`--bfd`; passed on).
+    #[serde(default)]
+    pub bfd: u64,
+    /// Datagrams to a `--udp-port` port recorded in a flow's slot (passed on).
+    #[serde(default)]
+    pub flow: u64,
 }
 
 impl CounterTotals {
@@ -40,6 +46,8 @@ impl CounterTotals {
             unknown_suppressed: t.unknown_suppressed + c.unknown_suppressed,
             arrivals_dropped: t.arrivals_dropped + c.arrivals_dropped,
             not_local: t.not_local + c.not_local,
+            bfd: t.bfd + c.bfd,
+            flow: t.flow + c.flow,
         })
     }
 

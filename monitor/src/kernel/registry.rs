@@ -104,6 +104,23 @@ impl Registry {
     /// Gives `id` a slot whose silence starts at `now_ns`. The slot is initialised before the
     /// kernel can find it, so the kernel never sees a half-made slot.
     pub fn admit(&mut self, table: &PeerTable, id: u64, now_ns: u64) -> Result<u32, AdmitError> {
+        self.admit_record(table, PeerRecord::admitted(id, now_ns))
+    }
+
+    /// Gives a passive peer (`monitor_common::passive`) of `source` a slot: the kernel records
+    /// its packets only into a slot stamped with their source.
+    pub fn admit_passive(
+        &mut self,
+        table: &PeerTable,
+        id: u64,
+        now_ns: u64,
+        source: u8,
+    ) -> Result<u32, AdmitError> {
+        self.admit_record(table, PeerRecord::admitted_passive(id, now_ns, source))
+    }
+
+    fn admit_record(&mut self, table: &PeerTable, record: PeerRecord) -> Result<u32, AdmitError> {
+        let id = record.peer_id;
         if self.slots.contains_key(&id) {
             return Err(AdmitError::Exists(id));
         }
@@ -115,7 +132,7 @@ impl Registry {
             }
             None => return Err(AdmitError::Full(self.capacity)),
         };
-        table.reset(slot, PeerRecord::admitted(id, now_ns));
+        table.reset(slot, record);
         if let Err(source) = self.index.insert(id, slot) {
             self.free.push(slot);
             return Err(AdmitError::Index { id, source });

@@ -293,6 +293,8 @@ impl<S: Source> Collector for AgentCollector<S> {
                     ("heartbeat", k.heartbeats),
                     ("not_heartbeat", k.not_heartbeat),
                     ("not_local", k.not_local),
+                    ("bfd", k.bfd),
+                    ("flow", k.flow),
                     ("malformed", k.malformed),
                     ("unknown_peer", k.unknown_peer),
                     ("duplicate", k.duplicates),
