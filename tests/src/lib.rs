@@ -5,6 +5,7 @@ pub mod agent_process;
 pub mod bench;
 pub mod fixture;
 pub mod fleet_net;
+pub mod frr;
 pub mod http;
 pub mod netns;
 pub mod packet;

@@ -40,6 +40,9 @@ pub fn ensure() -> Result<()> {
     // tests/tests/top.rs: `monitor top` driven in a real terminal.
     ensure_package("tmux", &["-V"], "tmux")?;
     ensure_package("setpriv", &["--version"], "util-linux")?;
+    // tests/tests/bfd.rs: real FRR zebra, bfdd and vtysh (integration_tests::frr); vtysh has no
+    // --version, bfdd does.
+    ensure_package("/usr/lib/frr/bfdd", &["--version"], "frr")?;
     // tests/tests/senders.rs: the example senders in C and Python (examples/).
     ensure_package("cc", &["--version"], "gcc")?;
     ensure_package("python3", &["--version"], "python3")
