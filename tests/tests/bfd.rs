@@ -67,3 +67,187 @@ fn frr_bfd_pair_reaches_up_and_detects_a_killed_peer() {
     assert!(bfd.local.bfdd_pid().is_some());
     assert_eq!(bfd.local_session().state, BfdState::Down);
 }
+
+/// Wall-clock time in ms, as events carry it.
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as u64
+}
+
+/// Polls `f` until it gives a value, or panics with `what` after `limit`.
+fn wait_for<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The agent's view of the BFD session from `addr` whose My Discriminator is `discriminator`,
+/// found by address as an operator would (`monitor query peers --addr`).
+fn session_seen(
+    agent: &integration_tests::agent_process::AgentProcess,
+    addr: &str,
+    discriminator: u32,
+) -> Option<serde_json::Value> {
+    let reply = agent.ask(serde_json::json!({"op": "peers", "addr": addr, "source": "bfd"}));
+    reply["peers"]
+        .as_array()?
+        .iter()
+        .find(|p| p["discriminator"] == discriminator)
+        .cloned()
+}
+
+/// Reads events until one satisfies `want`, or panics after `limit`.
+fn next_event(
+    events: &mut monitor::serving::client::Client,
+    limit: Duration,
+    what: &str,
+    want: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "timed out waiting for {what}");
+        events.set_read_timeout(Some(left)).expect("read timeout");
+        let line = events
+            .read_line()
+            .unwrap_or_else(|e| panic!("waiting for {what}: {e}"));
+        let event: serde_json::Value = serde_json::from_str(&line).expect("event JSON");
+        if want(&event) {
+            return event;
+        }
+    }
+}
+
+#[test]
+fn the_agent_watches_a_real_bfd_session_passively_and_detects_its_peers_crash() {
+    use integration_tests::agent_process::AgentProcess;
+    use monitor_common::passive;
+    require_root();
+    let net = NetnsPair::named(91, ["hbfma", "hbfmb"], ["hbfwa", "hbfwb"]);
+    // The agent first, so it sees the session from its first packet.
+    let agent = AgentProcess::start(&net, &["--bfd"]);
+    let mut bfd = BfdPair::on_netns_pair(&net);
+    let (local, remote) = bfd.wait_up(Duration::from_secs(20));
+    let up_at = Instant::now();
+
+    // Tracked: one peer for the session, keyed by the remote's address and discriminator,
+    // with the timers it announces, once a few packets at the Up rate are in its window.
+    let discriminator = remote.local_discriminator as u32;
+    let view = wait_for(Duration::from_secs(10), "the session at 100 ms", || {
+        session_seen(&agent, &net.addr_b, discriminator)
+            .filter(|p| p["bfd_state"] == "up" && p["samples"].as_u64() >= Some(10))
+    });
+    let addr: std::net::Ipv4Addr = net.addr_b.parse().unwrap();
+    let id = passive::bfd_peer_id(
+        passive::addr_words(addr.to_ipv6_mapped().octets()),
+        discriminator,
+    );
+    assert_eq!(view["id"], id, "{view}");
+    assert_eq!(view["source"], "bfd");
+    assert!(
+        view["addr"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{}:", net.addr_b)),
+        "{view}"
+    );
+    assert_eq!(
+        (view["bfd_tx_ms"].as_f64(), view["bfd_detect_mult"].as_u64()),
+        (Some(100.0), Some(3))
+    );
+    // BFD jitters each interval to 75-100% of it (RFC 5880 6.8.7).
+    let mean = view["mean_ms"].as_f64().unwrap();
+    assert!((70.0..=105.0).contains(&mean), "{view}");
+    assert!(view["phi"].as_f64().unwrap() < 1.0, "{view}");
+    // The only peer: the local bfdd's own packets leave by this interface, they do not arrive.
+    assert_eq!(agent.peer_ids(), vec![id]);
+
+    // The packets are passed on: the local bfdd stays Up, without a flap, while the agent
+    // records another 30 of the session's packets.
+    let heartbeats = view["heartbeats"].as_u64().unwrap();
+    wait_for(Duration::from_secs(10), "30 more packets", || {
+        session_seen(&agent, &net.addr_b, discriminator)
+            .filter(|p| p["heartbeats"].as_u64() >= Some(heartbeats + 30))
+    });
+    let now = bfd.local_session();
+    assert_eq!(now.state, BfdState::Up, "{now:?}");
+    assert_eq!(now.remote_discriminator, remote.local_discriminator);
+    let uptime = now.uptime_s.expect("an Up session has an uptime");
+    assert!(
+        uptime + 1 >= up_at.elapsed().as_secs(),
+        "the local session restarted: up {uptime} s, {:?} since Up",
+        up_at.elapsed()
+    );
+    assert_eq!(local.local_discriminator, now.local_discriminator);
+    let kernel = agent.ask(serde_json::json!({"op": "stats"}))["stats"]["kernel"].clone();
+    assert!(kernel["bfd"].as_u64() >= Some(heartbeats + 30), "{kernel}");
+    assert_eq!(kernel["heartbeats"], 0, "{kernel}");
+
+    // The remote bfdd crashes: phi passes 8; report how long that took next to bfdd's own
+    // detection (3 x 100 ms).
+    let mut events = agent.subscribe();
+    let killed_at = wall_ms();
+    bfd.kill_remote_bfdd();
+    let suspect = next_event(&mut events, Duration::from_secs(10), "level 8", |e| {
+        e["event"] == "suspect" && e["id"] == id && e["level"] == 8.0
+    });
+    let ours_ms = suspect["at"].as_u64().unwrap().saturating_sub(killed_at);
+    let down = bfd.wait_local_down(Duration::from_secs(10));
+    let bfdd_ms = wall_ms() - killed_at;
+    eprintln!(
+        "detection after a crash: monitor phi >= 8 after {ours_ms} ms (crossed at silence {:.0} ms); \
+         local bfdd {:?} seen by polling within {bfdd_ms} ms (detect mult 3 x 100 ms)",
+        suspect["silence_ms"].as_f64().unwrap(),
+        down.state
+    );
+    assert!(suspect["phi"].as_f64().unwrap() >= 8.0, "{suspect}");
+    let peer = agent.ask(serde_json::json!({"op": "peer", "id": id}))["peer"].clone();
+    assert!(peer["phi"].as_f64().unwrap() >= 8.0, "{peer}");
+    drop(bfd);
+    agent.stop();
+}
+
+#[test]
+fn a_session_that_reports_down_raises_bfd_down_with_its_diagnostic() {
+    use integration_tests::agent_process::AgentProcess;
+    require_root();
+    let net = NetnsPair::named(92, ["hbfda", "hbfdb"], ["hbfxa", "hbfxb"]);
+    let agent = AgentProcess::start(&net, &["--bfd"]);
+    let mut bfd = BfdPair::on_netns_pair(&net);
+    let (_, remote) = bfd.wait_up(Duration::from_secs(20));
+    let discriminator = remote.local_discriminator as u32;
+    let view = wait_for(Duration::from_secs(10), "the session Up", || {
+        session_seen(&agent, &net.addr_b, discriminator).filter(|p| p["bfd_state"] == "up")
+    });
+    let id = view["id"].as_u64().unwrap();
+    let mut events = agent.subscribe();
+    // The local bfdd dies: the remote one times the session out and says so in its packets
+    // (state Down, "control detection time expired"), which keep coming, once a second.
+    bfd.local.kill_bfdd();
+    let fall = next_event(&mut events, Duration::from_secs(10), "bfd_down", |e| {
+        e["event"] == "bfd_down" && e["id"] == id
+    });
+    assert_eq!(fall["state"], "down", "{fall}");
+    assert_eq!(fall["diag"], 1, "{fall}");
+    assert_eq!(
+        fall["diagnostic"], "control_detection_time_expired",
+        "{fall}"
+    );
+    assert_eq!(fall["addr"], net.addr_b.as_str(), "{fall}");
+    assert_eq!(fall["discriminator"], discriminator, "{fall}");
+    // The session is still heard (its Down packets) and its view says what it reports.
+    let view = wait_for(Duration::from_secs(5), "the Down state in the view", || {
+        session_seen(&agent, &net.addr_b, discriminator).filter(|p| p["bfd_state"] == "down")
+    });
+    assert_eq!(view["bfd_diag"], 1, "{view}");
+    drop(events);
+    drop(bfd);
+    agent.stop();
+}

@@ -4,6 +4,7 @@
 
 pub mod admission;
 mod notify;
+pub mod passive;
 mod run;
 
 use std::{
@@ -16,10 +17,14 @@ use std::{
 };
 
 use aya::maps::{MapData, PerCpuArray};
-use monitor_common::maps::{ArrivalRecord, Counters, PeerRecord, UnknownPeerReport};
+use monitor_common::{
+    maps::{ArrivalRecord, Counters, PeerRecord, UnknownPeerReport},
+    passive::{SOURCE_BFD, SOURCE_HEARTBEAT, bfd_diag_name, bfd_state_name, source_name},
+};
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
+pub use self::passive::PassiveSources;
 pub use self::run::{AgentConfig, Reload, run};
 use crate::{
     agent::admission::{Admission, AdmissionPolicy, Verdict},
@@ -35,7 +40,7 @@ use crate::{
     kernel::registry::{AdmitError, ForgetError, Registry},
     serving::metrics::{self, AgentMetrics, KindLabel, PeerSeries, Scrape},
     serving::peer_view::{PeerView, WindowDetail, ip_addr},
-    serving::protocol::{AgentStats, PeerError, Request, error_reply, ok_reply},
+    serving::protocol::{AgentStats, PeerError, PeerSource, Request, error_reply, ok_reply},
     serving::recording::{ARRIVAL_BUFFER, RecordingGuard, Recordings},
     serving::server::{Handler, Recording, Response},
 };
@@ -79,6 +84,9 @@ pub struct Agent {
     /// Arrivals of traced peers, for recording clients.
     arrivals: broadcast::Sender<ArrivalRecord>,
     recordings: Arc<Recordings>,
+    /// The BFD sessions among the peers (`--bfd`), looked at every sweep for a reported Down.
+    /// Found when the sweep first reads a slot, so admitted and adopted sessions alike.
+    bfd_sessions: Mutex<Vec<passive::BfdSeen>>,
 }
 
 /// The sweep's state of every slot, in three dense arrays indexed by slot: what every sweep
@@ -170,6 +178,7 @@ impl Agent {
             next_expiry_scan_ns: AtomicU64::new(0),
             arrivals: broadcast::channel(ARRIVAL_BUFFER).0,
             recordings: Arc::default(),
+            bfd_sessions: Mutex::new(Vec::new()),
         }
     }
 
@@ -237,6 +246,7 @@ impl Agent {
             Event::Recover { .. } => "recover",
             Event::Admit { .. } => "admit",
             Event::Forget { .. } => "forget",
+            Event::BfdDown { .. } => "bfd_down",
             Event::Lagged { .. } => "lagged",
         };
         self.metrics.events.get_or_create(&KindLabel { kind }).inc();
@@ -358,7 +368,20 @@ impl Agent {
 
     /// Every admitted peer, sorted by id; busy if a slot kept changing through every retry.
     pub fn peers(&self) -> Result<Vec<PeerView>, PeerError> {
-        self.collect()
+        self.collect(|_| true)
+    }
+
+    /// The peers whose packets come from `addr` and are of `source` (either filter optional):
+    /// how an operator finds a BFD session or a flow, whose ids are derived.
+    pub fn peers_matching(
+        &self,
+        addr: Option<std::net::IpAddr>,
+        source: Option<PeerSource>,
+    ) -> Result<Vec<PeerView>, PeerError> {
+        self.collect(|record| {
+            addr.is_none_or(|a| ip_addr(record.src_family, &record.src_addr) == Some(a))
+                && source.is_none_or(|s| s.name() == source_name(record.source))
+        })
     }
 
     /// Peers with phi >= threshold, sorted by id. The silence at which phi reaches the
@@ -428,7 +451,7 @@ impl Agent {
     /// Every admitted peer: the records are read with no lock held (a slot forgotten meanwhile
     /// shows as another peer's or a free one and is left out), then the QoS of all of them in
     /// one pass under the trackers' lock.
-    fn collect(&self) -> Result<Vec<PeerView>, PeerError> {
+    fn collect(&self, wanted: impl Fn(&PeerRecord) -> bool) -> Result<Vec<PeerView>, PeerError> {
         let now = monotonic_ns();
         let slots: Vec<(u64, u32)> = self
             .registry
@@ -444,7 +467,7 @@ impl Agent {
             let (record, ring) = self
                 .read_for_client(slot)
                 .map_err(|_| PeerError::Busy(id))?;
-            if record.peer_id != id {
+            if record.peer_id != id || !wanted(&record) {
                 continue;
             }
             peers.push((slot, PeerView::new(&record, &ring, now, &detector, None)));
@@ -507,6 +530,65 @@ impl Agent {
         Ok(slot)
     }
 
+    /// Admits a BFD session or a UDP flow the kernel reported (`monitor_common::passive`).
+    fn admit_passive(&self, report: &UnknownPeerReport) -> Result<u32, AdmitError> {
+        let id = report.peer_id;
+        let slot = self
+            .registry
+            .write()
+            .expect("registry lock")
+            .admit_passive(&self.table, id, monotonic_ns(), report.source)?;
+        self.publish(Event::Admit {
+            id,
+            at: wall_ms() as u64,
+        });
+        if report.source == SOURCE_BFD {
+            log::info!(
+                "watching BFD session {id:#x} from {:?} (discriminator {}, {})",
+                ip_addr(report.src_family, &report.src_addr),
+                report.discriminator,
+                bfd_state_name(report.bfd_state)
+            );
+        }
+        Ok(slot)
+    }
+
+    /// Raises `bfd_down` for each BFD session that reported Down or AdminDown since the last
+    /// sweep (a look at each session's record: there are few). Sessions whose slot went to
+    /// another peer are dropped.
+    fn look_at_bfd_sessions(&self, registry: &Registry) {
+        let mut sessions = self.bfd_sessions.lock().expect("bfd sessions lock");
+        if sessions.is_empty() {
+            return;
+        }
+        sessions.retain(|s| registry.owner(s.slot) == Some(s.id));
+        for session in sessions.iter_mut() {
+            let Some(record) = self.table.record(session.slot) else {
+                continue;
+            };
+            if record.peer_id != session.id {
+                continue;
+            }
+            if let Some(fall) = session.look(&record) {
+                log::info!(
+                    "BFD session {:#x} reports {} ({})",
+                    session.id,
+                    bfd_state_name(fall.state),
+                    bfd_diag_name(fall.diag)
+                );
+                self.publish(Event::BfdDown {
+                    id: session.id,
+                    state: bfd_state_name(fall.state).into(),
+                    diag: fall.diag,
+                    diagnostic: bfd_diag_name(fall.diag).into(),
+                    addr: ip_addr(record.src_family, &record.src_addr).map(|a| a.to_string()),
+                    discriminator: record.bfd_my_discriminator,
+                    at: wall_ms() as u64,
+                });
+            }
+        }
+    }
+
     pub fn forget(&self, id: u64) -> Result<(), ForgetError> {
         self.forget_because(id, "request")
     }
@@ -543,10 +625,18 @@ impl Agent {
             log::debug!("not admitting peer {id} from {source:?}: admission policy");
             return;
         }
-        match self.admit(id) {
+        let admitted = if report.source == SOURCE_HEARTBEAT {
+            self.admit(id)
+        } else {
+            self.admit_passive(report)
+        };
+        match admitted {
             Ok(slot) => {
                 admission.counters.admitted += 1;
-                log::debug!("admitted peer {id} (slot {slot}) on its first heartbeat");
+                log::debug!(
+                    "admitted {} peer {id} (slot {slot}) on its first packet",
+                    source_name(report.source)
+                );
             }
             Err(AdmitError::Exists(_)) => {}
             Err(e @ AdmitError::Full(_)) => {
@@ -617,6 +707,11 @@ impl Agent {
             if record.peer_id != id {
                 continue;
             }
+            if record.source == SOURCE_BFD {
+                let mut sessions = self.bfd_sessions.lock().expect("bfd sessions lock");
+                sessions.retain(|s| s.slot != slot as u32);
+                sessions.push(passive::BfdSeen::new(slot as u32, id, &record));
+            }
             let (mut t, new_watch, new_lazy) = PeerTracker::new(&record, &ring, &detector);
             (*watch, *lazy) = (new_watch, new_lazy);
             t.observe(&record, &ring, watch, lazy, &detector, time, &mut emit);
@@ -624,6 +719,7 @@ impl Agent {
         }
         let expired = self.expired(&registry, &trackers, now_ns);
         drop(trackers);
+        self.look_at_bfd_sessions(&registry);
         drop(registry);
         self.refreshes.fetch_add(refreshes, Ordering::Relaxed);
         for id in expired {
@@ -776,7 +872,7 @@ impl Handler for Agent {
                 Ok(peer) => ok_reply("peer", peer),
                 Err(e) => e.reply(),
             },
-            Request::Peers => match self.peers() {
+            Request::Peers { addr, source } => match self.peers_matching(addr, source) {
                 Ok(peers) => ok_reply("peers", peers),
                 Err(e) => e.reply(),
             },

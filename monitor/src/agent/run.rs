@@ -56,6 +56,8 @@ pub struct AgentConfig {
     /// Who is admitted on a first heartbeat.
     pub admission: AdmissionPolicy,
     pub pass_heartbeats: bool,
+    /// BFD sessions and UDP flows watched besides heartbeats (`--bfd`, `--udp-port`).
+    pub passive: crate::agent::PassiveSources,
     /// Which destination addresses heartbeats are accepted at (`--listen-addr`).
     pub listen: crate::kernel::destination::Listen,
     pub unknown_reports_per_sec: u32,
@@ -152,6 +154,11 @@ fn apply_reload(
         new.pass_heartbeats == current.pass_heartbeats,
     );
     check("listen-addr", new.listen == current.listen);
+    check("bfd", new.passive.bfd == current.passive.bfd);
+    check(
+        "udp-port",
+        new.passive.flow_ports == current.passive.flow_ports,
+    );
     if new.unknown_reports_per_sec != current.unknown_reports_per_sec {
         // The agent's bucket changed above; the kernel's report limit is a load-time constant.
         log::warn!(
@@ -290,8 +297,10 @@ fn xdp_config(config: &AgentConfig, require_auth: bool) -> XdpConfig {
             } else {
                 0
             }
-            | config.listen.xdp_flags(),
+            | config.listen.xdp_flags()
+            | config.passive.xdp_flags(),
         unknown_reports_per_sec: config.unknown_reports_per_sec,
+        flow_ports: config.passive.flow_ports,
         ..rules
     }
 }
@@ -346,6 +355,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         flags: xdp.flags,
         max_interval_us: xdp.max_interval_us,
         outage_factor: xdp.outage_factor,
+        flow_ports: xdp.flow_ports,
         ..PinnedMeta::default()
     };
     let mut kernel = match &config.pin_path {

@@ -31,8 +31,16 @@ enum What {
         #[arg(value_parser = monitor::agent::admission::parse_peer_id)]
         id: u64,
     },
-    /// Every admitted peer.
-    Peers,
+    /// Every admitted peer (or those from one address, or of one source).
+    Peers {
+        /// Only the peers whose packets come from this address (BFD sessions and UDP flows are
+        /// found this way: their ids are derived from the packets).
+        #[arg(long)]
+        addr: Option<std::net::IpAddr>,
+        /// Only the peers of this source.
+        #[arg(long, value_enum)]
+        source: Option<monitor::serving::protocol::PeerSource>,
+    },
     /// Peers whose phi is at least THRESHOLD (default: the agent's highest level).
     Suspects {
         #[arg(long)]
@@ -55,7 +63,16 @@ const BUSY_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
 pub fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
     let request = match &args.what {
         What::Peer { id } => json!({"op": "peer", "id": id}),
-        What::Peers => json!({"op": "peers"}),
+        What::Peers { addr, source } => {
+            let mut request = json!({"op": "peers"});
+            if let Some(addr) = addr {
+                request["addr"] = json!(addr);
+            }
+            if let Some(source) = source {
+                request["source"] = json!(source);
+            }
+            request
+        }
         What::Suspects { threshold: Some(t) } => json!({"op": "suspects", "threshold": t}),
         What::Suspects { threshold: None } => json!({"op": "suspects"}),
         What::Forget { id } => json!({"op": "forget", "id": id}),
@@ -86,7 +103,7 @@ pub fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
             let PeerReply { peer } = serde_json::from_value(reply)?;
             print_peers(&[peer]);
         }
-        What::Peers => {
+        What::Peers { .. } => {
             let PeersReply { peers } = serde_json::from_value(reply)?;
             print_peers(&peers);
         }
@@ -121,8 +138,9 @@ fn phi(value: f64) -> String {
 
 fn print_peers(peers: &[PeerView]) {
     println!(
-        "{:>20} {:<22} {:>10} {:>8} {:>7} {:>10} {:>9} {:>5} {:>6} {:>5} {:>5}",
+        "{:>20} {:<12} {:<22} {:>10} {:>8} {:>7} {:>10} {:>9} {:>5} {:>6} {:>5} {:>5}",
         "ID",
+        "SOURCE",
         "ADDR",
         "HEARTBEATS",
         "MEAN_MS",
@@ -136,8 +154,12 @@ fn print_peers(peers: &[PeerView]) {
     );
     for p in peers {
         println!(
-            "{:>20} {:<22} {:>10} {:>8} {:>7} {:>10.1} {:>9} {:>5} {:>6} {:>5} {:>5}",
+            "{:>20} {:<12} {:<22} {:>10} {:>8} {:>7} {:>10.1} {:>9} {:>5} {:>6} {:>5} {:>5}",
             p.id,
+            match &p.bfd_state {
+                Some(state) => format!("{}:{state}", p.source),
+                None => p.source.clone(),
+            },
             p.addr.as_deref().unwrap_or("-"),
             p.heartbeats,
             ms(p.mean_ms),

@@ -81,6 +81,17 @@ pub struct RunArgs {
     /// Pass heartbeats on to the network stack after recording them (default: consume them).
     #[arg(long)]
     pass_heartbeats: bool,
+    /// Also watch BFD sessions passively (RFC 5880 control packets to UDP 3784 and 4784, IPv4
+    /// and IPv6): each session (source address, My Discriminator) is a peer, admitted like a
+    /// heartbeat peer, with a `bfd_down` event when it reports Down. The packets are always
+    /// passed on to the host's BFD daemon (docs/passive.md).
+    #[arg(long, help_heading = "Passive sources")]
+    bfd: bool,
+    /// Also count every UDP datagram to these ports (comma-separated, at most 4) as a heartbeat
+    /// of its flow (source address, source port), admitted like a heartbeat peer; the
+    /// datagrams are always passed on to their service (docs/passive.md).
+    #[arg(long, value_name = "PORT", value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..), help_heading = "Passive sources")]
+    udp_port: Vec<u16>,
     /// Record only heartbeats addressed to these destination addresses (comma-separated,
     /// IPv4 or IPv6); others, e.g. heartbeats this host routes to another one, are passed
     /// untouched and counted as not_local. Default: the interface's own addresses, followed as
@@ -325,6 +336,8 @@ fn agent_config(args: RunArgs) -> anyhow::Result<AgentConfig> {
     }
     let listen = monitor::kernel::destination::Listen::from_args(&args.listen_addr)
         .map_err(anyhow::Error::msg)?;
+    let passive = monitor::agent::PassiveSources::new(args.bfd, &args.udp_port, args.port)
+        .map_err(|e| anyhow::anyhow!("--udp-port: {e}"))?;
     let pin_path = match (args.pin_path, args.persist) {
         (Some(path), _) => Some(path),
         (None, true) => Some(monitor::kernel::pinning::default_pin_path(&args.iface)),
@@ -344,6 +357,7 @@ fn agent_config(args: RunArgs) -> anyhow::Result<AgentConfig> {
             rate_per_sec: args.admit_rate,
         },
         pass_heartbeats: args.pass_heartbeats,
+        passive,
         listen,
         // One knob: the kernel reports at most what the agent may admit, per CPU.
         unknown_reports_per_sec: args.admit_rate,

@@ -25,6 +25,7 @@ use std::f64::consts::LN_10;
 use monitor_common::{
     config::{XDP_FLAG_GAPLESS_WINDOW, XdpConfig},
     maps::{MAX_INTERVAL_US, PeerRecord},
+    passive::SOURCE_BFD,
 };
 use serde::{Deserialize, Serialize};
 
@@ -193,8 +194,7 @@ impl DetectorParams {
 
     /// The window as the ring models see it (µs, oldest first): the bootstrap samples that are
     /// still in a window of `window` (the rule of `WindowSums::with_bootstrap`), then `ring`.
-    fn window_us(&self, ring: &[u32]) -> Vec<u64> {
-        let first_us = (self.first_interval_ms * 1000.0).round() as u64;
+    fn window_us(&self, ring: &[u32], first_us: u64) -> Vec<u64> {
         let samples = u32::try_from(ring.len()).unwrap_or(u32::MAX);
         bootstrap_samples(self.window, samples, first_us)
             .chain(ring.iter().map(|&us| us as u64))
@@ -203,8 +203,8 @@ impl DetectorParams {
 
     /// The shape of the models that judge by the window's intervals. `mean` and `std` are
     /// the (long) window's moments, before pause and floor: what stands in for an empty ring.
-    fn ring_shape(&self, ring: &[u32], mean: f64, std: f64) -> Shape {
-        let window_us = self.window_us(ring);
+    fn ring_shape(&self, ring: &[u32], mean: f64, std: f64, first_us: u64) -> Shape {
+        let window_us = self.window_us(ring, first_us);
         let window_ms: Vec<f64> = window_us.iter().map(|&us| us as f64 / 1000.0).collect();
         match self.model {
             Model::Chen => Shape::Freshness(Freshness {
@@ -241,15 +241,16 @@ impl DetectorParams {
     /// The distribution a peer's silence is judged against, from its record and, for the
     /// models that `needs_ring`, the window's intervals (µs, oldest first; else empty).
     pub fn estimate(&self, record: &PeerRecord, ring: &[u32]) -> Estimate {
-        let first_us = (self.first_interval_ms * 1000.0).round() as u64;
+        let first_us = self.first_us(record);
+        let first_ms = first_us as f64 / 1000.0;
         let sums = WindowSums::from_record(record);
         let (mean, std) = sums
             .with_bootstrap(self.window, first_us)
             .moments_ms()
-            .unwrap_or((self.first_interval_ms, self.first_interval_ms / 4.0));
+            .unwrap_or((first_ms, first_ms / 4.0));
         let shape = match self.model {
             Model::Loss => Shape::Loss(LossOdds::from_record(record)),
-            _ if self.needs_ring() => self.ring_shape(ring, mean, std),
+            _ if self.needs_ring() => self.ring_shape(ring, mean, std, first_us),
             _ => Shape::Plain,
         };
         Estimate {
@@ -341,8 +342,19 @@ impl DetectorParams {
             sum_us: sums.sum_us as f64,
             mean_us: mean_ms * 1000.0,
             std_us: std_ms * 1000.0,
-            first_us: (self.first_interval_ms * 1000.0).round() as u64,
+            first_us: self.first_us(record),
         })
+    }
+
+    /// The interval the bootstrap samples stand around (µs): `first_interval_ms`, or for a BFD
+    /// session the Desired Min TX Interval it announces, the rate it says it sends at (the
+    /// real one is the larger of that and our Required Min RX, less up to 25% jitter).
+    pub fn first_us(&self, record: &PeerRecord) -> u64 {
+        if record.source == SOURCE_BFD && record.bfd_desired_min_tx_us != 0 {
+            record.bfd_desired_min_tx_us as u64
+        } else {
+            (self.first_interval_ms * 1000.0).round() as u64
+        }
     }
 
     /// The least silence (ms) at which phi can reach `levels[index]` for any estimate whose
@@ -812,10 +824,26 @@ mod tests {
             panic!("{e:?}")
         };
         assert!((f.expected_ms - (50.0 + 125.0 / 3.0)).abs() < 1e-9, "{f:?}");
-        assert_eq!(p.window_us(&[90_000]), vec![75_000, 125_000, 90_000]);
+        assert_eq!(
+            p.window_us(&[90_000], 100_000),
+            vec![75_000, 125_000, 90_000]
+        );
         let small = DetectorParams { window: 3, ..p };
-        assert_eq!(small.window_us(&[1, 2]), vec![125_000, 1, 2]);
-        assert_eq!(small.window_us(&[1, 2, 3]), vec![1, 2, 3]);
+        assert_eq!(small.window_us(&[1, 2], 100_000), vec![125_000, 1, 2]);
+        assert_eq!(small.window_us(&[1, 2, 3], 100_000), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn a_bfd_session_is_seeded_with_the_interval_it_announces() {
+        let p = params(Model::Normal);
+        let mut record = PeerRecord::admitted_passive(1, 0, SOURCE_BFD);
+        record.bfd_desired_min_tx_us = 300_000;
+        let e = p.estimate(&record, &[]);
+        assert!((e.mean_ms - 300.0).abs() < 1e-9, "{e:?}");
+        // Before its first packet (no timers yet), and for other peers: first_interval_ms.
+        record.bfd_desired_min_tx_us = 0;
+        let e = p.estimate(&record, &[]);
+        assert!((e.mean_ms - p.first_interval_ms).abs() < 1e-9, "{e:?}");
     }
 
     #[test]

@@ -53,6 +53,21 @@ pub enum Event {
         reason: String,
         at: u64,
     },
+    /// A BFD session (`--bfd`) reported Down or AdminDown after being up: the peer says so
+    /// itself, before its silence could. `state` and `diagnostic` as RFC 5880 names them.
+    #[serde(rename = "bfd_down")]
+    BfdDown {
+        id: u64,
+        /// "down" or "admin_down".
+        state: String,
+        /// The diagnostic code, and its name ("control_detection_time_expired", ...).
+        diag: u8,
+        diagnostic: String,
+        /// The session's source address and My Discriminator.
+        addr: Option<String>,
+        discriminator: u32,
+        at: u64,
+    },
     /// This subscriber fell behind and missed `missed` events.
     Lagged {
         missed: u64,

@@ -254,7 +254,13 @@ pub fn adopt(dir: &Path, expected: &PinnedMeta) -> Result<Adopted, PinError> {
             expected.capacity.to_string(),
         ),
         (
-            "flags (authentication, pass-through, gapless window, destination check)",
+            "UDP flow ports",
+            "--udp-port ",
+            format!("{:?}", meta.flow_ports),
+            format!("{:?}", expected.flow_ports),
+        ),
+        (
+            "flags (authentication, pass-through, gapless window, destination check, BFD)",
             "",
             format!("{:#x}", meta.flags),
             format!("{:#x}", expected.flags),

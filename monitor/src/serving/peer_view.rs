@@ -2,7 +2,10 @@
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
-use monitor_common::maps::{FAMILY_IPV4, FAMILY_IPV6, PeerRecord};
+use monitor_common::{
+    maps::{FAMILY_IPV4, FAMILY_IPV6, PeerRecord},
+    passive::{SOURCE_BFD, SOURCE_HEARTBEAT, bfd_state_name, source_name},
+};
 use serde::{Deserialize, Serialize, Serializer};
 
 use crate::detector::{qos::QosReport, tracker::DetectorConfig, window::WindowSums};
@@ -11,8 +14,26 @@ use crate::detector::{qos::QosReport, tracker::DetectorConfig, window::WindowSum
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct PeerView {
     pub id: u64,
+    /// What its heartbeats are: "heartbeat" (our wire format), "bfd" (a BFD session watched
+    /// with --bfd) or "udp" (a flow to a --udp-port port).
+    #[serde(default = "heartbeat_source")]
+    pub source: String,
     /// Source of the last accepted heartbeat, `ip:port`; null before the first.
     pub addr: Option<String>,
+    /// BFD: the session's My Discriminator (with the address, its key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discriminator: Option<u32>,
+    /// BFD: the state the session reported last ("up", "init", "down", "admin_down").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bfd_state: Option<String>,
+    /// BFD: the diagnostic code of its last packet (RFC 5880 4.1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bfd_diag: Option<u8>,
+    /// BFD: the Desired Min TX Interval and Detect Mult it announces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bfd_tx_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bfd_detect_mult: Option<u8>,
     pub incarnation: u32,
     /// Heartbeats accepted by the kernel.
     pub heartbeats: u64,
@@ -101,9 +122,16 @@ impl PeerView {
         let moments = WindowSums::from_record(record).moments_ms();
         let estimate = detector.estimate(record, ring);
         let phi = detector.phi(&estimate, record.last_arrival_ns, now_ns);
+        let bfd = record.source == SOURCE_BFD && record.heartbeats != 0;
         Self {
             id: record.peer_id,
+            source: source_name(record.source).into(),
             addr: source_addr(record).map(|a| a.to_string()),
+            discriminator: bfd.then_some(record.bfd_my_discriminator),
+            bfd_state: bfd.then(|| bfd_state_name(record.bfd_state).into()),
+            bfd_diag: bfd.then_some(record.bfd_diag),
+            bfd_tx_ms: bfd.then(|| record.bfd_desired_min_tx_us as f64 / 1000.0),
+            bfd_detect_mult: bfd.then_some(record.bfd_detect_mult),
             incarnation: record.incarnation,
             heartbeats: record.heartbeats,
             samples: record.samples,
@@ -123,6 +151,10 @@ impl PeerView {
             window: None,
         }
     }
+}
+
+fn heartbeat_source() -> String {
+    source_name(SOURCE_HEARTBEAT).into()
 }
 
 pub fn source_addr(record: &PeerRecord) -> Option<SocketAddr> {
@@ -175,5 +207,23 @@ mod tests {
         let json = serde_json::to_value(&view).unwrap();
         assert_eq!(json["phi"], serde_json::json!(f64::MAX));
         assert_eq!(json["mean_ms"], serde_json::Value::Null);
+        assert_eq!(json["source"], "heartbeat");
+        assert!(json.get("bfd_state").is_none());
+    }
+
+    #[test]
+    fn a_bfd_session_says_what_it_is() {
+        let detector = DetectorConfig::new(DetectorParams::DEFAULT, Levels::default());
+        let mut r = PeerRecord::admitted_passive(1, 0, SOURCE_BFD);
+        r.heartbeats = 3;
+        r.bfd_state = monitor_common::passive::BFD_UP;
+        r.bfd_my_discriminator = 42;
+        r.bfd_desired_min_tx_us = 100_000;
+        r.bfd_detect_mult = 3;
+        let json = serde_json::to_value(PeerView::new(&r, &[], 0, &detector, None)).unwrap();
+        assert_eq!(json["source"], "bfd");
+        assert_eq!(json["bfd_state"], "up");
+        assert_eq!(json["discriminator"], 42);
+        assert_eq!(json["bfd_tx_ms"], 100.0);
     }
 }

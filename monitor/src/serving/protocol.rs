@@ -23,8 +23,14 @@ pub enum Request {
         #[serde(default)]
         window: bool,
     },
-    /// Every admitted peer.
-    Peers,
+    /// Every admitted peer; with `addr`, those whose packets come from that address; with
+    /// `source` ("heartbeat", "bfd", "udp"), those of that source.
+    Peers {
+        #[serde(default)]
+        addr: Option<std::net::IpAddr>,
+        #[serde(default)]
+        source: Option<PeerSource>,
+    },
     /// Peers whose phi is at least `threshold` (default: the highest level).
     Suspects {
         #[serde(default)]
@@ -48,7 +54,32 @@ pub enum Request {
 impl Request {
     /// Whether answering it reads every peer (the server runs those off the async workers).
     pub fn scans_every_peer(&self) -> bool {
-        matches!(self, Request::Peers | Request::Suspects { .. })
+        matches!(self, Request::Peers { .. } | Request::Suspects { .. })
+    }
+
+    /// `peers` with no filter.
+    pub const ALL_PEERS: Request = Request::Peers {
+        addr: None,
+        source: None,
+    };
+}
+
+/// What a peer's heartbeats are (`PeerView::source`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum PeerSource {
+    Heartbeat,
+    Bfd,
+    Udp,
+}
+
+impl PeerSource {
+    pub fn name(self) -> &'static str {
+        match self {
+            PeerSource::Heartbeat => "heartbeat",
+            PeerSource::Bfd => "bfd",
+            PeerSource::Udp => "udp",
+        }
     }
 }
 
@@ -230,7 +261,7 @@ mod tests {
                 window: false
             })
         );
-        assert_eq!(parse_request(r#"{"op":"peers"}"#), Ok(Request::Peers));
+        assert_eq!(parse_request(r#"{"op":"peers"}"#), Ok(Request::ALL_PEERS));
         assert_eq!(parse_request(r#" {"op":"stats"} "#), Ok(Request::Stats));
         assert_eq!(
             parse_request(r#"{"op":"suspects"}"#),
