@@ -94,8 +94,7 @@ fn only_signed_heartbeats_count_and_keys_rotate_without_detaching() {
     std::fs::write(&agent_key, format!("{KEY_B}\n")).unwrap();
     // SAFETY: signalling our own child.
     unsafe { libc::kill(agent.pid() as i32, libc::SIGHUP) };
-    // Still a sleep: a key reload is not observable over the socket (no counter in stats).
-    std::thread::sleep(Duration::from_millis(300));
+    wait_key_reload(&agent, "key_rotations", 1);
     run_ok(sender(
         &pair,
         1,
@@ -152,8 +151,7 @@ fn only_signed_heartbeats_count_and_keys_rotate_without_detaching() {
     // A bad key file on reload changes nothing.
     std::fs::write(&agent_key, "garbage\n").unwrap();
     unsafe { libc::kill(agent.pid() as i32, libc::SIGHUP) };
-    // Still a sleep: a key reload is not observable over the socket (no counter in stats).
-    std::thread::sleep(Duration::from_millis(300));
+    wait_key_reload(&agent, "key_rotation_failures", 1);
     run_ok(sender(
         &pair,
         2,
@@ -552,5 +550,22 @@ fn requests_for_every_peer_do_not_hold_up_other_clients() {
         reader.read_line(&mut line).expect("the every-peer answer");
         let reply: serde_json::Value = serde_json::from_str(&line).expect("JSON");
         assert_eq!(reply["peers"].as_array().map(Vec::len), Some(50_000));
+    }
+}
+
+/// Waits until the agent's `stats` count `n` SIGHUP key reloads of the kind `counter`
+/// (`key_rotations` or `key_rotation_failures`).
+fn wait_key_reload(agent: &integration_tests::agent_process::AgentProcess, counter: &str, n: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = agent.ask(json!({"op": "stats"}))["stats"].clone();
+        if stats[counter].as_u64() >= Some(n) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {counter} after SIGHUP: {stats}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }

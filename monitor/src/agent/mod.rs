@@ -75,6 +75,9 @@ pub struct Agent {
     /// SIGHUP re-reads of the configuration file that were applied, and that failed.
     reloads: AtomicU64,
     reload_failures: AtomicU64,
+    /// SIGHUP re-reads of the key file that installed a key, and that failed.
+    key_rotations: AtomicU64,
+    key_rotation_failures: AtomicU64,
     metrics: AgentMetrics,
     program_fd: OwnedFd,
     admission: Mutex<Admission>,
@@ -171,6 +174,8 @@ impl Agent {
             clients: AtomicUsize::new(0),
             reloads: AtomicU64::new(0),
             reload_failures: AtomicU64::new(0),
+            key_rotations: AtomicU64::new(0),
+            key_rotation_failures: AtomicU64::new(0),
             metrics: AgentMetrics::default(),
             program_fd: parts.program_fd,
             admission: Mutex::new(Admission::new(parts.admission)),
@@ -218,6 +223,16 @@ impl Agent {
             t.relevel(watch, lazy, &old, &new, time, &mut emit);
         }
         drop(trackers);
+    }
+
+    /// Counts a SIGHUP re-read of the key file (`stats`: `key_rotations`, `key_rotation_failures`).
+    pub fn note_key_rotation(&self, ok: bool) {
+        let counter = if ok {
+            &self.key_rotations
+        } else {
+            &self.key_rotation_failures
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Replaces the admission policy (SIGHUP); its counters and token bucket carry on.
@@ -514,6 +529,8 @@ impl Agent {
             admission,
             config_reloads: self.reloads.load(Ordering::Relaxed),
             config_reload_failures: self.reload_failures.load(Ordering::Relaxed),
+            key_rotations: self.key_rotations.load(Ordering::Relaxed),
+            key_rotation_failures: self.key_rotation_failures.load(Ordering::Relaxed),
         })
     }
 

@@ -503,9 +503,11 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                 }
                 match &keyring {
                     Some(ring) => {
-                        if let Err(e) = ring.rotate() {
+                        let rotated = ring.rotate();
+                        if let Err(e) = &rotated {
                             log::error!("{e:#}; keeping the current keys");
                         }
+                        agent.note_key_rotation(rotated.is_ok());
                     }
                     None => log::info!("SIGHUP: no --auth-key-file to reload"),
                 }

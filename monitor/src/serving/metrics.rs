@@ -596,6 +596,8 @@ mod tests {
                     },
                     config_reloads: 0,
                     config_reload_failures: 0,
+                    key_rotations: 0,
+                    key_rotation_failures: 0,
                 }),
                 levels: vec![1.0, 3.0, 8.0],
                 peers_at: vec![2, 1, 0, 1],

@@ -159,6 +159,12 @@ pub struct AgentStats {
     pub config_reloads: u64,
     #[serde(default)]
     pub config_reload_failures: u64,
+    /// SIGHUP re-reads of `--auth-key-file` that installed a new key, and that failed (the
+    /// keys in use stay).
+    #[serde(default)]
+    pub key_rotations: u64,
+    #[serde(default)]
+    pub key_rotation_failures: u64,
 }
 
 pub fn ok_reply(key: &str, value: impl Serialize) -> Value {
