@@ -251,3 +251,37 @@ fn a_session_that_reports_down_raises_bfd_down_with_its_diagnostic() {
     drop(bfd);
     agent.stop();
 }
+
+#[test]
+fn an_ipv6_session_is_watched_under_its_ipv6_address() {
+    use integration_tests::agent_process::AgentProcess;
+    use monitor_common::passive;
+    require_root();
+    let net = NetnsPair::named(94, ["hbf6a", "hbf6b"], ["hbf6x", "hbf6y"]);
+    let agent = AgentProcess::start(&net, &["--bfd"]);
+    let bfd = BfdPair::on_netns_pair_v6(&net);
+    let (_, remote) = bfd.wait_up(Duration::from_secs(20));
+    let discriminator = remote.local_discriminator as u32;
+    let view = wait_for(Duration::from_secs(10), "the IPv6 session Up", || {
+        session_seen(&agent, &net.addr6_b, discriminator)
+            .filter(|p| p["bfd_state"] == "up" && p["samples"].as_u64() >= Some(5))
+    });
+    let addr: std::net::Ipv6Addr = net.addr6_b.parse().unwrap();
+    assert_eq!(
+        view["id"],
+        passive::bfd_peer_id(passive::addr_words(addr.octets()), discriminator),
+        "{view}"
+    );
+    assert!(
+        view["addr"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("[{}]:", net.addr6_b)),
+        "{view}"
+    );
+    // Nothing under the IPv4 address.
+    let v4 = agent.ask(serde_json::json!({"op": "peers", "addr": net.addr_b}));
+    assert_eq!(v4["peers"], serde_json::json!([]), "{v4}");
+    drop(bfd);
+    agent.stop();
+}
