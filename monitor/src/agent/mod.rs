@@ -55,7 +55,7 @@ pub struct Agent {
     /// Sweep state, indexed by slot.
     trackers: Mutex<Trackers>,
     /// Replaced whole when SIGHUP changes the levels (`set_levels`), always while the
-    /// trackers are locked, so a sweep sees one config for all its peers.
+    /// trackers are locked, so each chunk of a sweep sees one config for all its peers.
     detector: RwLock<Arc<DetectorConfig>>,
     /// Whether the model reads the window's intervals (fixed for the agent's life).
     needs_ring: bool,
@@ -123,6 +123,9 @@ impl Trackers {
         self.lazy[slot as usize] = Lazy::NONE;
     }
 }
+
+/// Slots a sweep handles per hold of the trackers lock (a few hundred microseconds at most).
+const SWEEP_CHUNK: usize = 4096;
 
 /// How often silent peers are checked against `--expire-after`.
 const EXPIRY_SCAN_NS: u64 = 1_000_000_000;
@@ -679,61 +682,69 @@ impl Agent {
         };
         let registry = self.registry.read().expect("registry lock");
         self.stop_unwanted_tracing(&registry);
-        let mut trackers = self.trackers.lock().expect("trackers lock");
-        // Under the trackers lock: the levels cannot change during the sweep.
-        let detector = self.detector();
         let mut emit = |e| self.publish(e);
         let mut refreshes = 0u64;
-        let Trackers { watch, lazy, peers } = &mut *trackers;
         let used = registry.slots_in_use() as usize;
         let words = &self.table.last_heard_words()[..used];
-        for (slot, (watch, word)) in watch[..used].iter_mut().zip(words).enumerate() {
-            let word = word.load(Ordering::Relaxed);
-            if watch.is_quiet(word, now_ns) {
-                continue;
-            }
-            let lazy = &mut lazy[slot];
-            // A heartbeat the estimate's floor covers: no tracker, no slot.
-            if lazy.absorb(word, watch, time) {
-                continue;
-            }
-            let tracker = &mut peers[slot];
-            let Some(id) = registry.owner(slot as u32) else {
-                // No peer: nothing to do until an admission resets the slot (and its word).
-                *tracker = None;
-                *watch = Watch::vacant(word);
-                *lazy = Lazy::NONE;
-                continue;
-            };
-            if let Some(t) = tracker.as_mut().filter(|t| t.peer_id == id) {
-                if t.step(word, watch, lazy, &detector, time, &mut emit) == SweepStep::Refresh {
-                    refreshes += 1;
-                    if let Some((record, ring)) = self.read(slot as u32)
-                        && record.peer_id == id
-                    {
-                        t.observe(&record, &ring, watch, lazy, &detector, time, &mut emit);
-                    }
+        // In chunks, each under the trackers lock: a query that needs the trackers (`suspects`,
+        // `peers`' QoS, a metrics scrape) waits for one chunk, not for the whole sweep.
+        for start in (0..used).step_by(SWEEP_CHUNK) {
+            let end = (start + SWEEP_CHUNK).min(used);
+            let mut trackers = self.trackers.lock().expect("trackers lock");
+            // Under the trackers lock: the levels cannot change during a chunk (`set_levels`
+            // takes it to re-level every peer).
+            let detector = self.detector();
+            let Trackers { watch, lazy, peers } = &mut *trackers;
+            let chunk = watch[start..end].iter_mut().zip(&words[start..end]);
+            for (slot, (watch, word)) in (start..end).zip(chunk) {
+                let word = word.load(Ordering::Relaxed);
+                if watch.is_quiet(word, now_ns) {
+                    continue;
                 }
-                continue;
+                let lazy = &mut lazy[slot];
+                // A heartbeat the estimate's floor covers: no tracker, no slot.
+                if lazy.absorb(word, watch, time) {
+                    continue;
+                }
+                let tracker = &mut peers[slot];
+                let Some(id) = registry.owner(slot as u32) else {
+                    // No peer: nothing to do until an admission resets the slot (and its word).
+                    *tracker = None;
+                    *watch = Watch::vacant(word);
+                    *lazy = Lazy::NONE;
+                    continue;
+                };
+                if let Some(t) = tracker.as_mut().filter(|t| t.peer_id == id) {
+                    if t.step(word, watch, lazy, &detector, time, &mut emit) == SweepStep::Refresh {
+                        refreshes += 1;
+                        if let Some((record, ring)) = self.read(slot as u32)
+                            && record.peer_id == id
+                        {
+                            t.observe(&record, &ring, watch, lazy, &detector, time, &mut emit);
+                        }
+                    }
+                    continue;
+                }
+                // A peer this slot's tracker has not seen yet.
+                refreshes += 1;
+                let Some((record, ring)) = self.read(slot as u32) else {
+                    continue;
+                };
+                if record.peer_id != id {
+                    continue;
+                }
+                if record.source == SOURCE_BFD {
+                    let mut sessions = self.bfd_sessions.lock().expect("bfd sessions lock");
+                    sessions.retain(|s| s.slot != slot as u32);
+                    sessions.push(passive::BfdSeen::new(slot as u32, id, &record));
+                }
+                let (mut t, new_watch, new_lazy) = PeerTracker::new(&record, &ring, &detector);
+                (*watch, *lazy) = (new_watch, new_lazy);
+                t.observe(&record, &ring, watch, lazy, &detector, time, &mut emit);
+                *tracker = Some(t);
             }
-            // A peer this slot's tracker has not seen yet.
-            refreshes += 1;
-            let Some((record, ring)) = self.read(slot as u32) else {
-                continue;
-            };
-            if record.peer_id != id {
-                continue;
-            }
-            if record.source == SOURCE_BFD {
-                let mut sessions = self.bfd_sessions.lock().expect("bfd sessions lock");
-                sessions.retain(|s| s.slot != slot as u32);
-                sessions.push(passive::BfdSeen::new(slot as u32, id, &record));
-            }
-            let (mut t, new_watch, new_lazy) = PeerTracker::new(&record, &ring, &detector);
-            (*watch, *lazy) = (new_watch, new_lazy);
-            t.observe(&record, &ring, watch, lazy, &detector, time, &mut emit);
-            *tracker = Some(t);
         }
+        let trackers = self.trackers.lock().expect("trackers lock");
         let expired = self.expired(&registry, &trackers, now_ns);
         drop(trackers);
         self.look_at_bfd_sessions(&registry);
