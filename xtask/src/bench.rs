@@ -784,11 +784,15 @@ struct FloorRow {
     monitor: Receiver,
     /// The monitor at TC ingress (`--hook tc`), kernel ns from its TC program's run stats.
     monitor_tc: Receiver,
+    /// The monitor without the destination check (`--listen-addr any`): what the check costs
+    /// is the difference to `monitor`, which checks against the interface's addresses.
+    monitor_any: Receiver,
     socket: Receiver,
 }
 
 /// The same stream (`peers` x 10 Hz for `seconds`) into the floor program, the monitor (at XDP,
-/// then at TC ingress with `--hook tc`) and the userspace socket path, one after another in this
+/// at TC ingress with `--hook tc`, and at XDP without the destination check) and the userspace
+/// socket path, one after another in this
 /// run: the monitor's cost as a multiple of the least any XDP program pays, and of what the
 /// socket path pays.
 fn floor_comparison(
@@ -846,6 +850,7 @@ fn floor_comparison(
     };
     let monitor = monitor_with(&[])?;
     let monitor_tc = monitor_with(&["--hook", "tc"])?;
+    let monitor_any = monitor_with(&["--listen-addr", "any"])?;
 
     let receiver = Process::spawn(
         NetPair::in_ns(net.ns_monitor, &tools.probe)
@@ -870,6 +875,7 @@ fn floor_comparison(
         floor,
         monitor,
         monitor_tc,
+        monitor_any,
         socket,
     })
 }
@@ -893,6 +899,7 @@ fn render_floor(floor_test_run_ns: f64, monitor_test_run_ns: f64, rows: &[FloorR
             ("floor", &r.floor),
             ("monitor", &r.monitor),
             ("monitor --hook tc", &r.monitor_tc),
+            ("monitor --listen-addr any", &r.monitor_any),
             ("socket path", &r.socket),
         ] {
             let ns = x.kernel_ns.map_or("-".into(), |v| format!("{v:.0}"));
