@@ -130,13 +130,20 @@ pub fn decode_bfd(words: [u64; 3], payload_len: usize) -> Result<BfdControl, Bfd
 }
 
 /// Records what a control packet says about its session in the session's record, under the
-/// slot lock, before the packet's arrival; returns whether it starts a new epoch (the peer's
-/// Desired Min TX Interval changed, as it does when a session comes Up: RFC 5880 6.8.3 holds
-/// it at 1 s or more until then).
+/// slot lock, before the packet's arrival; returns whether it starts a new epoch, a fresh
+/// window: the session's transmit rate may have changed. That is when the peer's Desired Min
+/// TX Interval changes, when the session comes Up (RFC 5880 6.8.3 keeps a session that is
+/// not Up at 1 s or slower), and when the peer answers a Poll with Final (our side changed its
+/// Required Min RX Interval, which bounds the peer's rate too).
 #[inline(always)]
 pub fn note_bfd(record: &mut crate::maps::PeerRecord, c: &BfdControl) -> bool {
-    let new_epoch = record.heartbeats != 0 && record.bfd_desired_min_tx_us != c.desired_min_tx_us;
-    if record.heartbeats != 0 && record.bfd_state != c.state {
+    let heard = record.heartbeats != 0;
+    let changed = heard && record.bfd_state != c.state;
+    let new_epoch = heard
+        && (record.bfd_desired_min_tx_us != c.desired_min_tx_us
+            || (changed && c.state == BFD_UP)
+            || c.final_);
+    if changed {
         record.bfd_transitions += 1;
     }
     record.bfd_state = c.state;
@@ -262,6 +269,7 @@ mod tests {
         let slow = BfdControl {
             state: BFD_DOWN,
             desired_min_tx_us: 1_000_000,
+            final_: false,
             ..control()
         };
         assert!(
@@ -280,12 +288,38 @@ mod tests {
             note_bfd(&mut record, &control()),
             "Up at 100 ms: new timers"
         );
-        assert!(!note_bfd(&mut record, &control()));
+        let up = BfdControl {
+            final_: false,
+            ..control()
+        };
+        assert!(!note_bfd(&mut record, &up));
         assert_eq!(record.bfd_transitions, 2);
         assert_eq!(
             (record.bfd_state, record.bfd_desired_min_tx_us),
             (BFD_UP, 100_000)
         );
+        // Coming Up with the timers it had while Down (FRR announces its configured interval
+        // throughout, and sends once a second until Up).
+        let mut record = crate::maps::PeerRecord::admitted_passive(1, 0, SOURCE_BFD);
+        record.heartbeats = 1;
+        note_bfd(
+            &mut record,
+            &BfdControl {
+                state: BFD_DOWN,
+                ..up
+            },
+        );
+        assert!(!note_bfd(
+            &mut record,
+            &BfdControl {
+                state: BFD_INIT,
+                ..up
+            }
+        ));
+        assert!(note_bfd(&mut record, &up), "Init to Up");
+        assert!(!note_bfd(&mut record, &up));
+        // A Final answers our side's Poll: our Required Min RX changed.
+        assert!(note_bfd(&mut record, &BfdControl { final_: true, ..up }));
     }
 
     #[test]

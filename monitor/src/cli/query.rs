@@ -37,9 +37,10 @@ enum What {
         /// found this way: their ids are derived from the packets).
         #[arg(long)]
         addr: Option<std::net::IpAddr>,
-        /// Only the peers of this source.
-        #[arg(long, value_enum)]
-        source: Option<monitor::serving::protocol::PeerSource>,
+        /// Only the peers of this source: heartbeat (`monitor send` and the wire format), bfd
+        /// (BFD sessions, `run --bfd`) or udp (flows to a `run --udp-port` port).
+        #[arg(long, value_parser = ["heartbeat", "bfd", "udp"])]
+        source: Option<String>,
     },
     /// Peers whose phi is at least THRESHOLD (default: the agent's highest level).
     Suspects {

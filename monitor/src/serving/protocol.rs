@@ -65,7 +65,7 @@ impl Request {
 }
 
 /// What a peer's heartbeats are (`PeerView::source`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PeerSource {
     Heartbeat,
