@@ -285,7 +285,19 @@ fn detail_lines(app: &App, p: &PeerView) -> Vec<Line<'static>> {
     let level = p
         .level
         .map_or_else(|| "below the first level".into(), |l| format!("level {l}"));
+    let source = match (&p.bfd_state, p.discriminator) {
+        (Some(state), Some(discriminator)) => format!(
+            "{} ({state}, discriminator {discriminator}, tx {} ms x {})",
+            p.source,
+            p.bfd_tx_ms
+                .map_or_else(|| "-".into(), |ms| format!("{ms:.0}")),
+            p.bfd_detect_mult
+                .map_or_else(|| "-".into(), |m| m.to_string()),
+        ),
+        _ => p.source.clone(),
+    };
     let mut lines = vec![
+        Line::from(format!("source         {source}")),
         Line::from(format!(
             "addr           {}",
             p.addr.as_deref().unwrap_or("-")
