@@ -195,16 +195,28 @@ fn the_agent_watches_a_real_bfd_session_passively_and_detects_its_peers_crash() 
     let mut events = agent.subscribe();
     let killed_at = wall_ms();
     bfd.kill_remote_bfdd();
-    let suspect = next_event(&mut events, Duration::from_secs(10), "level 8", |e| {
-        e["event"] == "suspect" && e["id"] == id && e["level"] == 8.0
-    });
+    // Every level's crossing, in order, up to 8: the silence at each.
+    let mut crossings = Vec::new();
+    let suspect = loop {
+        let e = next_event(&mut events, Duration::from_secs(10), "level 8", |e| {
+            e["event"] == "suspect" && e["id"] == id
+        });
+        crossings.push(format!(
+            "{} at {:.0} ms",
+            e["level"],
+            e["silence_ms"].as_f64().unwrap()
+        ));
+        if e["level"] == 8.0 {
+            break e;
+        }
+    };
     let ours_ms = suspect["at"].as_u64().unwrap().saturating_sub(killed_at);
     let down = bfd.wait_local_down(Duration::from_secs(10));
     let bfdd_ms = wall_ms() - killed_at;
     eprintln!(
-        "detection after a crash: monitor phi >= 8 after {ours_ms} ms (crossed at silence {:.0} ms); \
+        "detection after a crash: monitor phi >= 8 after {ours_ms} ms (levels crossed at silences: {}); \
          local bfdd {:?} seen by polling within {bfdd_ms} ms (detect mult 3 x 100 ms)",
-        suspect["silence_ms"].as_f64().unwrap(),
+        crossings.join(", "),
         down.state
     );
     assert!(suspect["phi"].as_f64().unwrap() >= 8.0, "{suspect}");
