@@ -773,7 +773,7 @@ mod tests {
     ];
 
     #[test]
-    fn ring_models_are_named_for_clap_and_serde() {
+    fn ring_models_are_named_for_the_cli_and_serde() {
         for (model, name) in RING_MODELS
             .into_iter()
             .zip(["chen", "bertier", "empirical", "2w"])
