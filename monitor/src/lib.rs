@@ -7,13 +7,14 @@
 //! about its peers needs [`serving::client`] and the reply types in [`serving::protocol`].
 
 // The one-way flow: the kernel side feeds the agent, the detector is maths the agent (and the
-// offline tools) apply, serving answers from the agent; peers and the fleet sit at either end.
+// offline tools) apply, serving answers from the agent, the offline tools replay what serving
+// recorded; peers and the fleet sit at either end.
 pub mod agent;
 pub mod detector;
 pub mod fleet;
 pub mod kernel;
+pub mod offline;
 pub mod peer;
-pub mod plot;
 pub mod serving;
 
 /// Default path of the agent's Unix socket.

@@ -14,7 +14,7 @@ use integration_tests::{
     netns::NetnsPair,
     require_root,
 };
-use monitor::detector::{model::DetectorParams, trace::parse_trace};
+use monitor::{detector::model::DetectorParams, offline::trace::parse_trace};
 use monitor_common::{
     maps::PeerSlot,
     slot::{arrive, window_intervals},

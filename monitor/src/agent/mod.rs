@@ -40,7 +40,10 @@ use crate::{
     kernel::registry::{AdmitError, ForgetError, Registry},
     serving::metrics::{self, AgentMetrics, KindLabel, PeerSeries, Scrape},
     serving::peer_view::{PeerView, WindowDetail, ip_addr},
-    serving::protocol::{AgentStats, PeerError, PeerSource, Request, error_reply, ok_reply},
+    serving::protocol::{
+        AgentStats, KernelCounters, PeerError, PeerSource, Request, XdpRunStats, error_reply,
+        ok_reply,
+    },
     serving::recording::{ARRIVAL_BUFFER, RecordingGuard, Recordings},
     serving::server::{Handler, Recording, Response},
 };
@@ -527,8 +530,10 @@ impl Agent {
             stalls: self.stalls.load(Ordering::Relaxed),
             events: self.events_sent.load(Ordering::Relaxed),
             subscribers: self.events.receiver_count(),
-            kernel,
-            xdp: program::run_stats(self.program_fd.as_fd()).unwrap_or_default(),
+            kernel: kernel.into(),
+            xdp: program::run_stats(self.program_fd.as_fd())
+                .unwrap_or_default()
+                .into(),
             admission,
             config_reloads: self.reloads.load(Ordering::Relaxed),
             config_reload_failures: self.reload_failures.load(Ordering::Relaxed),
@@ -925,5 +930,56 @@ impl Handler for Agent {
                 Err(e) => error_reply(e),
             },
         })
+    }
+}
+
+// The kernel side's totals into the protocol's types: the agent is the one stage that reads
+// both, so the conversions live here and serving never imports the kernel modules.
+
+impl From<CounterTotals> for KernelCounters {
+    fn from(c: CounterTotals) -> Self {
+        // Exhaustive on both sides: a counter added to one and not the other fails to build.
+        let CounterTotals {
+            heartbeats,
+            not_heartbeat,
+            malformed,
+            unknown_peer,
+            duplicates,
+            out_of_order,
+            auth_failures,
+            contended,
+            unknown_reported,
+            unknown_suppressed,
+            arrivals_dropped,
+            not_local,
+            bfd,
+            flow,
+        } = c;
+        Self {
+            heartbeats,
+            not_heartbeat,
+            malformed,
+            unknown_peer,
+            duplicates,
+            out_of_order,
+            auth_failures,
+            contended,
+            unknown_reported,
+            unknown_suppressed,
+            arrivals_dropped,
+            not_local,
+            bfd,
+            flow,
+        }
+    }
+}
+
+impl From<program::RunStats> for XdpRunStats {
+    fn from(r: program::RunStats) -> Self {
+        // `id` stays on the kernel side: it was never serialised.
+        Self {
+            run_count: r.run_count,
+            run_time_ns: r.run_time_ns,
+        }
     }
 }

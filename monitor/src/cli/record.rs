@@ -12,7 +12,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use monitor::{
     DEFAULT_SOCKET,
-    detector::trace::{Arrival, format_trace},
+    offline::trace::{Arrival, format_trace},
     serving::client::Client,
     serving::recording::ArrivalLine,
 };

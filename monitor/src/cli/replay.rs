@@ -7,15 +7,14 @@ use std::{
 use anyhow::Context;
 use clap::Args;
 use monitor::{
-    detector::{
+    detector::{model::DetectorParams, spec::parse_spec},
+    offline::{
         frontier::{self, Point, Sweep},
         generate::{TraceKind, generate},
-        model::DetectorParams,
+        plot,
         replay::{ReplayClock, ReplayReport, replay as run_replay},
-        spec::parse_spec,
         trace::{Arrival, parse_trace},
     },
-    plot,
 };
 use serde::Serialize;
 

@@ -21,6 +21,17 @@ use monitor_common::{
     wire::DEFAULT_PORT,
 };
 
+/// `--model`: the detector's models as clap values, named and described as `Model` names and
+/// describes them (the clap glue lives here, not in detector/).
+fn model_parser() -> impl clap::builder::TypedValueParser<Value = Model> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new(Model::ALL.map(|m| match m.about() {
+        Some(about) => PossibleValue::new(m.name()).help(about),
+        None => PossibleValue::new(m.name()),
+    }))
+    .map(|name| Model::from_name(&name).expect("one of the possible values"))
+}
+
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// Read settings from this TOML file: one key per long flag, spelled the same
@@ -127,7 +138,8 @@ pub struct RunArgs {
     /// (expected arrival plus Jacobson's margin, binary), empirical (the window's empirical
     /// tail), 2w (the lower phi of the window and its newest 5 intervals). Margins and the
     /// short window are set through --detector (`alpha_ms`, `window_short`).
-    #[arg(long, value_enum, default_value_t = DetectorParams::DEFAULT.model, help_heading = "Detector")]
+    #[arg(long, value_parser = model_parser(), default_value = DetectorParams::DEFAULT.model.name(),
+          help_heading = "Detector")]
     model: Model,
     /// Suspicion levels (phi thresholds), ascending: one event each time phi crosses one.
     #[arg(long, default_value_t = Levels::default(), help_heading = "Detector")]

@@ -1,16 +1,13 @@
 //! From inter-arrival statistics to suspicion: phi models, levels, per-peer tracking for
-//! events, and offline replay with QoS metrics. Everything here is pure computation on
-//! numbers; the kernel and the socket live elsewhere.
+//! events, QoS metrics, and the detector spec grammar. Everything here is pure computation on
+//! numbers, the part the agent runs live; the kernel, the socket and the offline tools (replay,
+//! traces: [`crate::offline`]) live elsewhere.
 
-pub mod frontier;
-pub mod generate;
 pub mod levels;
 pub mod loss;
 pub mod model;
 pub mod qos;
-pub mod replay;
 pub mod spec;
 pub mod tail;
-pub mod trace;
 pub mod tracker;
 pub mod window;

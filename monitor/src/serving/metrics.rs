@@ -554,8 +554,8 @@ fn respond<B>(request: &Request<B>, registry: &Registry) -> Response<Full<Bytes>
 mod tests {
     use super::*;
     use crate::{
-        agent::admission::AdmissionCounters, kernel::counters::CounterTotals,
-        kernel::program::RunStats,
+        agent::admission::AdmissionCounters,
+        serving::protocol::{KernelCounters, XdpRunStats},
     };
 
     struct Fake {
@@ -580,15 +580,14 @@ mod tests {
                     stalls: 1,
                     events: 7,
                     subscribers: 2,
-                    kernel: CounterTotals {
+                    kernel: KernelCounters {
                         heartbeats: 1000,
                         auth_failures: 3,
-                        ..CounterTotals::default()
+                        ..KernelCounters::default()
                     },
-                    xdp: RunStats {
+                    xdp: XdpRunStats {
                         run_count: 1003,
                         run_time_ns: 2_000_000,
-                        id: 7,
                     },
                     admission: AdmissionCounters {
                         admitted: 4,

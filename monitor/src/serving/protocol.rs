@@ -5,8 +5,6 @@ use serde_json::{Map, Value, json};
 
 use crate::{
     agent::admission::AdmissionCounters,
-    kernel::counters::CounterTotals,
-    kernel::program::RunStats,
     serving::peer_view::PeerView,
     serving::recording::{MAX_RECORD_MS, MAX_RECORD_PEERS},
 };
@@ -148,9 +146,9 @@ pub struct AgentStats {
     pub events: u64,
     pub subscribers: usize,
     /// What the XDP program decided, summed over CPUs.
-    pub kernel: CounterTotals,
+    pub kernel: KernelCounters,
     /// The kernel's accounting of the XDP program (zero unless kernel.bpf_stats_enabled=1).
-    pub xdp: RunStats,
+    pub xdp: XdpRunStats,
     /// What became of first heartbeats from unknown peers.
     pub admission: AdmissionCounters,
     /// SIGHUP re-reads of the `--config` file: applied, and refused (the file was bad; the
@@ -165,6 +163,43 @@ pub struct AgentStats {
     pub key_rotations: u64,
     #[serde(default)]
     pub key_rotation_failures: u64,
+}
+
+/// The XDP program's verdict counters, summed over CPUs, as `stats` carries them. The wire's
+/// own type: the agent converts the kernel side's totals into it (`agent`), so the protocol
+/// does not depend on the kernel modules.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct KernelCounters {
+    pub heartbeats: u64,
+    pub not_heartbeat: u64,
+    pub malformed: u64,
+    pub unknown_peer: u64,
+    pub duplicates: u64,
+    pub out_of_order: u64,
+    pub auth_failures: u64,
+    pub contended: u64,
+    pub unknown_reported: u64,
+    pub unknown_suppressed: u64,
+    /// Arrivals of traced peers lost because the ring was full (`monitor record`).
+    #[serde(default)]
+    pub arrivals_dropped: u64,
+    /// Packets to the heartbeat port addressed to another host (passed, not recorded).
+    #[serde(default)]
+    pub not_local: u64,
+    /// BFD control packets recorded in a session's slot (`--bfd`; passed on).
+    #[serde(default)]
+    pub bfd: u64,
+    /// Datagrams to a `--udp-port` port recorded in a flow's slot (passed on).
+    #[serde(default)]
+    pub flow: u64,
+}
+
+/// The kernel's own accounting of the XDP program, as `stats` carries it: runs and total run
+/// time, both zero unless `kernel.bpf_stats_enabled` is 1.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct XdpRunStats {
+    pub run_count: u64,
+    pub run_time_ns: u64,
 }
 
 pub fn ok_reply(key: &str, value: impl Serialize) -> Value {

@@ -16,8 +16,6 @@ use std::{
 use monitor_common::maps::ArrivalRecord;
 use serde::{Deserialize, Serialize};
 
-use crate::detector::trace::Arrival;
-
 /// Arrivals buffered per recording client before it is told it missed some.
 pub const ARRIVAL_BUFFER: usize = 65_536;
 /// Longest recording one request may ask for.
@@ -50,15 +48,6 @@ impl ArrivalLine {
                 _ => "out_of_order",
             }
             .into(),
-        }
-    }
-
-    /// The arrival in replay's terms, its time counted from `origin_ns`.
-    pub fn arrival(&self, origin_ns: u64) -> Arrival {
-        Arrival {
-            at_ns: self.at_ns.saturating_sub(origin_ns),
-            seq: self.seq,
-            incarnation: self.incarnation,
         }
     }
 }
@@ -164,26 +153,5 @@ mod tests {
         let mut done = r.take_unwanted();
         done.sort();
         assert_eq!(done, vec![2, 3]);
-    }
-
-    #[test]
-    fn lines_say_what_the_kernel_decided() {
-        let record = ArrivalRecord {
-            peer_id: 7,
-            at_ns: 5_000_000_123,
-            seq: 9,
-            incarnation: 2,
-            outcome: 2,
-        };
-        let line = ArrivalLine::from_record(&record);
-        assert_eq!(line.outcome, "out_of_order");
-        assert_eq!(
-            line.arrival(1_000_000_000),
-            Arrival {
-                at_ns: 4_000_000_123,
-                seq: 9,
-                incarnation: 2
-            }
-        );
     }
 }

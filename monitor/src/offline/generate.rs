@@ -190,7 +190,7 @@ pub fn generate(kind: TraceKind, count: usize, seed: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::detector::trace::parse_trace;
+    use crate::offline::trace::parse_trace;
 
     #[test]
     fn generated_traces_parse_and_are_reproducible() {

@@ -7,6 +7,8 @@
 //! sequence numbers (the older format: times only) is taken as one incarnation whose
 //! heartbeats are numbered 1, 2, 3... in the order given: nothing lost, nothing reordered.
 
+use crate::serving::recording::ArrivalLine;
+
 /// One heartbeat as the kernel saw it arrive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Arrival {
@@ -134,9 +136,22 @@ pub fn format_trace(header: &str, arrivals: &[Arrival]) -> String {
     out
 }
 
+// Kept here, not in serving: the conversion is replay's, and serving does not read offline.
+impl ArrivalLine {
+    /// The arrival in replay's terms, its time counted from `origin_ns`.
+    pub fn arrival(&self, origin_ns: u64) -> Arrival {
+        Arrival {
+            at_ns: self.at_ns.saturating_sub(origin_ns),
+            seq: self.seq,
+            incarnation: self.incarnation,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use monitor_common::maps::ArrivalRecord;
 
     fn at(ms: u64) -> u64 {
         ms * 1_000_000
@@ -211,5 +226,26 @@ mod tests {
         let text = format_trace("recorded\nby a test", &arrivals);
         assert!(text.starts_with("# recorded\n# by a test\n"));
         assert_eq!(parse_trace(&text).unwrap(), arrivals);
+    }
+
+    #[test]
+    fn lines_say_what_the_kernel_decided() {
+        let record = ArrivalRecord {
+            peer_id: 7,
+            at_ns: 5_000_000_123,
+            seq: 9,
+            incarnation: 2,
+            outcome: 2,
+        };
+        let line = ArrivalLine::from_record(&record);
+        assert_eq!(line.outcome, "out_of_order");
+        assert_eq!(
+            line.arrival(1_000_000_000),
+            Arrival {
+                at_ns: 4_000_000_123,
+                seq: 9,
+                incarnation: 2
+            }
+        );
     }
 }

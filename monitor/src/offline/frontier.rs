@@ -15,7 +15,8 @@
 
 use serde::Serialize;
 
-use super::{model::DetectorParams, replay::ReplayReport, spec::parse_spec, trace::Arrival};
+use super::{replay::ReplayReport, trace::Arrival};
+use crate::detector::{model::DetectorParams, spec::parse_spec};
 
 /// Points in every grid.
 pub const GRID_POINTS: usize = 60;

@@ -17,10 +17,10 @@ use monitor_common::{
     slot::{Outcome, arrive, window_intervals},
 };
 
-use super::{
+use super::trace::Arrival;
+use crate::detector::{
     model::{DetectorParams, Estimate, Model},
     spec::format_spec,
-    trace::Arrival,
 };
 
 /// What one detector did on a trace.
@@ -249,16 +249,16 @@ mod tests {
         assert_eq!(r.query_accuracy, 1.0);
     }
 
-    fn generated(kind: crate::detector::generate::TraceKind) -> Vec<Arrival> {
-        let text = crate::detector::generate::generate(kind, 3000, 1);
-        crate::detector::trace::parse_trace(&text).unwrap()
+    fn generated(kind: crate::offline::generate::TraceKind) -> Vec<Arrival> {
+        let text = crate::offline::generate::generate(kind, 3000, 1);
+        crate::offline::trace::parse_trace(&text).unwrap()
     }
 
     /// The seed document's fixed-vs-phi tables (docs/tuning.md) still reproduce exactly, with
     /// the outage rule off as it was then: (false suspicions, detection ms, mistake ms).
     #[test]
     fn the_seed_tables_reproduce() {
-        use crate::detector::generate::TraceKind::*;
+        use crate::offline::generate::TraceKind::*;
         let specs = [
             "fixed:timeout_ms=250",
             "fixed:timeout_ms=1400",
@@ -325,7 +325,7 @@ mod tests {
     /// default, whether the trace carries incarnations or not.
     #[test]
     fn a_restart_does_not_slow_the_next_detection() {
-        use crate::detector::generate::TraceKind::{Lan, Restart};
+        use crate::offline::generate::TraceKind::{Lan, Restart};
         let clean = run_arrivals(&generated(Lan), "phi").detection_ms.unwrap();
         let restart = generated(Restart);
         let times_only: Vec<Arrival> = restart
@@ -354,5 +354,29 @@ mod tests {
 
     fn run_arrivals(trace: &[Arrival], spec: &str) -> ReplayReport {
         replay(trace, &parse_spec(spec).unwrap(), ReplayClock::default())
+    }
+
+    #[test]
+    fn chen_detects_at_expected_arrival_plus_alpha() {
+        // (Chen's model, detector/model/chen.rs, run through replay.)
+        // Exactly periodic at 100 ms, ticks every 10 ms: with alpha 50 the freshness point is
+        // 150 ms after the last heartbeat (EA = 100), no mistakes while alive.
+        let trace: Vec<Arrival> = (1..=50u64)
+            .map(|k| Arrival {
+                at_ns: k * 100_000_000,
+                seq: k,
+                incarnation: 1,
+            })
+            .collect();
+        let r = replay(
+            &trace,
+            &parse_spec("phi:model=chen,alpha_ms=50").unwrap(),
+            ReplayClock {
+                tick_ms: 10.0,
+                tail_ms: 1000.0,
+            },
+        );
+        assert_eq!(r.false_suspicions, 0);
+        assert_eq!(r.detection_ms, Some(150.0));
     }
 }
