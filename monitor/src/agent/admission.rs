@@ -105,15 +105,8 @@ pub struct AdmissionPolicy {
     pub rate_per_sec: u32,
 }
 
-/// Why a reported peer was not admitted, counted in `stats`.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct AdmissionCounters {
-    pub admitted: u64,
-    pub disabled: u64,
-    pub outside_ranges: u64,
-    pub rate_limited: u64,
-    pub full: u64,
-}
+/// What admission decided, as `stats` reports it (the type is the protocol's).
+pub use crate::serving::protocol::AdmissionCounters;
 
 /// The policy with its token bucket.
 #[derive(Debug)]

@@ -553,10 +553,7 @@ fn respond<B>(request: &Request<B>, registry: &Registry) -> Response<Full<Bytes>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        agent::admission::AdmissionCounters,
-        serving::protocol::{KernelCounters, XdpRunStats},
-    };
+    use crate::serving::protocol::{AdmissionCounters, KernelCounters, XdpRunStats};
 
     struct Fake {
         metrics: AgentMetrics,

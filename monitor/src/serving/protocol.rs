@@ -4,7 +4,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use crate::{
-    agent::admission::AdmissionCounters,
     serving::peer_view::PeerView,
     serving::recording::{MAX_RECORD_MS, MAX_RECORD_PEERS},
 };
@@ -119,6 +118,16 @@ pub fn parse_request(line: &str) -> Result<Request, String> {
         }
     }
     Ok(request)
+}
+
+/// Why reported peers were or were not admitted (`stats`' `admission`).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AdmissionCounters {
+    pub admitted: u64,
+    pub disabled: u64,
+    pub outside_ranges: u64,
+    pub rate_limited: u64,
+    pub full: u64,
 }
 
 /// Agent-level facts reported by `stats`.
