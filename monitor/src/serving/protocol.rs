@@ -312,6 +312,20 @@ mod tests {
             })
         );
         assert_eq!(parse_request(r#"{"op":"peers"}"#), Ok(Request::ALL_PEERS));
+        assert_eq!(
+            parse_request(r#"{"op":"peers","addr":"fd00::2","source":"bfd"}"#),
+            Ok(Request::Peers {
+                addr: Some("fd00::2".parse().unwrap()),
+                source: Some(PeerSource::Bfd),
+            })
+        );
+        let bad_addr = parse_request(r#"{"op":"peers","addr":"10.0.0"}"#).unwrap_err();
+        assert!(bad_addr.contains("invalid"), "{bad_addr}");
+        let bad_source = parse_request(r#"{"op":"peers","source":"tcp"}"#).unwrap_err();
+        assert!(
+            bad_source.contains("heartbeat") && bad_source.contains("udp"),
+            "{bad_source}"
+        );
         assert_eq!(parse_request(r#" {"op":"stats"} "#), Ok(Request::Stats));
         assert_eq!(
             parse_request(r#"{"op":"suspects"}"#),
