@@ -1,7 +1,8 @@
 //! A self-contained demo: two namespaces joined by a veth pair, the agent watching one end,
 //! several senders on the other; one sender stops, its phi climbs through the levels, and it
-//! recovers when restarted. Everything created here is removed on the way out, also on error
-//! or Ctrl-C.
+//! recovers when restarted. A real BFD session (FRR's bfdd on both ends) is watched passively
+//! beside them, and its peer's bfdd is stopped at the end. Everything created here is removed on
+//! the way out, also on error or Ctrl-C.
 
 use std::{
     path::Path,
@@ -13,7 +14,7 @@ use anyhow::Result;
 use clap::Args;
 
 use crate::{
-    build,
+    build, frr,
     lab::{Interrupt, NetPair, Process, TempDir, wait_for_socket},
     setup, workspace,
 };
@@ -61,13 +62,13 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     let socket = dir.0.join("agent.sock");
 
     step(&format!(
-        "starting the agent: monitor run --iface {} --socket {}",
+        "starting the agent: monitor run --iface {} --socket {} --bfd",
         net.if_monitor,
         socket.display()
     ));
     let agent = Process::spawn(
         NetPair::in_ns(net.ns_monitor, &monitor)
-            .args(["run", "--iface", net.if_monitor, "--socket"])
+            .args(["run", "--iface", net.if_monitor, "--bfd", "--socket"])
             .arg(&socket),
     )?;
     wait_for_socket(&monitor, &socket, &agent)?;
@@ -102,9 +103,18 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         senders.push(sender(id, &["--jitter", jitter])?);
     }
 
-    step("letting heartbeats flow for 3 s");
+    step(
+        "starting FRR's bfdd on both ends, one BFD session at 100 ms x 3: the agent watches it \
+         passively (--bfd), and the packets still reach bfdd",
+    );
+    let mut bfd = frr::BfdPair::start(&net, 100)?;
+    bfd.wait_up(Duration::from_secs(20))?;
+
+    step("letting heartbeats and BFD packets flow for 3 s");
     interrupt.pause(Duration::from_secs(3))?;
     show(&monitor, &socket, &["peers"])?;
+    println!("$ vtysh -c 'show bfd peers brief'   (the monitor side's bfdd)");
+    print!("{}", bfd.monitor_side_view()?);
 
     let victim = args.peers;
     step(&format!(
@@ -124,11 +134,21 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     senders.push(sender(victim, &["--incarnation", &u32::MAX.to_string()])?);
     interrupt.pause(Duration::from_secs(1))?;
     show(&monitor, &socket, &["peers"])?;
+
+    step(
+        "stopping the peers' bfdd: the BFD session goes silent, its phi climbs, and bfdd on the \
+         monitor side declares it down after 3 x 100 ms",
+    );
+    bfd.stop_peers_bfdd();
+    interrupt.pause(Duration::from_secs(1))?;
+    show(&monitor, &socket, &["peers", "--source", "bfd"])?;
+    print!("{}", bfd.monitor_side_view()?);
     show(&monitor, &socket, &["stats"])?;
 
-    step("cleaning up: stopping the watcher, senders and agent, removing the namespaces");
+    step("cleaning up: stopping the watcher, senders, bfdd and agent, removing the namespaces");
     drop(watch);
     drop(senders);
+    drop(bfd);
     agent.stop();
     Ok(())
 }

@@ -4,6 +4,7 @@
 mod bench;
 mod build;
 mod demo;
+mod frr;
 mod fuzz;
 mod lab;
 mod setup;
