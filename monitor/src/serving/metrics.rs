@@ -594,6 +594,7 @@ mod tests {
                     },
                     config_reloads: 0,
                     config_reload_failures: 0,
+                    program: Default::default(),
                 }),
                 levels: vec![1.0, 3.0, 8.0],
                 peers_at: vec![2, 1, 0, 1],
