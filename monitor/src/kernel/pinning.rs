@@ -390,7 +390,8 @@ pub fn linked_program(dir: &Path) -> Result<(OwnedFd, program::Tag), PinError> {
 /// Swaps the XDP program of `ebpf` (loaded on the pinned maps, see `program::load_on_pins`)
 /// into the link pinned under `dir` with BPF_LINK_UPDATE: atomic, the interface is never
 /// without a program. Then pins it as `prog` in place of the old one (pinned beside it and
-/// renamed over it, so `prog` is always one or the other), which unloads the old program.
+/// renamed over it, so `prog` is always one or the other), which unloads the old program; if
+/// that fails the swap stands (adoption follows the link, not `prog`) and it is logged.
 /// Returns the new program's fd.
 pub fn replace_program(dir: &Path, ebpf: &mut Ebpf) -> Result<OwnedFd, PinError> {
     let link = PinnedLink::from_pin(dir.join(LINK)).map_err(|e| aya_err(dir, e))?;
@@ -404,24 +405,29 @@ pub fn replace_program(dir: &Path, ebpf: &mut Ebpf) -> Result<OwnedFd, PinError>
             format!("replacing the program in the pinned link: {e}"),
         )
     })?;
-    // The pin holds the attachment; our fd on it is not needed (closing it detaches nothing).
-    drop(xdp.take_link(id).map_err(|e| aya_err(dir, e))?);
+    // Swapped. The pin holds the attachment; our fd on it is not needed (closing it detaches
+    // nothing).
+    if let Ok(link) = xdp.take_link(id) {
+        drop(link);
+    }
     let next = dir.join(PROG_NEXT);
     let _ = std::fs::remove_file(&next);
-    xdp.pin(&next)
-        .map_err(|e| aya_err(dir, format!("pinning the new program: {e}")))?;
-    std::fs::rename(&next, dir.join(PROG)).map_err(|source| PinError::Io {
-        what: "renaming the new program's pin over",
-        path: dir.join(PROG),
-        source,
-    })?;
-    let fd = xdp
-        .fd()
+    let repinned = xdp
+        .pin(&next)
+        .map_err(|e| e.to_string())
+        .and_then(|()| std::fs::rename(&next, dir.join(PROG)).map_err(|e| e.to_string()));
+    if let Err(e) = repinned {
+        log::warn!(
+            "the new program runs in the pinned link, but pinning it as {} failed ({e}); the old \
+             program stays loaded under that pin until `monitor detach`",
+            dir.join(PROG).display()
+        );
+    }
+    xdp.fd()
         .map_err(|e| aya_err(dir, e))?
         .as_fd()
         .try_clone_to_owned()
-        .map_err(|e| aya_err(dir, e))?;
-    Ok(fd)
+        .map_err(|e| aya_err(dir, e))
 }
 
 pub(crate) fn open(dir: &Path, name: &str) -> Result<Map, PinError> {
