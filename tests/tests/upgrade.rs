@@ -159,6 +159,18 @@ fn a_newer_build_swaps_its_program_into_the_pinned_link_keeping_every_map_and_he
     );
     assert!(xdp_attached(&pair));
     assert_eq!(stats(&second)["xdp_mode"], json!("adopted"));
+    let out = Command::new(monitor_bin())
+        .arg("query")
+        .arg("--socket")
+        .arg(second.socket())
+        .arg("stats")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("upgraded: tag {old_tag} -> {new_tag}")),
+        "{text}"
+    );
 
     // The new program records into the same slot: the count goes on from where it was.
     let after = peer(&second, 7);
