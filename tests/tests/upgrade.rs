@@ -65,6 +65,24 @@ fn variant_bin() -> PathBuf {
     target.join("debug").join("monitor")
 }
 
+/// A script in `dir` that runs `bin` with only the capabilities the systemd unit leaves the
+/// agent (packaging/systemd: CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN): adopting and upgrading
+/// must not need more, e.g. CAP_SYS_ADMIN for opening a program by id.
+fn with_unit_capabilities(bin: &Path, dir: &TempDir, name: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let script = dir.0.join(name);
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nexec setpriv --bounding-set=-all,+bpf,+perfmon,+net_admin {} \"$@\"\n",
+            bin.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script
+}
+
 fn xdp_attached(pair: &NetnsPair) -> bool {
     let out = Command::new("ip")
         .args(["-n", &pair.ns_a, "link", "show", &pair.iface_a])
@@ -103,13 +121,14 @@ fn stats(agent: &AgentProcess) -> Value {
 #[test]
 fn a_newer_build_swaps_its_program_into_the_pinned_link_keeping_every_map_and_heartbeat() {
     require_root();
-    let old_build = variant_bin();
     let pair = NetnsPair::new(63);
     let fs = Bpffs::mount();
     let pins = fs.0.0.join("agent");
     let pins_arg = pins.display().to_string();
     let dir = TempDir::new("hbmpeers");
     let peers = dir.peers_file([7]);
+    let old_build = with_unit_capabilities(&variant_bin(), &dir, "old");
+    let new_build = with_unit_capabilities(&monitor_bin(), &dir, "new");
     let args = [
         "--peers",
         &peers,
@@ -141,7 +160,7 @@ fn a_newer_build_swaps_its_program_into_the_pinned_link_keeping_every_map_and_he
     assert!(first.stop().success());
     assert!(xdp_attached(&pair), "the program outlives its agent");
 
-    let second = AgentProcess::start(&pair, &args);
+    let second = AgentProcess::start_bin(&new_build, &pair, &args);
     let new = stats(&second)["program"].clone();
     assert_eq!(new["start"], json!("upgraded"), "{new}");
     assert_eq!(new["previous_tag"], json!(old_tag), "{new}");
@@ -219,12 +238,23 @@ fn a_newer_build_swaps_its_program_into_the_pinned_link_keeping_every_map_and_he
 
     // The next start of the same build adopts the program as it is.
     assert!(second.stop().success());
-    let third = AgentProcess::start(&pair, &args);
+    let third = AgentProcess::start_bin(&new_build, &pair, &args);
     let same = stats(&third)["program"].clone();
     assert_eq!(same["start"], json!("adopted"), "{same}");
     assert_eq!(same["tag"], json!(new_tag), "{same}");
     assert_eq!(peer(&third, 7)["heartbeats"], json!(heartbeats));
     assert!(third.stop().success());
+
+    // Going back is the same swap the other way.
+    let back = AgentProcess::start_bin(&old_build, &pair, &args);
+    let program = stats(&back)["program"].clone();
+    assert_eq!(program["start"], json!("upgraded"), "{program}");
+    assert_eq!(program["tag"], json!(old_tag), "{program}");
+    assert_eq!(program["previous_tag"], json!(new_tag), "{program}");
+    assert_eq!(linked_tag(&pins), old_tag);
+    assert_eq!(link_id(&pins), link);
+    assert_eq!(peer(&back, 7)["heartbeats"], json!(heartbeats));
+    assert!(back.stop().success());
 
     let out = Command::new(monitor_bin())
         .args(["detach", "--iface", &pair.iface_a, "--pin-path", &pins_arg])

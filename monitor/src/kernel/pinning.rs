@@ -23,10 +23,12 @@ use aya::{
     Ebpf,
     maps::{Array, Map, MapData},
     programs::{
+        Xdp,
         links::{FdLink, PinnedLink},
         xdp::{XdpLink, XdpLinkId},
     },
 };
+use aya_obj::programs::XdpAttachType;
 use monitor_common::{
     last_heard::LAST_HEARD_MAP,
     maps::{
@@ -375,13 +377,43 @@ pub fn check_layouts(dir: &Path, capacity: u32) -> Result<(), PinError> {
     Ok(())
 }
 
-/// The program the link pinned under `dir` runs now, and its tag.
+/// The program the link pinned under `dir` runs now, and its tag. It is the one pinned as
+/// `prog` (an upgrade renames the new program's pin over it), opened through that pin:
+/// opening a program by its id (BPF_PROG_GET_FD_BY_ID) needs CAP_SYS_ADMIN, which the
+/// service does not have. Only if `prog` is another program (an upgrade that could not re-pin)
+/// is the link's own program opened by id.
 pub fn linked_program(dir: &Path) -> Result<(OwnedFd, program::Tag), PinError> {
     let link = PinnedLink::from_pin(dir.join(LINK)).map_err(|e| aya_err(dir, e))?;
     let fd_link: FdLink = link.into();
-    let info = fd_link.info().map_err(|e| aya_err(dir, e))?;
-    let fd = program::program_fd_by_id(info.program_id())
-        .map_err(|e| aya_err(dir, format!("opening the linked program: {e}")))?;
+    let linked = fd_link.info().map_err(|e| aya_err(dir, e))?.program_id();
+    let pinned = Xdp::from_pin(dir.join(PROG), XdpAttachType::Interface)
+        .map_err(|e| aya_err(dir, e))
+        .and_then(|program| {
+            program
+                .fd()
+                .map_err(|e| aya_err(dir, e))?
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| aya_err(dir, e))
+        });
+    let fd = match pinned {
+        Ok(fd)
+            if program::run_stats(fd.as_fd())
+                .map(|info| info.id == linked)
+                .unwrap_or(false) =>
+        {
+            fd
+        }
+        _ => program::program_fd_by_id(linked).map_err(|e| {
+            aya_err(
+                dir,
+                format!(
+                    "the pinned link runs program {linked}, which is not the one pinned as \
+                     {PROG}, and opening it by id failed ({e}; that needs CAP_SYS_ADMIN)"
+                ),
+            )
+        })?,
+    };
     let tag = program::tag(fd.as_fd())
         .map_err(|e| aya_err(dir, format!("reading the linked program's tag: {e}")))?;
     Ok((fd, tag))
