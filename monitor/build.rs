@@ -11,6 +11,9 @@ fn main() -> anyhow::Result<()> {
     let objects = ["monitor", "floor", "impair"].map(|name| out_dir.join(name));
     println!("cargo:rerun-if-env-changed=PATH");
     println!("cargo:rerun-if-env-changed=AYA_BUILD_SKIP");
+    // Read by monitor-ebpf (`option_env!`): a test-only second build of the program whose
+    // instructions differ and whose maps do not (see `UNREACHABLE_VERDICT` there).
+    println!("cargo:rerun-if-env-changed=MONITOR_EBPF_VARIANT");
     let skip = env::var("AYA_BUILD_SKIP").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
     let have_linker = env::var_os("PATH")
         .is_some_and(|paths| env::split_paths(&paths).any(|dir| dir.join("bpf-linker").is_file()));

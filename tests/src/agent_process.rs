@@ -44,13 +44,41 @@ impl Drop for TempDir {
     }
 }
 
+/// A bpf filesystem mounted on a fresh directory (`ip netns exec` remounts /sys, so tests
+/// cannot rely on /sys/fs/bpf), unmounted on drop.
+pub struct Bpffs(pub TempDir);
+
+impl Bpffs {
+    pub fn mount() -> Self {
+        let dir = TempDir::new("hbmbpffs");
+        let status = Command::new("mount")
+            .args(["-t", "bpf", "bpf"])
+            .arg(&dir.0)
+            .status()
+            .expect("spawn mount");
+        assert!(status.success(), "mount -t bpf");
+        Self(dir)
+    }
+}
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0.0).status();
+    }
+}
+
 impl AgentProcess {
     /// Starts the agent on the pair's `a` side with `extra` arguments, and waits until its
     /// socket answers.
     pub fn start(pair: &NetnsPair, extra: &[&str]) -> Self {
+        Self::start_bin(&monitor_bin(), pair, extra)
+    }
+
+    /// As `start`, running the `monitor` binary at `bin` (another build of it).
+    pub fn start_bin(bin: &Path, pair: &NetnsPair, extra: &[&str]) -> Self {
         let dir = TempDir::new("hbmsock");
         let socket = dir.0.join("agent.sock");
-        let mut cmd = NetnsPair::command_in(&pair.ns_a, &monitor_bin());
+        let mut cmd = NetnsPair::command_in(&pair.ns_a, bin);
         cmd.args(["run", "--iface", &pair.iface_a, "--socket"])
             .arg(&socket)
             .args(extra)

@@ -263,6 +263,7 @@ pub fn sweep_timings(peers: u32) -> SweepTimings {
         detector: DetectorConfig::new(DetectorParams::DEFAULT, Levels::default()),
         iface: "none".into(),
         mode: "none".into(),
+        origin: Default::default(),
         port: 0,
         admission: monitor::agent::admission::AdmissionPolicy {
             auto: false,

@@ -66,6 +66,7 @@ pub struct Agent {
     events: broadcast::Sender<Event>,
     iface: String,
     mode: String,
+    origin: crate::serving::protocol::ProgramOrigin,
     port: u16,
     started: Instant,
     sweeps: AtomicU64,
@@ -151,6 +152,8 @@ pub struct AgentParts {
     pub iface: String,
     /// How the program is attached: native, skb, or adopted.
     pub mode: String,
+    /// How the running program came to run, and its tag.
+    pub origin: crate::serving::protocol::ProgramOrigin,
     pub port: u16,
     pub admission: AdmissionPolicy,
     /// Forget peers silent for longer than this.
@@ -171,6 +174,7 @@ impl Agent {
             events,
             iface: parts.iface,
             mode: parts.mode,
+            origin: parts.origin,
             port: parts.port,
             started: Instant::now(),
             sweeps: AtomicU64::new(0),
@@ -539,6 +543,7 @@ impl Agent {
             config_reload_failures: self.reload_failures.load(Ordering::Relaxed),
             key_rotations: self.key_rotations.load(Ordering::Relaxed),
             key_rotation_failures: self.key_rotation_failures.load(Ordering::Relaxed),
+            program: self.origin.clone(),
         })
     }
 

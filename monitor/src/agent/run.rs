@@ -17,6 +17,8 @@ use monitor_common::{
     maps::{LAYOUT_VERSION, META_MAGIC, PeerSlot, PinnedMeta},
 };
 
+use crate::serving::protocol::ProgramOrigin;
+
 use super::{
     Agent, AgentParts,
     notify::{self, Notifier},
@@ -359,7 +361,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         ..PinnedMeta::default()
     };
     let mut kernel = match &config.pin_path {
-        Some(dir) if pinning::has_state(dir) => adopt(dir, &expected)?,
+        Some(dir) if pinning::has_state(dir) => adopt(dir, &expected, &xdp, &config)?,
         _ => load_and_attach(&config, &xdp, expected)?,
     };
     // Fills LOCAL_ADDRS and follows the interface's addresses until the agent stops.
@@ -394,6 +396,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
             },
         program_fd,
         mode,
+        origin,
         ebpf,
         pinned,
     } = kernel;
@@ -440,6 +443,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         detector,
         iface: config.iface.clone(),
         mode,
+        origin,
         port: config.port,
         admission: config.admission.clone(),
         expire_after: config.expire_after,
@@ -563,26 +567,87 @@ struct Kernel {
     program_fd: OwnedFd,
     /// "native", "skb", "tc", or "adopted".
     mode: String,
+    /// How the running program came to run: loaded here, adopted, or swapped in by an upgrade.
+    origin: ProgramOrigin,
     /// Owns the program when it was loaded here; dropping it detaches an unpinned program.
     ebpf: Option<aya::Ebpf>,
     /// Where the state is pinned, if it is.
     pinned: Option<PathBuf>,
 }
 
-fn adopt(dir: &std::path::Path, expected: &PinnedMeta) -> Result<Kernel> {
+/// Adopts the state pinned at `dir`. When the pinned link runs another build's program (the
+/// kernel's tags differ), this build's program is loaded on the pinned maps and swapped into
+/// the link (`pinning::replace_program`): heartbeats keep being recorded throughout, and every
+/// map, windows and counters, is kept. Pinned state of other settings or another map layout is
+/// refused before anything changes.
+fn adopt(
+    dir: &std::path::Path,
+    expected: &PinnedMeta,
+    xdp: &XdpConfig,
+    config: &AgentConfig,
+) -> Result<Kernel> {
     let a = pinning::adopt(dir, expected)?;
-    log::info!(
-        "adopted the program pinned at {}: {} peers, their windows kept",
-        dir.display(),
-        a.maps.registry.len()
-    );
+    // This build's program on the pinned maps, attached nowhere yet: its tag is what the link
+    // would run if this build had loaded it.
+    let mut ebpf = program::load_on_pins(xdp, config.capacity, config.kernel_log, dir)
+        .with_context(|| {
+            format!(
+                "loading this build's program on the maps pinned at {} (to compare it with the pinned one)",
+                dir.display()
+            )
+        })?;
+    let ours = program::tag(program::program_fd(&mut ebpf, program::Hook::Xdp)?.as_fd())
+        .context("reading the tag of this build's program")?;
     // The pin holds the attachment; the handle is not needed.
     drop(a.link);
+    if ours == a.tag {
+        // The pinned program is this build's: it keeps running; ours is unloaded unused.
+        drop(ebpf);
+        log::info!(
+            "adopted the program pinned at {} (tag {}, this build's): {} peers, their windows kept",
+            dir.display(),
+            a.tag,
+            a.maps.registry.len()
+        );
+        return Ok(Kernel {
+            maps: a.maps,
+            program_fd: a.program_fd,
+            mode: "adopted".into(),
+            origin: ProgramOrigin {
+                start: "adopted".into(),
+                tag: a.tag.to_string(),
+                previous_tag: None,
+            },
+            ebpf: None,
+            pinned: Some(dir.into()),
+        });
+    }
+    let program_fd = pinning::replace_program(dir, &mut ebpf).with_context(|| {
+        format!(
+            "upgrading the program pinned at {} (tag {}) to this build's (tag {ours})",
+            dir.display(),
+            a.tag
+        )
+    })?;
+    log::info!(
+        "upgraded the program pinned at {}: tag {} -> {ours}, swapped in through the pinned link \
+         without detaching; {} peers, every map and window kept",
+        dir.display(),
+        a.tag,
+        a.maps.registry.len()
+    );
     Ok(Kernel {
         maps: a.maps,
-        program_fd: a.program_fd,
+        program_fd,
         mode: "adopted".into(),
-        ebpf: None,
+        origin: ProgramOrigin {
+            start: "upgraded".into(),
+            tag: ours.to_string(),
+            previous_tag: Some(a.tag.to_string()),
+        },
+        // Owns this build's program (its log, LOCAL_ADDRS); the pins keep it attached when it
+        // is dropped.
+        ebpf: Some(ebpf),
         pinned: Some(dir.into()),
     })
 }
@@ -625,9 +690,15 @@ fn load_and_attach(config: &AgentConfig, xdp: &XdpConfig, meta: PinnedMeta) -> R
         };
         // The attached program's: its run statistics are the agent's `xdp` stats.
         let program_fd = program::program_fd(&mut ebpf, config.hook)?;
+        let tag = program::tag(program_fd.as_fd()).context("reading the program's tag")?;
         Ok(Kernel {
             maps,
             program_fd,
+            origin: ProgramOrigin {
+                start: "loaded".into(),
+                tag: tag.to_string(),
+                previous_tag: None,
+            },
             mode,
             ebpf: Some(ebpf),
             pinned: config.pin_path.clone(),

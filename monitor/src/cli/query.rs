@@ -190,6 +190,13 @@ fn print_stats(s: &AgentStats) {
         s.model,
         levels.join(",")
     );
+    // Empty from an agent older than the field.
+    let o = &s.program;
+    match (o.start.as_str(), &o.previous_tag) {
+        ("", _) => {}
+        (start, Some(previous)) => println!("program        {start}: tag {previous} -> {}", o.tag),
+        (start, None) => println!("program        {start}, tag {}", o.tag),
+    }
     println!(
         "uptime         {:.1} s, {} sweeps, {} stalls, {} slot reads",
         s.uptime_s, s.sweeps, s.stalls, s.refreshes

@@ -116,7 +116,9 @@ pub struct RunArgs {
     auth_key_file: Option<PathBuf>,
     /// Keep the program attached and recording when the agent stops or dies: pin it and its
     /// maps (under /sys/fs/bpf/heartbeat-monitor/IFACE unless --pin-path says), and adopt
-    /// what is pinned there at start, windows and all. `monitor detach` removes it.
+    /// what is pinned there at start, windows and all; a build whose program differs swaps its
+    /// own into the pinned link without a gap, every map kept (docs/operations.md). `monitor
+    /// detach` removes it.
     #[arg(long, help_heading = "Restarts")]
     persist: bool,
     /// Where to pin (implies --persist); must be on a bpf filesystem.

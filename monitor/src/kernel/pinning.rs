@@ -3,6 +3,13 @@
 //! adopts the pinned state with every window intact. Removal is explicit (`monitor detach`).
 //!
 //! Layout of a pin directory: `link` (the XDP attachment), `prog`, and one file per map.
+//!
+//! Upgrades: an agent of a newer build adopting pinned state whose program is another build's
+//! (the kernel's tags differ) loads its own program on the pinned maps and swaps it into the
+//! pinned link with BPF_LINK_UPDATE, one atomic step with no detach: every packet runs the old
+//! program or the new one, both recording into the same maps (`replace_program`). That needs
+//! every pinned map laid out as this build's object declares it (`check_layouts`); pinned state
+//! of another layout is refused, with what to do.
 
 use crate::kernel::maps::KernelMaps;
 use std::{
@@ -18,7 +25,7 @@ use aya::{
     programs::{
         Xdp,
         links::{FdLink, PinnedLink},
-        xdp::XdpLinkId,
+        xdp::{XdpLink, XdpLinkId},
     },
 };
 use aya_obj::programs::XdpAttachType;
@@ -49,6 +56,8 @@ pub const MAPS: [&str; 9] = [
 ];
 const LINK: &str = "link";
 const PROG: &str = "prog";
+/// Where an upgrade pins the new program before renaming it over `prog`.
+const PROG_NEXT: &str = "prog-next"; // bpffs refuses names with dots
 /// BPF_FS_MAGIC from linux/magic.h.
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
@@ -90,6 +99,48 @@ pub enum PinError {
         pinned: String,
         wanted: String,
     },
+    #[error(
+        "cannot upgrade the pinned state at {path}: its map {map} is {pinned}, this build's is \
+         {ours}, so this build's program cannot run on it. Keep running the build that pinned \
+         it, or stop it and remove the pinned state with `monitor detach --pin-path {path}` \
+         (its windows and counters are lost), then start this build"
+    )]
+    MapLayout {
+        path: PathBuf,
+        map: &'static str,
+        pinned: MapLayout,
+        ours: MapLayout,
+    },
+    #[error(
+        "{at} has no bpf filesystem and this agent runs in a mount namespace of its own (not \
+         the one of PID 1 or of its parent, e.g. under `ip netns exec` or a unit with \
+         PrivateMounts=): a bpffs \
+         it mounted, and every pin in it, would end with the agent, so --persist would keep \
+         nothing. Mount bpffs where the namespace of PID 1 sees it (`mount -t bpf bpf \
+         /sys/fs/bpf` on the host) and pass it in, or pin with --pin-path on a bpffs that \
+         outlives the agent, or run without --persist"
+    )]
+    PrivateMountNamespace { at: PathBuf },
+}
+
+/// How a map is laid out, as BPF_MAP_CREATE took it: what a program loaded on it relies on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapLayout {
+    pub map_type: u32,
+    pub key_size: u32,
+    pub value_size: u32,
+    pub max_entries: u32,
+    pub flags: u32,
+}
+
+impl std::fmt::Display for MapLayout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "type {}, key {} B, value {} B, {} entries, flags {:#x}",
+            self.map_type, self.key_size, self.value_size, self.max_entries, self.flags
+        )
+    }
 }
 
 fn aya_err(path: &Path, e: impl std::fmt::Display) -> PinError {
@@ -119,6 +170,19 @@ pub fn prepare(dir: &Path) -> Result<(), PinError> {
     if !on_bpffs(&probe) {
         let sysfs_bpf = Path::new("/sys/fs/bpf");
         if probe == sysfs_bpf || probe.starts_with(sysfs_bpf) && !on_bpffs(sysfs_bpf) {
+            match own_mount_namespace() {
+                Ok(false) => {}
+                Ok(true) => {
+                    return Err(PinError::PrivateMountNamespace {
+                        at: sysfs_bpf.into(),
+                    });
+                }
+                Err(e) => log::warn!(
+                    "cannot tell whether this agent shares the mount namespace of PID 1 ({e}); \
+                     if it does not, the bpffs mounted on {} and the pins in it end with it",
+                    sysfs_bpf.display()
+                ),
+            }
             mount_bpffs(sysfs_bpf)?;
         } else {
             return Err(PinError::NotBpffs(probe));
@@ -132,6 +196,43 @@ pub fn prepare(dir: &Path) -> Result<(), PinError> {
         path: dir.into(),
         source,
     })
+}
+
+/// Whether this process's mount namespace is one of its own, not that of PID 1 and of every
+/// ancestor: a mount made here is not seen by the rest of the system and goes away with the
+/// namespace's last process. Ancestors count because PID 1's namespace cannot always be read
+/// (a PID 1 holding capabilities this process lacks, as in some sandboxes, refuses it); an
+/// ancestor that cannot be read is skipped, and an error means none could be.
+fn own_mount_namespace() -> io::Result<bool> {
+    let ours = std::fs::read_link("/proc/self/ns/mnt")?;
+    let mut pid = std::process::id();
+    let mut compared = false;
+    let mut last_error = None;
+    while pid > 1 {
+        pid = parent_pid(pid)?;
+        if pid == 0 {
+            break;
+        }
+        match std::fs::read_link(format!("/proc/{pid}/ns/mnt")) {
+            Ok(theirs) if theirs != ours => return Ok(true),
+            Ok(_) => compared = true,
+            Err(e) => last_error = Some(e),
+        }
+    }
+    match (compared, last_error) {
+        (false, Some(e)) => Err(e),
+        _ => Ok(false),
+    }
+}
+
+/// The parent of `pid`, from /proc/PID/stat (0 for PID 1).
+fn parent_pid(pid: u32) -> io::Result<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // "pid (comm) state ppid ...": comm may hold spaces and parentheses, so from the last ')'.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+        .and_then(|ppid| ppid.parse().ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("/proc/{pid}/stat")))
 }
 
 fn mount_bpffs(at: &Path) -> Result<(), PinError> {
@@ -203,10 +304,162 @@ pub fn pin_program(
 pub struct Adopted {
     pub maps: KernelMaps,
     pub meta: PinnedMeta,
+    /// The program the pinned link runs now.
     pub program_fd: OwnedFd,
+    /// Its tag.
+    pub tag: program::Tag,
     /// Holding it keeps nothing alive that the pin does not: dropping it leaves the program
     /// attached.
     pub link: PinnedLink,
+}
+
+/// The layout of every map of `pinning::MAPS` as this build's object declares it, sized for
+/// `capacity` as the loader sizes it.
+pub fn object_layouts(capacity: u32) -> Result<Vec<(&'static str, MapLayout)>, String> {
+    let object = aya_obj::Object::parse(program::OBJECT)
+        .map_err(|e| format!("parsing this build's eBPF object: {e}"))?;
+    MAPS.iter()
+        .map(|&name| {
+            let map = object
+                .maps
+                .get(name)
+                .ok_or_else(|| format!("this build's eBPF object has no map {name}"))?;
+            let max_entries = match name {
+                PEER_INDEX_MAP => monitor_common::index::buckets_for(capacity),
+                PEER_STATE_MAP | LAST_HEARD_MAP => capacity,
+                _ => map.max_entries(),
+            };
+            Ok((
+                name,
+                MapLayout {
+                    map_type: map.map_type(),
+                    key_size: map.key_size(),
+                    value_size: map.value_size(),
+                    max_entries,
+                    flags: map.map_flags(),
+                },
+            ))
+        })
+        .collect()
+}
+
+/// The layout of the map pinned as `name` under `dir`.
+fn pinned_layout(dir: &Path, name: &str) -> Result<MapLayout, PinError> {
+    let map = MapData::from_pin(dir.join(name))
+        .map_err(|e| aya_err(dir, format!("opening map {name}: {e}")))?;
+    let info: aya_obj::generated::bpf_map_info = program::object_info(map.fd().as_fd())
+        .map_err(|e| aya_err(dir, format!("reading map {name}'s info: {e}")))?;
+    Ok(MapLayout {
+        map_type: info.type_,
+        key_size: info.key_size,
+        value_size: info.value_size,
+        max_entries: info.max_entries,
+        flags: info.map_flags,
+    })
+}
+
+/// Refuses pinned state any map of which is laid out otherwise than this build's object
+/// declares it (type, key and value sizes, entries, flags): this build's program could not
+/// run on it. The meta record's layout version says the same of the peer slot; this also
+/// catches a map changed without it.
+pub fn check_layouts(dir: &Path, capacity: u32) -> Result<(), PinError> {
+    for (name, ours) in object_layouts(capacity).map_err(|e| aya_err(dir, e))? {
+        let pinned = pinned_layout(dir, name)?;
+        if pinned != ours {
+            return Err(PinError::MapLayout {
+                path: dir.into(),
+                map: name,
+                pinned,
+                ours,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The program the link pinned under `dir` runs now, and its tag. It is the one pinned as
+/// `prog` (an upgrade renames the new program's pin over it), opened through that pin:
+/// opening a program by its id (BPF_PROG_GET_FD_BY_ID) needs CAP_SYS_ADMIN, which the
+/// service does not have. Only if `prog` is another program (an upgrade that could not re-pin)
+/// is the link's own program opened by id.
+pub fn linked_program(dir: &Path) -> Result<(OwnedFd, program::Tag), PinError> {
+    let link = PinnedLink::from_pin(dir.join(LINK)).map_err(|e| aya_err(dir, e))?;
+    let fd_link: FdLink = link.into();
+    let linked = fd_link.info().map_err(|e| aya_err(dir, e))?.program_id();
+    let pinned = Xdp::from_pin(dir.join(PROG), XdpAttachType::Interface)
+        .map_err(|e| aya_err(dir, e))
+        .and_then(|program| {
+            program
+                .fd()
+                .map_err(|e| aya_err(dir, e))?
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| aya_err(dir, e))
+        });
+    let fd = match pinned {
+        Ok(fd)
+            if program::run_stats(fd.as_fd())
+                .map(|info| info.id == linked)
+                .unwrap_or(false) =>
+        {
+            fd
+        }
+        _ => program::program_fd_by_id(linked).map_err(|e| {
+            aya_err(
+                dir,
+                format!(
+                    "the pinned link runs program {linked}, which is not the one pinned as \
+                     {PROG}, and opening it by id failed ({e}; that needs CAP_SYS_ADMIN)"
+                ),
+            )
+        })?,
+    };
+    let tag = program::tag(fd.as_fd())
+        .map_err(|e| aya_err(dir, format!("reading the linked program's tag: {e}")))?;
+    Ok((fd, tag))
+}
+
+/// Swaps the XDP program of `ebpf` (loaded on the pinned maps, see `program::load_on_pins`)
+/// into the link pinned under `dir` with BPF_LINK_UPDATE: atomic, the interface is never
+/// without a program. Then pins it as `prog` in place of the old one (pinned beside it and
+/// renamed over it, so `prog` is always one or the other), which unloads the old program; if
+/// that fails the swap stands (adoption follows the link, not `prog`) and it is logged.
+/// Returns the new program's fd.
+pub fn replace_program(dir: &Path, ebpf: &mut Ebpf) -> Result<OwnedFd, PinError> {
+    let link = PinnedLink::from_pin(dir.join(LINK)).map_err(|e| aya_err(dir, e))?;
+    let link: XdpLink = FdLink::from(link)
+        .try_into()
+        .map_err(|e| aya_err(dir, format!("the pinned link is not an XDP link: {e}")))?;
+    let xdp = program::xdp_mut(ebpf).map_err(|e| aya_err(dir, e))?;
+    let id = xdp.attach_to_link(link).map_err(|e| {
+        aya_err(
+            dir,
+            format!("replacing the program in the pinned link: {e}"),
+        )
+    })?;
+    // Swapped. The pin holds the attachment; our fd on it is not needed (closing it detaches
+    // nothing).
+    if let Ok(link) = xdp.take_link(id) {
+        drop(link);
+    }
+    let next = dir.join(PROG_NEXT);
+    let _ = std::fs::remove_file(&next);
+    let repinned = xdp
+        .pin(&next)
+        .map_err(|e| e.to_string())
+        .and_then(|()| std::fs::rename(&next, dir.join(PROG)).map_err(|e| e.to_string()));
+    if let Err(e) = repinned {
+        log::warn!(
+            "the new program runs in the pinned link, but pinning it as {} failed ({e}); the old \
+             program stays loaded under that pin until `monitor detach`",
+            dir.join(PROG).display()
+        );
+    }
+    xdp.fd()
+        .map_err(|e| aya_err(dir, e))?
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| aya_err(dir, e))
 }
 
 pub(crate) fn open(dir: &Path, name: &str) -> Result<Map, PinError> {
@@ -287,6 +540,7 @@ pub fn adopt(dir: &Path, expected: &PinnedMeta) -> Result<Adopted, PinError> {
             wanted: format!("{flag}{wanted}"),
         });
     }
+    check_layouts(dir, meta.capacity)?;
 
     let table = match (open(dir, PEER_STATE_MAP)?, open(dir, LAST_HEARD_MAP)?) {
         (Map::Array(state), Map::Array(words)) => {
@@ -302,14 +556,7 @@ pub fn adopt(dir: &Path, expected: &PinnedMeta) -> Result<Adopted, PinError> {
         _ => return Err(aya_err(dir, "PEER_INDEX is not an array")),
     };
     let registry = Registry::adopt(index, meta.capacity);
-    let program =
-        Xdp::from_pin(dir.join(PROG), XdpAttachType::Interface).map_err(|e| aya_err(dir, e))?;
-    let program_fd = program
-        .fd()
-        .map_err(|e| aya_err(dir, e))?
-        .as_fd()
-        .try_clone_to_owned()
-        .map_err(|e| aya_err(dir, e))?;
+    let (program_fd, tag) = linked_program(dir)?;
     let link = PinnedLink::from_pin(dir.join(LINK)).map_err(|e| aya_err(dir, e))?;
     Ok(Adopted {
         maps: KernelMaps {
@@ -330,6 +577,7 @@ pub fn adopt(dir: &Path, expected: &PinnedMeta) -> Result<Adopted, PinError> {
         },
         meta,
         program_fd,
+        tag,
         link,
     })
 }
@@ -341,7 +589,7 @@ pub fn remove(dir: &Path) -> Result<bool, PinError> {
         return Ok(false);
     }
     let mut removed = false;
-    for name in [LINK, PROG].into_iter().chain(MAPS) {
+    for name in [LINK, PROG, PROG_NEXT].into_iter().chain(MAPS) {
         match std::fs::remove_file(dir.join(name)) {
             Ok(()) => removed = true,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -360,4 +608,37 @@ pub fn remove(dir: &Path) -> Result<bool, PinError> {
         source,
     })?;
     Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parent_pid_reads_proc() {
+        // SAFETY: getppid has no preconditions.
+        let ppid = unsafe { libc::getppid() } as u32;
+        assert_eq!(parent_pid(std::process::id()).unwrap(), ppid);
+    }
+
+    #[test]
+    fn the_object_declares_every_pinned_map() {
+        if program::OBJECT.is_empty() {
+            return; // built without the eBPF toolchain (AYA_BUILD_SKIP)
+        }
+        let layouts = object_layouts(1000).unwrap();
+        assert_eq!(layouts.len(), MAPS.len());
+        let of = |name| layouts.iter().find(|(n, _)| *n == name).unwrap().1;
+        assert_eq!(
+            of(PEER_STATE_MAP).value_size as usize,
+            size_of::<PeerSlot>()
+        );
+        assert_eq!(of(PEER_STATE_MAP).max_entries, 1000);
+        assert_eq!(of(LAST_HEARD_MAP).max_entries, 1000);
+        assert_eq!(
+            of(PEER_INDEX_MAP).max_entries,
+            monitor_common::index::buckets_for(1000)
+        );
+        assert_eq!(of(META_MAP).value_size as usize, size_of::<PinnedMeta>());
+    }
 }

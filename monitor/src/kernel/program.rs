@@ -158,6 +158,30 @@ pub fn load_hook(
     log: KernelLog,
     hook: Hook,
 ) -> Result<Ebpf, ProgramLoadError> {
+    load_object(config, capacity, log, hook, None)
+}
+
+/// As `load_hook` for the XDP hook, with every map of `pinning::MAPS` opened from its pin
+/// under `pins` instead of created: this build's program on pinned state's maps, ready to be
+/// swapped into the pinned link (see `pinning::replace_program`). Nothing is attached. The
+/// pinned maps must exist and be laid out as this build's (`pinning::check_layouts`): aya
+/// would create and pin a missing one, and does not compare an existing one's layout.
+pub fn load_on_pins(
+    config: &XdpConfig,
+    capacity: u32,
+    log: KernelLog,
+    pins: &std::path::Path,
+) -> Result<Ebpf, ProgramLoadError> {
+    load_object(config, capacity, log, Hook::Xdp, Some(pins))
+}
+
+fn load_object(
+    config: &XdpConfig,
+    capacity: u32,
+    log: KernelLog,
+    hook: Hook,
+    pins: Option<&std::path::Path>,
+) -> Result<Ebpf, ProgramLoadError> {
     if OBJECT.is_empty() {
         return Err(ProgramLoadError::NotBuilt);
     }
@@ -173,12 +197,25 @@ pub fn load_hook(
         index_bits: index::bits_for(capacity),
         ..*config
     };
-    let mut ebpf = EbpfLoader::new()
+    let pinned: Vec<(&str, std::path::PathBuf)> = pins
+        .map(|dir| {
+            crate::kernel::pinning::MAPS
+                .iter()
+                .map(|&name| (name, dir.join(name)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut loader = EbpfLoader::new();
+    loader
         .override_global(CONFIG_SYMBOL, &config, true)
         .override_global(aya_log::LEVEL, &level, false)
         .map_max_entries(PEER_INDEX_MAP, index::buckets_for(capacity))
         .map_max_entries(PEER_STATE_MAP, capacity)
-        .map_max_entries(LAST_HEARD_MAP, capacity)
+        .map_max_entries(LAST_HEARD_MAP, capacity);
+    for (name, path) in &pinned {
+        loader.map_pin_path(name, path.as_path());
+    }
+    let mut ebpf = loader
         .load(OBJECT)
         .map_err(|e| classify(&e, e.to_string()))?;
     match hook {
@@ -263,9 +300,36 @@ pub struct RunStats {
 
 /// Reads run statistics with BPF_OBJ_GET_INFO_BY_FD (aya 0.14 does not expose them).
 pub fn run_stats(program_fd: std::os::fd::BorrowedFd<'_>) -> io::Result<RunStats> {
+    let info: aya_obj::generated::bpf_prog_info = object_info(program_fd)?;
+    Ok(RunStats {
+        run_count: info.run_cnt,
+        run_time_ns: info.run_time_ns,
+        id: info.id,
+    })
+}
+
+/// A program's tag: the kernel's hash of its instructions (map references and global data
+/// left out), the same for every load of the same code whatever its maps and settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tag(pub [u8; 8]);
+
+impl fmt::Display for Tag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // As bpftool prints it.
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+/// The tag of the program behind `program_fd`.
+pub fn tag(program_fd: std::os::fd::BorrowedFd<'_>) -> io::Result<Tag> {
+    let info: aya_obj::generated::bpf_prog_info = object_info(program_fd)?;
+    Ok(Tag(info.tag))
+}
+
+/// BPF_OBJ_GET_INFO_BY_FD of a program, map or link: `T` is its bpf_*_info struct.
+pub(crate) fn object_info<T: Copy>(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<T> {
     use std::os::fd::AsRawFd;
 
-    use aya_obj::generated::bpf_prog_info;
     const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
     #[repr(C)]
     struct InfoAttr {
@@ -273,11 +337,12 @@ pub fn run_stats(program_fd: std::os::fd::BorrowedFd<'_>) -> io::Result<RunStats
         info_len: u32,
         info: u64,
     }
-    // SAFETY: bpf_prog_info is plain integers; all-zero is its documented initial state.
-    let mut info: bpf_prog_info = unsafe { std::mem::zeroed() };
+    // SAFETY: the bpf_*_info structs are plain integers (and unions of them); all-zero is their
+    // documented initial state.
+    let mut info: T = unsafe { std::mem::zeroed() };
     let mut attr = InfoAttr {
-        bpf_fd: program_fd.as_raw_fd() as u32,
-        info_len: std::mem::size_of::<bpf_prog_info>() as u32,
+        bpf_fd: fd.as_raw_fd() as u32,
+        info_len: std::mem::size_of::<T>() as u32,
         info: &raw mut info as u64,
     };
     // SAFETY: attr points at a live, correctly sized info buffer for the call's duration.
@@ -292,11 +357,39 @@ pub fn run_stats(program_fd: std::os::fd::BorrowedFd<'_>) -> io::Result<RunStats
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(RunStats {
-        run_count: info.run_cnt,
-        run_time_ns: info.run_time_ns,
-        id: info.id,
-    })
+    Ok(info)
+}
+
+/// A new fd on the loaded program with kernel id `id` (BPF_PROG_GET_FD_BY_ID).
+pub(crate) fn program_fd_by_id(id: u32) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+
+    const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+    #[repr(C)]
+    struct IdAttr {
+        id: u32,
+        next_id: u32,
+        open_flags: u32,
+    }
+    let mut attr = IdAttr {
+        id,
+        next_id: 0,
+        open_flags: 0,
+    };
+    // SAFETY: attr is live for the call; the kernel returns a new fd or -1.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_GET_FD_BY_ID,
+            &raw mut attr,
+            std::mem::size_of::<IdAttr>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd the kernel handed us and nobody else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// Attaches the loaded program to `iface`; returns the link and the mode that worked.
@@ -380,4 +473,15 @@ fn find_io_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a io:
         current = err.source();
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tag_prints_as_bpftool_prints_it() {
+        let tag = Tag([0x0a, 0x1b, 0x2c, 0x3d, 0x4e, 0x5f, 0x60, 0x71]);
+        assert_eq!(tag.to_string(), "0a1b2c3d4e5f6071");
+    }
 }

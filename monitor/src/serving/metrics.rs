@@ -594,6 +594,7 @@ mod tests {
                     config_reload_failures: 0,
                     key_rotations: 0,
                     key_rotation_failures: 0,
+                    program: Default::default(),
                 }),
                 levels: vec![1.0, 3.0, 8.0],
                 peers_at: vec![2, 1, 0, 1],

@@ -172,6 +172,23 @@ pub struct AgentStats {
     pub key_rotations: u64,
     #[serde(default)]
     pub key_rotation_failures: u64,
+    /// How the running XDP program came to run, and its tag.
+    #[serde(default)]
+    pub program: ProgramOrigin,
+}
+
+/// How the agent came by the XDP program it runs (docs/operations.md, "Upgrades").
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProgramOrigin {
+    /// `loaded` (this agent loaded and attached it), `adopted` (pinned state whose program
+    /// is this build's) or `upgraded` (pinned state whose program was another build's,
+    /// replaced by this build's through the pinned link, every map kept).
+    pub start: String,
+    /// The kernel's tag of the running program (as `bpftool prog` shows it).
+    pub tag: String,
+    /// After an upgrade, the tag of the program it replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_tag: Option<String>,
 }
 
 /// The XDP program's verdict counters, summed over CPUs, as `stats` carries them. The wire's
