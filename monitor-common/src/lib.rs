@@ -29,4 +29,5 @@ mod pod {
     unsafe impl aya::Pod for crate::maps::ArrivalRecord {}
     unsafe impl aya::Pod for crate::impair::GilbertElliott {}
     unsafe impl aya::Pod for crate::index::IndexBucket {}
+    unsafe impl aya::Pod for crate::maps::LocalFast {}
 }

@@ -38,6 +38,23 @@ pub const ARRIVALS_BYTES: u32 = 256 * 1024;
 pub const LOCAL_ADDRS_MAP: &str = "LOCAL_ADDRS";
 /// Most addresses LOCAL_ADDRS holds.
 pub const LOCAL_ADDRS_CAPACITY: u32 = 256;
+/// The first few destination addresses again, as one [`LocalFast`] (ARRAY of 1), compared
+/// inline before LOCAL_ADDRS is looked up: a hash lookup costs a heartbeat more than the rest
+/// of its parse, and a host has few addresses.
+pub const LOCAL_FAST_MAP: &str = "LOCAL_FAST";
+/// Addresses [`LocalFast`] holds.
+pub const LOCAL_FAST_ADDRS: usize = 4;
+
+/// The first [`LOCAL_FAST_ADDRS`] addresses of LOCAL_ADDRS, in its key layout as two
+/// native-endian words. The kernel compares the first `count` and, finding none equal, looks
+/// LOCAL_ADDRS up (so a reader that catches the agent rewriting this only pays the lookup).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LocalFast {
+    pub count: u32,
+    pub _pad: u32,
+    pub addrs: [[u64; 2]; LOCAL_FAST_ADDRS],
+}
 
 /// The LOCAL_ADDRS key of an address: its 16 bytes, IPv4 as the IPv4-mapped IPv6 address
 /// (::ffff:a.b.c.d), the layout the kernel builds from a packet's destination.
@@ -259,7 +276,7 @@ const _: () = assert!(core::mem::offset_of!(UnknownPeerReport, src_addr) % 8 == 
 
 /// Version of everything a restarted agent reads from pinned maps: bump it whenever a map's
 /// layout or meaning changes, so an agent never misreads state pinned by another build.
-pub const LAYOUT_VERSION: u32 = 8;
+pub const LAYOUT_VERSION: u32 = 9;
 /// "HBMPIN\0\0".
 pub const META_MAGIC: u64 = u64::from_le_bytes(*b"HBMPIN\0\0");
 

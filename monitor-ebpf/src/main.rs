@@ -30,8 +30,8 @@ use monitor_common::{
     config::{XDP_FLAG_PASS_HEARTBEATS, XdpConfig},
     index::{self, IndexBucket},
     maps::{
-        ARRIVALS_BYTES, BPF_F_MMAPABLE, Counters, DEFAULT_CAPACITY, LOCAL_ADDRS_CAPACITY, PeerSlot,
-        PinnedMeta, UNKNOWN_PEERS_BYTES,
+        ARRIVALS_BYTES, BPF_F_MMAPABLE, Counters, DEFAULT_CAPACITY, LOCAL_ADDRS_CAPACITY,
+        LOCAL_FAST_ADDRS, LocalFast, PeerSlot, PinnedMeta, UNKNOWN_PEERS_BYTES,
     },
 };
 
@@ -72,9 +72,25 @@ static AUTH_KEYS: Array<AuthKey> = Array::with_max_entries(KEY_SLOTS, 0);
 #[map]
 static LOCAL_ADDRS: HashMap<[u64; 2], u8> = HashMap::with_max_entries(LOCAL_ADDRS_CAPACITY, 0);
 
-/// Whether `addr` is one of this host's destination addresses.
+/// The first few of LOCAL_ADDRS, compared before it is looked up (`LocalFast`).
+#[map]
+static LOCAL_FAST: Array<LocalFast> = Array::with_max_entries(1, 0);
+
+/// Whether `addr` is one of this host's destination addresses: one of the first few (an
+/// array lookup the verifier inlines, and up to four compares), else in LOCAL_ADDRS.
 #[inline(always)]
 fn is_local(addr: &[u64; 2]) -> bool {
+    if let Some(fast) = LOCAL_FAST.get_ptr(0) {
+        // SAFETY: in the map value; the agent rewrites it whole, and a torn read only sends
+        // this packet on to the lookup below.
+        let fast = unsafe { &*fast };
+        let count = unsafe { core::ptr::read_volatile(&fast.count) } as usize;
+        for i in 0..LOCAL_FAST_ADDRS {
+            if i < count && fast.addrs[i] == *addr {
+                return true;
+            }
+        }
+    }
     // SAFETY: the value is only tested for presence, never read.
     unsafe { LOCAL_ADDRS.get(addr) }.is_some()
 }

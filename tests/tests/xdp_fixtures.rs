@@ -895,6 +895,59 @@ fn heartbeats_to_another_host_pass_and_are_not_recorded() {
     }
 }
 
+/// The first four addresses are compared inline (LOCAL_FAST), the rest are looked up in
+/// LOCAL_ADDRS: an address in either place is local, whichever place it is in.
+#[test]
+fn every_local_address_counts_past_the_first_four() {
+    // Sorted, as the agent writes them: the four IPv4 addresses go inline, the IPv6 ones not.
+    let local = [
+        "192.0.2.1",
+        "192.0.2.2",
+        "192.0.2.3",
+        "192.0.2.4",
+        "2001:db8::1",
+        "2001:db8::2",
+    ];
+    let mut fx = checking_destinations(monitor::kernel::program::Hook::Xdp, &local);
+    let mut seq = 0;
+    for addr in local {
+        seq += 1;
+        let packet = match addr.parse::<std::net::IpAddr>().unwrap() {
+            std::net::IpAddr::V4(_) => Packet::heartbeat_v4(PEER, seq),
+            std::net::IpAddr::V6(_) => Packet::heartbeat_v6(PEER, seq),
+        };
+        let frame = to_destination(&packet, addr.parse().unwrap());
+        assert_eq!(fx.run(&frame), XDP_DROP, "{addr}");
+    }
+    assert_eq!(fx.record(PEER).heartbeats, 6);
+    for foreign in [NOT_LOCAL_V4, NOT_LOCAL_V6, "192.0.2.5"] {
+        let packet = if foreign.contains(':') {
+            Packet::heartbeat_v6(PEER, 99)
+        } else {
+            Packet::heartbeat_v4(PEER, 99)
+        };
+        assert_eq!(
+            fx.run(&to_destination(&packet, foreign.parse().unwrap())),
+            XDP_PASS
+        );
+    }
+    assert_eq!(fx.counters().not_local, 3);
+    // Fewer addresses: the ones that left are not local any more, inline or not.
+    let fewer = ["2001:db8::2".parse().unwrap()].into_iter().collect();
+    local_addrs_of(&fx).set(&fewer).expect("update LOCAL_ADDRS");
+    let gone = to_destination(
+        &Packet::heartbeat_v4(PEER, 100),
+        "192.0.2.1".parse().unwrap(),
+    );
+    assert_eq!(fx.run(&gone), XDP_PASS);
+    let kept = to_destination(
+        &Packet::heartbeat_v6(PEER, 101),
+        "2001:db8::2".parse().unwrap(),
+    );
+    assert_eq!(fx.run(&kept), XDP_DROP);
+    assert_eq!(fx.counters().not_local, 4);
+}
+
 /// Not ours means not ours: a broken heartbeat to another host is not_local, not malformed,
 /// and traffic to other ports is untouched by the check.
 #[test]
@@ -959,9 +1012,10 @@ fn without_the_check_every_destination_counts() {
     assert_eq!(fx.counters(), only(|c| c.heartbeats = 1));
 }
 
-/// The fixture's LOCAL_ADDRS, found through the program's map ids.
+/// The fixture's LOCAL_ADDRS and LOCAL_FAST, found through the program's map ids.
 fn local_addrs_of(fx: &Fixture) -> monitor::kernel::destination::LocalAddrs {
     use aya::maps::MapData;
+    use monitor_common::maps::{LOCAL_ADDRS_MAP, LOCAL_FAST_MAP};
     let info = fx
         .loaded
         .ebpf
@@ -969,13 +1023,19 @@ fn local_addrs_of(fx: &Fixture) -> monitor::kernel::destination::LocalAddrs {
         .expect("the program")
         .info()
         .expect("program info");
+    let (mut addrs, mut fast) = (None, None);
     for id in info.map_ids().expect("map ids").expect("map ids reported") {
         let data = MapData::from_id(id).expect("map by id");
-        if data.info().expect("map info").name() == monitor_common::maps::LOCAL_ADDRS_MAP.as_bytes()
-        {
-            return monitor::kernel::destination::LocalAddrs::from_map_data(data)
-                .expect("LOCAL_ADDRS");
+        let name = data.info().expect("map info").name().to_vec();
+        if name == LOCAL_ADDRS_MAP.as_bytes() {
+            addrs = Some(data);
+        } else if name == LOCAL_FAST_MAP.as_bytes() {
+            fast = Some(data);
         }
     }
-    panic!("the program uses no map named LOCAL_ADDRS");
+    monitor::kernel::destination::LocalAddrs::from_map_data(
+        addrs.expect("the program uses LOCAL_ADDRS"),
+        fast.expect("the program uses LOCAL_FAST"),
+    )
+    .expect("the destination maps")
 }

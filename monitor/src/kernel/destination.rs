@@ -30,11 +30,11 @@ use std::{
 
 use aya::{
     Ebpf,
-    maps::{HashMap as BpfHashMap, Map, MapData, MapError},
+    maps::{Array, HashMap as BpfHashMap, Map, MapData, MapError},
 };
 use monitor_common::{
     config::XDP_FLAG_CHECK_DESTINATION,
-    maps::{LOCAL_ADDRS_CAPACITY, LOCAL_ADDRS_MAP, local_addr_key},
+    maps::{LOCAL_ADDRS_CAPACITY, LOCAL_ADDRS_MAP, LOCAL_FAST_MAP, LocalFast, local_addr_key},
 };
 
 /// How often the interface's addresses are re-read when they are followed.
@@ -130,7 +130,7 @@ fn canonical(addr: IpAddr) -> IpAddr {
 
 #[derive(Debug, thiserror::Error)]
 pub enum DestinationError {
-    #[error("the eBPF object has no map {LOCAL_ADDRS_MAP}")]
+    #[error("the eBPF object has no map {LOCAL_ADDRS_MAP} or {LOCAL_FAST_MAP}")]
     MissingMap,
     #[error("map {LOCAL_ADDRS_MAP}: {0}")]
     Map(#[from] MapError),
@@ -142,34 +142,42 @@ pub enum DestinationError {
     TooMany(usize),
 }
 
-/// The LOCAL_ADDRS map, from userspace.
+/// The LOCAL_ADDRS map and its first few addresses in LOCAL_FAST, from userspace.
 pub struct LocalAddrs {
     map: BpfHashMap<MapData, [u8; 16], u8>,
+    fast: Array<MapData, LocalFast>,
 }
 
 impl LocalAddrs {
-    /// The map of a loaded object (taken out of it).
+    /// The maps of a loaded object (taken out of it).
     pub fn take(ebpf: &mut Ebpf) -> Result<Self, DestinationError> {
         let map = ebpf
             .take_map(LOCAL_ADDRS_MAP)
             .ok_or(DestinationError::MissingMap)?;
+        let fast = ebpf
+            .take_map(LOCAL_FAST_MAP)
+            .ok_or(DestinationError::MissingMap)?;
         Ok(Self {
             map: BpfHashMap::try_from(map)?,
+            fast: Array::try_from(fast)?,
         })
     }
 
-    /// The map from its kernel handle (found by id, say).
-    pub fn from_map_data(data: MapData) -> Result<Self, DestinationError> {
+    /// The maps from their kernel handles (found by id, say).
+    pub fn from_map_data(addrs: MapData, fast: MapData) -> Result<Self, DestinationError> {
         Ok(Self {
-            map: BpfHashMap::try_from(Map::HashMap(data))?,
+            map: BpfHashMap::try_from(Map::HashMap(addrs))?,
+            fast: Array::try_from(Map::Array(fast))?,
         })
     }
 
-    /// The map pinned under `dir` (adopted state).
+    /// The maps pinned under `dir` (adopted state).
     pub fn open_pinned(dir: &Path) -> Result<Self, DestinationError> {
         let map: Map = crate::kernel::pinning::open(dir, LOCAL_ADDRS_MAP)?;
+        let fast: Map = crate::kernel::pinning::open(dir, LOCAL_FAST_MAP)?;
         Ok(Self {
             map: BpfHashMap::try_from(map)?,
+            fast: Array::try_from(fast)?,
         })
     }
 
@@ -192,6 +200,8 @@ impl LocalAddrs {
         for addr in addrs.difference(&current) {
             self.map.insert(local_addr_key(*addr), 1, 0)?;
         }
+        // Between the additions and the removals: every address of either set is still found.
+        self.fast.set(0, fast_of(addrs), 0)?;
         for addr in current.difference(addrs) {
             match self.map.remove(&local_addr_key(*addr)) {
                 Ok(()) | Err(MapError::KeyNotFound) => {}
@@ -200,6 +210,20 @@ impl LocalAddrs {
         }
         Ok(())
     }
+}
+
+/// The first `LOCAL_FAST_ADDRS` of `addrs` as the kernel compares them.
+fn fast_of(addrs: &BTreeSet<IpAddr>) -> LocalFast {
+    let mut fast = LocalFast::default();
+    for (slot, addr) in fast.addrs.iter_mut().zip(addrs) {
+        let key = local_addr_key(*addr);
+        *slot = [
+            u64::from_ne_bytes(key[..8].try_into().expect("8 bytes")),
+            u64::from_ne_bytes(key[8..].try_into().expect("8 bytes")),
+        ];
+        fast.count += 1;
+    }
+    fast
 }
 
 fn from_key(key: [u8; 16]) -> IpAddr {

@@ -32,8 +32,9 @@ use aya_obj::programs::XdpAttachType;
 use monitor_common::{
     last_heard::LAST_HEARD_MAP,
     maps::{
-        ARRIVALS_MAP, AUTH_KEYS_MAP, COUNTERS_MAP, LAYOUT_VERSION, LOCAL_ADDRS_MAP, META_MAGIC,
-        META_MAP, PEER_INDEX_MAP, PEER_STATE_MAP, PeerSlot, PinnedMeta, UNKNOWN_PEERS_MAP,
+        ARRIVALS_MAP, AUTH_KEYS_MAP, COUNTERS_MAP, LAYOUT_VERSION, LOCAL_ADDRS_MAP, LOCAL_FAST_MAP,
+        META_MAGIC, META_MAP, PEER_INDEX_MAP, PEER_STATE_MAP, PeerSlot, PinnedMeta,
+        UNKNOWN_PEERS_MAP,
     },
 };
 
@@ -43,7 +44,7 @@ use crate::{
 };
 
 /// Every map, in the order they are pinned.
-pub const MAPS: [&str; 9] = [
+pub const MAPS: [&str; 10] = [
     PEER_INDEX_MAP,
     PEER_STATE_MAP,
     COUNTERS_MAP,
@@ -52,6 +53,7 @@ pub const MAPS: [&str; 9] = [
     AUTH_KEYS_MAP,
     META_MAP,
     LOCAL_ADDRS_MAP,
+    LOCAL_FAST_MAP,
     LAST_HEARD_MAP,
 ];
 const LINK: &str = "link";
