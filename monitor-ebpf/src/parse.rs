@@ -235,39 +235,30 @@ fn parse_inner<C: Packet>(ctx: &C, config: &XdpConfig) -> Option<Parsed> {
     // From here on it is addressed to us: anything wrong is malformed, not foreign.
     let payload_len = (u16::from_be_bytes(udp.len) as usize).wrapping_sub(UdpHdr::LEN);
     let src_port = u16::from_be_bytes(udp.src);
-    if source == SOURCE_FLOW {
-        return Some(Parsed::Passive(Heartbeat {
-            peer_id: passive::flow_peer_id(src_words, src_port),
-            source,
-            dst_port,
-            seq: 0,
-            incarnation: 0,
-            flags: 0,
-            authenticated: [0; 3],
-            tag: 0,
-            src_family,
-            src_port,
-            src_words,
-            bfd: NO_BFD,
-        }));
-    }
-    if source == SOURCE_BFD {
-        let Some(control) = ptr_at::<C, [u8; BFD_CONTROL_LEN]>(ctx, offset + UdpHdr::LEN) else {
-            return Some(Parsed::Malformed);
-        };
-        let p = control.cast::<u8>();
-        let words = unsafe {
-            [
-                u64::from_be(load::u64_at(p)),
-                u64::from_be(load::u64_at(p.add(8))),
-                u64::from_be(load::u64_at(p.add(16))),
-            ]
-        };
-        let Ok(bfd) = passive::decode_bfd(words, payload_len) else {
-            return Some(Parsed::Malformed);
+    if source != SOURCE_HEARTBEAT {
+        // A flow is its source; a BFD session is its source and My Discriminator.
+        let (peer_id, bfd) = if source == SOURCE_BFD {
+            let Some(control) = ptr_at::<C, [u8; BFD_CONTROL_LEN]>(ctx, offset + UdpHdr::LEN)
+            else {
+                return Some(Parsed::Malformed);
+            };
+            let p = control.cast::<u8>();
+            let words = unsafe {
+                [
+                    u64::from_be(load::u64_at(p)),
+                    u64::from_be(load::u64_at(p.add(8))),
+                    u64::from_be(load::u64_at(p.add(16))),
+                ]
+            };
+            let Ok(bfd) = passive::decode_bfd(words, payload_len) else {
+                return Some(Parsed::Malformed);
+            };
+            (passive::bfd_peer_id(src_words, bfd.my_discriminator), bfd)
+        } else {
+            (passive::flow_peer_id(src_words, src_port), NO_BFD)
         };
         return Some(Parsed::Passive(Heartbeat {
-            peer_id: passive::bfd_peer_id(src_words, bfd.my_discriminator),
+            peer_id,
             source,
             dst_port,
             seq: 0,
