@@ -329,7 +329,9 @@ pub fn socket_latency(socket: &Path, peers: u64, requests: usize) -> SocketLaten
 }
 
 /// A subscriber that records, for every suspect event, how long after phi crossed its level
-/// the event reached it (ms), until `expected` events or `timeout`.
+/// the event reached it (ms), until `expected` events or `timeout`; and that time split in
+/// two: detection (the event's `at`, when the sweep raised it, less `crossed_at`; inside the
+/// agent, to the millisecond `at` has) and delivery (received less `at`).
 pub struct EventProbe {
     client: Client,
 }
@@ -351,9 +353,11 @@ impl EventProbe {
         expected: usize,
         ids: std::ops::Range<u64>,
         timeout: Duration,
-    ) -> (Percentiles, HashMap<String, usize>) {
+    ) -> (EventLatency, HashMap<String, usize>) {
         let deadline = Instant::now() + timeout;
         let mut latencies = Vec::new();
+        let mut detection = Vec::new();
+        let mut delivery = Vec::new();
         let mut kinds: HashMap<String, usize> = HashMap::new();
         while latencies.len() < expected {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -372,11 +376,28 @@ impl EventProbe {
             if event["event"] == "suspect"
                 && event["id"].as_u64().is_some_and(|id| ids.contains(&id))
             {
-                latencies.push(received - event["crossed_at"].as_f64().expect("crossed_at"));
+                let crossed = event["crossed_at"].as_f64().expect("crossed_at");
+                let at = event["at"].as_f64().expect("at");
+                latencies.push(received - crossed);
+                detection.push(at - crossed);
+                delivery.push(received - at);
             }
         }
-        (Percentiles::of(latencies), kinds)
+        let latency = EventLatency {
+            total: Percentiles::of(latencies),
+            detection: Percentiles::of(detection),
+            delivery: Percentiles::of(delivery),
+        };
+        (latency, kinds)
     }
+}
+
+/// Event latency, crossing to receipt, and its two parts (see `EventProbe`).
+#[derive(Debug, Clone, Serialize)]
+pub struct EventLatency {
+    pub total: Percentiles,
+    pub detection: Percentiles,
+    pub delivery: Percentiles,
 }
 
 fn unix_ms() -> f64 {

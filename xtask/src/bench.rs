@@ -990,6 +990,24 @@ fn render_scales(rows: &[ScaleRow]) -> String {
             r.events["latency_ms"]["count"],
         );
     }
+    // Where the event latency goes: raised by the sweep (`at` less `crossed_at`, ms
+    // resolution) or on its way to the subscriber (received less `at`).
+    let _ = writeln!(
+        t,
+        "\nEvent latency split: detection (the event's `at` less its `crossed_at`: the sweep) and delivery (received less `at`: the socket and the subscriber), ms:\n\n\
+         | peers | detection p50/p99 | delivery p50/p99 |\n|---:|---:|---:|"
+    );
+    for r in rows {
+        let _ = writeln!(
+            t,
+            "| {} | {:.1} / {:.1} | {:.1} / {:.1} |",
+            r.peers,
+            f(&r.events, &["detection_ms", "p50"]),
+            f(&r.events, &["detection_ms", "p99"]),
+            f(&r.events, &["delivery_ms", "p50"]),
+            f(&r.events, &["delivery_ms", "p99"]),
+        );
+    }
     t
 }
 

@@ -140,7 +140,12 @@ fn main() {
             println!("{{\"subscribed\":true}}");
             let (latency, kinds) =
                 probe.collect(expected, first_id..last_id, Duration::from_secs(timeout_s));
-            serde_json::json!({ "latency_ms": latency, "events": kinds })
+            serde_json::json!({
+                "latency_ms": latency.total,
+                "detection_ms": latency.detection,
+                "delivery_ms": latency.delivery,
+                "events": kinds,
+            })
         }
         Probe::Soak {
             socket,
