@@ -355,11 +355,18 @@ impl EventProbe {
         timeout: Duration,
     ) -> (EventLatency, HashMap<String, usize>) {
         let deadline = Instant::now() + timeout;
-        let mut latencies = Vec::new();
-        let mut detection = Vec::new();
-        let mut delivery = Vec::new();
+        // The loop only reads, stamps and sorts out the lines: each is stamped as it is read,
+        // so the time this probe spends on one event never counts against the next ones
+        // (parsing a whole event in the loop added 20 us an event, 40 ms to a 2,000-event
+        // burst). The lines are parsed after the last one.
+        #[derive(serde::Deserialize)]
+        struct Kind<'a> {
+            event: &'a str,
+            id: Option<u64>,
+        }
+        let mut timed: Vec<(f64, String)> = Vec::with_capacity(expected);
         let mut kinds: HashMap<String, usize> = HashMap::new();
-        while latencies.len() < expected {
+        while timed.len() < expected {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
@@ -369,19 +376,22 @@ impl EventProbe {
                 break;
             };
             let received = unix_ms();
-            let event: Value = serde_json::from_str(&line).expect("event json");
-            *kinds
-                .entry(event["event"].as_str().unwrap_or("?").to_string())
-                .or_default() += 1;
-            if event["event"] == "suspect"
-                && event["id"].as_u64().is_some_and(|id| ids.contains(&id))
-            {
-                let crossed = event["crossed_at"].as_f64().expect("crossed_at");
-                let at = event["at"].as_f64().expect("at");
-                latencies.push(received - crossed);
-                detection.push(at - crossed);
-                delivery.push(received - at);
+            let kind: Kind = serde_json::from_str(&line).expect("event json");
+            *kinds.entry(kind.event.to_string()).or_default() += 1;
+            if kind.event == "suspect" && kind.id.is_some_and(|id| ids.contains(&id)) {
+                timed.push((received, line));
             }
+        }
+        let mut latencies = Vec::new();
+        let mut detection = Vec::new();
+        let mut delivery = Vec::new();
+        for (received, line) in &timed {
+            let event: Value = serde_json::from_str(line).expect("event json");
+            let crossed = event["crossed_at"].as_f64().expect("crossed_at");
+            let at = event["at"].as_f64().expect("at");
+            latencies.push(received - crossed);
+            detection.push(at - crossed);
+            delivery.push(received - at);
         }
         let latency = EventLatency {
             total: Percentiles::of(latencies),
