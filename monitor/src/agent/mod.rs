@@ -584,21 +584,27 @@ impl Agent {
     }
 
     /// Raises `bfd_down` for each BFD session that reported Down or AdminDown since the last
-    /// sweep (a look at each session's record: there are few). Sessions whose slot went to
-    /// another peer are dropped.
+    /// sweep: a look at the record of each session heard since (its last-heard word moved).
+    /// Sessions whose slot went to another peer are dropped.
     fn look_at_bfd_sessions(&self, registry: &Registry) {
         let mut sessions = self.bfd_sessions.lock().expect("bfd sessions lock");
         if sessions.is_empty() {
             return;
         }
         sessions.retain(|s| registry.owner(s.slot) == Some(s.id));
+        let words = self.table.last_heard_words();
         for session in sessions.iter_mut() {
+            let word = words[session.slot as usize].load(Ordering::Relaxed);
+            if word == session.word {
+                continue;
+            }
             let Some(record) = self.table.record(session.slot) else {
                 continue;
             };
             if record.peer_id != session.id {
                 continue;
             }
+            session.word = word;
             if let Some(fall) = session.look(&record) {
                 log::info!(
                     "BFD session {:#x} reports {} ({})",

@@ -61,6 +61,9 @@ impl PassiveSources {
 pub struct BfdSeen {
     pub slot: u32,
     pub id: u64,
+    /// The slot's last-heard word when last looked at: a state change comes with a packet, so
+    /// a session whose word has not moved needs no look (a sweep then costs one load).
+    pub word: u64,
     state: u8,
     transitions: u32,
 }
@@ -77,6 +80,7 @@ impl BfdSeen {
         Self {
             slot,
             id,
+            word: u64::MAX,
             state: record.bfd_state,
             transitions: record.bfd_transitions,
         }
