@@ -131,18 +131,17 @@ pub fn decode_bfd(words: [u64; 3], payload_len: usize) -> Result<BfdControl, Bfd
 
 /// Records what a control packet says about its session in the session's record, under the
 /// slot lock, before the packet's arrival; returns whether it starts a new epoch, a fresh
-/// window: the session's transmit rate may have changed. That is when the peer's Desired Min
-/// TX Interval changes, when the session comes Up (RFC 5880 6.8.3 keeps a session that is
-/// not Up at 1 s or slower), and when the peer answers a Poll with Final (our side changed its
-/// Required Min RX Interval, which bounds the peer's rate too).
+/// window: the session's transmit rate may have changed. That is when its state changes (RFC
+/// 5880 6.8.3 keeps a session that is not Up at 1 s or slower, so coming Up and going Down
+/// both change the rate), when the peer's Desired Min TX Interval changes, and when the peer
+/// answers a Poll with Final (our side changed its Required Min RX Interval, which bounds the
+/// peer's rate too).
 #[inline(always)]
 pub fn note_bfd(record: &mut crate::maps::PeerRecord, c: &BfdControl) -> bool {
     let heard = record.heartbeats != 0;
     let changed = heard && record.bfd_state != c.state;
-    let new_epoch = heard
-        && (record.bfd_desired_min_tx_us != c.desired_min_tx_us
-            || (changed && c.state == BFD_UP)
-            || c.final_);
+    let new_epoch =
+        heard && (changed || record.bfd_desired_min_tx_us != c.desired_min_tx_us || c.final_);
     if changed {
         record.bfd_transitions += 1;
     }
@@ -277,13 +276,16 @@ mod tests {
             "the first packet is no new epoch"
         );
         record.heartbeats = 1;
-        assert!(!note_bfd(
-            &mut record,
-            &BfdControl {
-                state: BFD_INIT,
-                ..slow
-            }
-        ));
+        assert!(
+            note_bfd(
+                &mut record,
+                &BfdControl {
+                    state: BFD_INIT,
+                    ..slow
+                }
+            ),
+            "a state change"
+        );
         assert!(
             note_bfd(&mut record, &control()),
             "Up at 100 ms: new timers"
@@ -298,18 +300,18 @@ mod tests {
             (record.bfd_state, record.bfd_desired_min_tx_us),
             (BFD_UP, 100_000)
         );
-        // Coming Up with the timers it had while Down (FRR announces its configured interval
-        // throughout, and sends once a second until Up).
+        // Every state change, with the timers it had while Down (FRR announces its
+        // configured interval throughout, and sends once a second until Up): the first packet
+        // is admission's, then Down, Init, Up and Down again.
         let mut record = crate::maps::PeerRecord::admitted_passive(1, 0, SOURCE_BFD);
+        let down = BfdControl {
+            state: BFD_DOWN,
+            ..up
+        };
+        assert!(!note_bfd(&mut record, &down), "the first packet");
         record.heartbeats = 1;
-        note_bfd(
-            &mut record,
-            &BfdControl {
-                state: BFD_DOWN,
-                ..up
-            },
-        );
-        assert!(!note_bfd(
+        assert!(!note_bfd(&mut record, &down), "still Down");
+        assert!(note_bfd(
             &mut record,
             &BfdControl {
                 state: BFD_INIT,
@@ -320,6 +322,8 @@ mod tests {
         assert!(!note_bfd(&mut record, &up));
         // A Final answers our side's Poll: our Required Min RX changed.
         assert!(note_bfd(&mut record, &BfdControl { final_: true, ..up }));
+        // Going Down: once a second from now on.
+        assert!(note_bfd(&mut record, &down));
     }
 
     #[test]

@@ -235,9 +235,15 @@ fn a_session_that_reports_down_raises_bfd_down_with_its_diagnostic() {
     let mut bfd = BfdPair::on_netns_pair(&net);
     let (_, remote) = bfd.wait_up(Duration::from_secs(20));
     let discriminator = remote.local_discriminator as u32;
-    let view = wait_for(Duration::from_secs(10), "the session Up", || {
-        session_seen(&agent, &net.addr_b, discriminator).filter(|p| p["bfd_state"] == "up")
-    });
+    // Up long enough for its window to be of the Up rate (100 ms) throughout.
+    let view = wait_for(
+        Duration::from_secs(10),
+        "the session Up for 30 intervals",
+        || {
+            session_seen(&agent, &net.addr_b, discriminator)
+                .filter(|p| p["bfd_state"] == "up" && p["samples"].as_u64() >= Some(30))
+        },
+    );
     let id = view["id"].as_u64().unwrap();
     let mut events = agent.subscribe();
     // The local bfdd dies: the remote one times the session out and says so in its packets
@@ -259,6 +265,30 @@ fn a_session_that_reports_down_raises_bfd_down_with_its_diagnostic() {
         session_seen(&agent, &net.addr_b, discriminator).filter(|p| p["bfd_state"] == "down")
     });
     assert_eq!(view["bfd_diag"], 1, "{view}");
+    // The remote is alive: it now sends once a second (a session that is not Up may not send
+    // faster), and that slower rate is a fresh window, so three Down packets later it has
+    // never been suspected, although its window held 100 ms intervals before. (FRR also
+    // announces 1 s then; a peer that keeps announcing 100 ms gets the fresh window from the
+    // state change itself: tests/tests/passive_fixtures.rs.)
+    let heard = view["heartbeats"].as_u64().unwrap();
+    let view = wait_for(Duration::from_secs(10), "three more Down packets", || {
+        session_seen(&agent, &net.addr_b, discriminator)
+            .filter(|p| p["heartbeats"].as_u64() >= Some(heard + 3))
+    });
+    assert!(view["phi"].as_f64().unwrap() < 1.0, "{view}");
+    assert!(view["mean_ms"].as_f64().unwrap() > 700.0, "{view}");
+    // Every event up to now is in the stream: drain it (the short timeout only ends the
+    // drain once nothing more is there).
+    events
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .expect("read timeout");
+    while let Ok(line) = events.read_line() {
+        let e: serde_json::Value = serde_json::from_str(&line).expect("event JSON");
+        assert!(
+            !(e["event"] == "suspect" && e["id"] == id),
+            "a live session that reports Down was suspected: {e}"
+        );
+    }
     drop(events);
     drop(bfd);
     agent.stop();

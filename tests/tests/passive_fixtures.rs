@@ -144,23 +144,30 @@ fn new_timers_start_a_fresh_window_and_state_changes_are_counted() {
     let send = |fx: &mut Fixture, state, tx| {
         fx.run(&bfd_packet(&control(state, tx), false, BFD_SINGLE_HOP_PORT))
     };
-    // Down and Init at 1 s, as RFC 5880 requires before Up.
+    // Down at 1 s, as RFC 5880 requires before Up: its intervals are a window of their own.
     send(&mut fx, BFD_DOWN, 1_000_000);
-    send(&mut fx, BFD_INIT, 1_000_000);
-    send(&mut fx, BFD_INIT, 1_000_000);
+    send(&mut fx, BFD_DOWN, 1_000_000);
+    send(&mut fx, BFD_DOWN, 1_000_000);
     assert_eq!(fx.record(id).samples, 2);
+    // Init: another state, a fresh window.
+    send(&mut fx, BFD_INIT, 1_000_000);
+    assert_eq!(fx.record(id).samples, 0);
     // Up at 100 ms: the slow intervals are not this rate's.
     send(&mut fx, BFD_UP, 100_000);
     let r = fx.record(id);
-    assert_eq!((r.samples, r.interval_sum_us, r.restarts), (0, 0, 1));
+    assert_eq!((r.samples, r.interval_sum_us, r.restarts), (0, 0, 2));
     send(&mut fx, BFD_UP, 100_000);
+    send(&mut fx, BFD_UP, 100_000);
+    assert_eq!(fx.record(id).samples, 2);
+    // Down again, still announcing 100 ms: the state change alone starts a fresh window (a
+    // session that is not Up sends once a second at most).
     send(&mut fx, BFD_DOWN, 100_000);
     let r = fx.record(id);
     assert_eq!(
-        (r.samples, r.bfd_state, r.bfd_transitions),
-        (2, BFD_DOWN, 3)
+        (r.samples, r.bfd_state, r.bfd_transitions, r.restarts),
+        (0, BFD_DOWN, 3, 3)
     );
-    assert_eq!(r.heartbeats, 6);
+    assert_eq!(r.heartbeats, 8);
 }
 
 #[test]

@@ -25,8 +25,11 @@ use std::f64::consts::LN_10;
 use monitor_common::{
     config::{XDP_FLAG_GAPLESS_WINDOW, XdpConfig},
     maps::{MAX_INTERVAL_US, PeerRecord},
-    passive::SOURCE_BFD,
+    passive::{BFD_UP, SOURCE_BFD},
 };
+
+/// RFC 5880 6.8.3: the least transmit interval of a BFD session that is not Up (µs).
+const BFD_SLOW_TX_US: u64 = 1_000_000;
 use serde::{Deserialize, Serialize};
 
 use super::{
@@ -360,10 +363,17 @@ impl DetectorParams {
 
     /// The interval the bootstrap samples stand around (µs): `first_interval_ms`, or for a BFD
     /// session the Desired Min TX Interval it announces, the rate it says it sends at (the
-    /// real one is the larger of that and our Required Min RX, less up to 25% jitter).
+    /// real one is the larger of that and our Required Min RX, less up to 25% jitter), and at
+    /// least 1 s while the session is not Up (RFC 5880 6.8.3: a session that is not Up sends
+    /// once a second or slower, whatever it announces, as FRR does).
     pub fn first_us(&self, record: &PeerRecord) -> u64 {
         if record.source == SOURCE_BFD && record.bfd_desired_min_tx_us != 0 {
-            record.bfd_desired_min_tx_us as u64
+            let announced = record.bfd_desired_min_tx_us as u64;
+            if record.bfd_state == BFD_UP {
+                announced
+            } else {
+                announced.max(BFD_SLOW_TX_US)
+            }
         } else {
             (self.first_interval_ms * 1000.0).round() as u64
         }
@@ -848,8 +858,17 @@ mod tests {
         let p = params(Model::Normal);
         let mut record = PeerRecord::admitted_passive(1, 0, SOURCE_BFD);
         record.bfd_desired_min_tx_us = 300_000;
+        record.bfd_state = BFD_UP;
         let e = p.estimate(&record, &[]);
         assert!((e.mean_ms - 300.0).abs() < 1e-9, "{e:?}");
+        // Not Up: once a second at the fastest, whatever it announces.
+        record.bfd_state = monitor_common::passive::BFD_DOWN;
+        let e = p.estimate(&record, &[]);
+        assert!((e.mean_ms - 1000.0).abs() < 1e-9, "{e:?}");
+        record.bfd_desired_min_tx_us = 2_000_000;
+        let e = p.estimate(&record, &[]);
+        assert!((e.mean_ms - 2000.0).abs() < 1e-9, "{e:?}");
+        record.bfd_state = BFD_UP;
         // Before its first packet (no timers yet), and for other peers: first_interval_ms.
         record.bfd_desired_min_tx_us = 0;
         let e = p.estimate(&record, &[]);
