@@ -67,6 +67,24 @@ impl Drop for Bpffs {
     }
 }
 
+/// Whether an XDP program is attached to the pair's `a` end (`ip link` shows it).
+pub fn xdp_attached(pair: &NetnsPair) -> bool {
+    let out = Command::new("ip")
+        .args(["-n", &pair.ns_a, "link", "show", &pair.iface_a])
+        .output()
+        .expect("spawn ip");
+    String::from_utf8_lossy(&out.stdout).contains("xdp")
+}
+
+/// `monitor detach` of the pair's `a` end and the state pinned at `pins`, as an operator runs
+/// it; its output, for the caller to judge.
+pub fn detach(pair: &NetnsPair, pins: &str) -> std::process::Output {
+    Command::new(monitor_bin())
+        .args(["detach", "--iface", &pair.iface_a, "--pin-path", pins])
+        .output()
+        .expect("spawn monitor detach")
+}
+
 impl AgentProcess {
     /// Starts the agent on the pair's `a` side with `extra` arguments, and waits until its
     /// socket answers.

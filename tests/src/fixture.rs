@@ -47,12 +47,12 @@ impl Fixture {
         Self { loaded, hook }
     }
 
-    /// Admits a passive peer (`monitor_common::passive`) of `source`.
-    pub fn admit_passive(&mut self, id: u64, source: u8) {
+    /// Admits a peer of `source` (`monitor_common::passive`).
+    pub fn admit_as(&mut self, id: u64, source: u8) {
         self.loaded
             .maps
             .registry
-            .admit_passive(&self.loaded.maps.table, id, monotonic_ns(), source)
+            .admit_as(&self.loaded.maps.table, id, monotonic_ns(), source)
             .expect("admit");
     }
 

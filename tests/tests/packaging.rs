@@ -14,7 +14,10 @@ use std::{
 };
 
 use integration_tests::{
-    agent_process::TempDir, monitor_bin, netns::ip, require_root, unique_name,
+    agent_process::{Bpffs, TempDir},
+    monitor_bin,
+    netns::ip,
+    require_root, unique_name,
 };
 use monitor::serving::client::Client;
 use serde_json::json;
@@ -440,28 +443,6 @@ fn capability_bit(name: &str) -> u32 {
         "CAP_PERFMON" => 38,
         "CAP_BPF" => 39,
         other => panic!("add {other}'s number here"),
-    }
-}
-
-/// A bpf filesystem mounted on a fresh directory, unmounted on drop.
-struct Bpffs(TempDir);
-
-impl Bpffs {
-    fn mount() -> Self {
-        let dir = TempDir::new("hbmpkgbpf");
-        let status = Command::new("mount")
-            .args(["-t", "bpf", "bpf"])
-            .arg(&dir.0)
-            .status()
-            .unwrap();
-        assert!(status.success(), "mount -t bpf");
-        Self(dir)
-    }
-}
-
-impl Drop for Bpffs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0.0).status();
     }
 }
 

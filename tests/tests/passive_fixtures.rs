@@ -75,7 +75,7 @@ fn bfd_sessions_are_recorded_under_their_derived_id_and_passed_on() {
         for (v6, port) in [(false, BFD_SINGLE_HOP_PORT), (true, BFD_MULTIHOP_PORT)] {
             let mut fx = bfd_fixture(hook);
             let id = bfd_id(v6);
-            fx.admit_passive(id, SOURCE_BFD);
+            fx.admit_as(id, SOURCE_BFD);
             for _ in 0..3 {
                 assert_eq!(
                     fx.run(&bfd_packet(&control(BFD_UP, 100_000), v6, port)),
@@ -140,7 +140,7 @@ fn an_unknown_session_is_reported_with_its_key_and_given_no_state() {
 fn new_timers_start_a_fresh_window_and_state_changes_are_counted() {
     let mut fx = bfd_fixture(Hook::Xdp);
     let id = bfd_id(false);
-    fx.admit_passive(id, SOURCE_BFD);
+    fx.admit_as(id, SOURCE_BFD);
     let send = |fx: &mut Fixture, state, tx| {
         fx.run(&bfd_packet(&control(state, tx), false, BFD_SINGLE_HOP_PORT))
     };
@@ -174,7 +174,7 @@ fn new_timers_start_a_fresh_window_and_state_changes_are_counted() {
 fn a_heartbeat_peers_slot_is_never_written_by_a_bfd_packet_with_its_id() {
     let mut fx = bfd_fixture(Hook::Xdp);
     let id = bfd_id(false);
-    fx.admit_passive(id, SOURCE_HEARTBEAT);
+    fx.admit_as(id, SOURCE_HEARTBEAT);
     assert_eq!(
         fx.run(&bfd_packet(
             &control(BFD_UP, 100_000),
@@ -243,7 +243,7 @@ fn any_datagram_to_a_watched_port_is_a_heartbeat_of_its_flow() {
             hook,
         );
         let id = passive::flow_peer_id(v4_words(), SRC_PORT);
-        fx.admit_passive(id, SOURCE_FLOW);
+        fx.admit_as(id, SOURCE_FLOW);
         for payload in [&b"query"[..], &[][..], &[0u8; 300][..]] {
             assert_eq!(fx.run(&flow_packet(SRC_PORT, payload)), XDP_PASS);
         }

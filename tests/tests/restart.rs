@@ -6,44 +6,13 @@ use std::{process::Stdio, time::Duration};
 
 use aya::maps::{Array, Map, MapData};
 use integration_tests::{
-    agent_process::{AgentProcess, TempDir, sender, spawn},
+    agent_process::{AgentProcess, Bpffs, TempDir, detach, sender, spawn, xdp_attached},
     monitor_bin,
     netns::NetnsPair,
     require_root, wait_for,
 };
 use monitor_common::maps::{META_MAP, PinnedMeta};
 use serde_json::{Value, json};
-
-/// A bpf filesystem mounted on a fresh directory (`ip netns exec` remounts /sys, so tests
-/// cannot rely on /sys/fs/bpf), unmounted on drop.
-struct Bpffs(TempDir);
-
-impl Bpffs {
-    fn mount() -> Self {
-        let dir = TempDir::new("hbmbpffs");
-        let status = std::process::Command::new("mount")
-            .args(["-t", "bpf", "bpf"])
-            .arg(&dir.0)
-            .status()
-            .unwrap();
-        assert!(status.success(), "mount -t bpf");
-        Self(dir)
-    }
-}
-
-impl Drop for Bpffs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0.0).status();
-    }
-}
-
-fn xdp_attached(pair: &NetnsPair) -> bool {
-    let out = std::process::Command::new("ip")
-        .args(["-n", &pair.ns_a, "link", "show", &pair.iface_a])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).contains("xdp")
-}
 
 #[test]
 fn a_killed_agent_is_replaced_without_losing_windows_or_raising_suspicion() {
@@ -113,10 +82,7 @@ fn a_killed_agent_is_replaced_without_losing_windows_or_raising_suspicion() {
     // A clean stop leaves it attached too; removal is explicit.
     assert!(second.stop().success());
     assert!(xdp_attached(&pair));
-    let out = std::process::Command::new(monitor_bin())
-        .args(["detach", "--iface", &pair.iface_a, "--pin-path", &pins_arg])
-        .output()
-        .unwrap();
+    let out = detach(&pair, &pins_arg);
     assert!(
         out.status.success(),
         "{}",
@@ -124,10 +90,7 @@ fn a_killed_agent_is_replaced_without_losing_windows_or_raising_suspicion() {
     );
     assert!(!xdp_attached(&pair), "detach removes the program");
     assert!(!pins.exists());
-    let again = std::process::Command::new(monitor_bin())
-        .args(["detach", "--iface", &pair.iface_a, "--pin-path", &pins_arg])
-        .output()
-        .unwrap();
+    let again = detach(&pair, &pins_arg);
     assert!(
         !again.status.success(),
         "nothing left to detach is an error"
@@ -176,9 +139,5 @@ fn pinned_state_of_another_layout_or_other_settings_is_refused() {
     );
     assert!(xdp_attached(&pair), "refusing touches nothing");
 
-    let out = std::process::Command::new(monitor_bin())
-        .args(["detach", "--iface", &pair.iface_a, "--pin-path", &pins_arg])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
+    assert!(detach(&pair, &pins_arg).status.success());
 }

@@ -24,7 +24,7 @@ use aya::{
     programs::links::{FdLink, PinnedLink},
 };
 use integration_tests::{
-    agent_process::{AgentProcess, Bpffs, TempDir, sender, spawn},
+    agent_process::{AgentProcess, Bpffs, TempDir, detach, sender, spawn, xdp_attached},
     monitor_bin,
     netns::NetnsPair,
     require_root, wait_for,
@@ -81,14 +81,6 @@ fn with_unit_capabilities(bin: &Path, dir: &TempDir, name: &str) -> PathBuf {
     .unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     script
-}
-
-fn xdp_attached(pair: &NetnsPair) -> bool {
-    let out = Command::new("ip")
-        .args(["-n", &pair.ns_a, "link", "show", &pair.iface_a])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).contains("xdp")
 }
 
 /// The tag (as bpftool prints it) of the program the link pinned at `pins/link` runs, read
@@ -256,10 +248,7 @@ fn a_newer_build_swaps_its_program_into_the_pinned_link_keeping_every_map_and_he
     assert_eq!(peer(&back, 7)["heartbeats"], json!(heartbeats));
     assert!(back.stop().success());
 
-    let out = Command::new(monitor_bin())
-        .args(["detach", "--iface", &pair.iface_a, "--pin-path", &pins_arg])
-        .output()
-        .unwrap();
+    let out = detach(&pair, &pins_arg);
     assert!(
         out.status.success(),
         "{}",
@@ -310,10 +299,7 @@ fn pinned_state_whose_maps_this_build_cannot_run_on_is_refused_untouched() {
     assert!(xdp_attached(&pair), "refusing touches nothing");
     assert_eq!(linked_tag(&pins), tag, "the pinned program still runs");
 
-    let out = Command::new(monitor_bin())
-        .args(["detach", "--iface", &pair.iface_a, "--pin-path", &pins_arg])
-        .output()
-        .unwrap();
+    let out = detach(&pair, &pins_arg);
     assert!(
         out.status.success(),
         "{}",

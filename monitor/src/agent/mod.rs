@@ -548,38 +548,22 @@ impl Agent {
     }
 
     pub fn admit(&self, id: u64) -> Result<u32, AdmitError> {
-        let slot =
-            self.registry
-                .write()
-                .expect("registry lock")
-                .admit(&self.table, id, monotonic_ns())?;
-        self.publish(Event::Admit {
-            id,
-            at: wall_ms() as u64,
-        });
-        Ok(slot)
+        self.admit_as(id, SOURCE_HEARTBEAT)
     }
 
-    /// Admits a BFD session or a UDP flow the kernel reported (`monitor_common::passive`).
-    fn admit_passive(&self, report: &UnknownPeerReport) -> Result<u32, AdmitError> {
-        let id = report.peer_id;
-        let slot = self
-            .registry
-            .write()
-            .expect("registry lock")
-            .admit_passive(&self.table, id, monotonic_ns(), report.source)?;
+    /// Admits a peer of `source`: a heartbeat peer, or a BFD session or UDP flow the kernel
+    /// reported (`monitor_common::passive`).
+    fn admit_as(&self, id: u64, source: u8) -> Result<u32, AdmitError> {
+        let slot = self.registry.write().expect("registry lock").admit_as(
+            &self.table,
+            id,
+            monotonic_ns(),
+            source,
+        )?;
         self.publish(Event::Admit {
             id,
             at: wall_ms() as u64,
         });
-        if report.source == SOURCE_BFD {
-            log::info!(
-                "watching BFD session {id:#x} from {:?} (discriminator {}, {})",
-                ip_addr(report.src_family, &report.src_addr),
-                report.discriminator,
-                bfd_state_name(report.bfd_state)
-            );
-        }
         Ok(slot)
     }
 
@@ -661,18 +645,20 @@ impl Agent {
             log::debug!("not admitting peer {id} from {source:?}: admission policy");
             return;
         }
-        let admitted = if report.source == SOURCE_HEARTBEAT {
-            self.admit(id)
-        } else {
-            self.admit_passive(report)
-        };
-        match admitted {
+        match self.admit_as(id, report.source) {
             Ok(slot) => {
                 admission.counters.admitted += 1;
                 log::debug!(
                     "admitted {} peer {id} (slot {slot}) on its first packet",
                     source_name(report.source)
                 );
+                if report.source == SOURCE_BFD {
+                    log::info!(
+                        "watching BFD session {id:#x} from {source:?} (discriminator {}, {})",
+                        report.discriminator,
+                        bfd_state_name(report.bfd_state)
+                    );
+                }
             }
             Err(AdmitError::Exists(_)) => {}
             Err(e @ AdmitError::Full(_)) => {

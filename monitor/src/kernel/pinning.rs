@@ -470,6 +470,20 @@ pub(crate) fn open(dir: &Path, name: &str) -> Result<Map, PinError> {
     Map::from_map_data(data).map_err(|e| aya_err(dir, e))
 }
 
+/// `--udp-port`'s ports as the flag spells them (`53,514`; `(none)` without the flag).
+fn ports_text(ports: &[u16]) -> String {
+    let set: Vec<String> = ports
+        .iter()
+        .filter(|&&p| p != 0)
+        .map(u16::to_string)
+        .collect();
+    if set.is_empty() {
+        "(none)".into()
+    } else {
+        set.join(",")
+    }
+}
+
 /// Opens pinned state after checking it is of this build's layout and of `expected`'s settings.
 pub fn adopt(dir: &Path, expected: &PinnedMeta) -> Result<Adopted, PinError> {
     let meta_map: Array<MapData, PinnedMeta> = open(dir, META_MAP)?
@@ -511,8 +525,8 @@ pub fn adopt(dir: &Path, expected: &PinnedMeta) -> Result<Adopted, PinError> {
         (
             "UDP flow ports",
             "--udp-port ",
-            format!("{:?}", meta.flow_ports),
-            format!("{:?}", expected.flow_ports),
+            ports_text(&meta.flow_ports),
+            ports_text(&expected.flow_ports),
         ),
         (
             "flags (authentication, pass-through, gapless window, destination check, BFD)",

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use monitor_common::maps::PeerRecord;
+use monitor_common::{maps::PeerRecord, passive::SOURCE_HEARTBEAT};
 
 use crate::{
     kernel::peer_index::{IndexFull, PeerIndex},
@@ -104,12 +104,12 @@ impl Registry {
     /// Gives `id` a slot whose silence starts at `now_ns`. The slot is initialised before the
     /// kernel can find it, so the kernel never sees a half-made slot.
     pub fn admit(&mut self, table: &PeerTable, id: u64, now_ns: u64) -> Result<u32, AdmitError> {
-        self.admit_record(table, PeerRecord::admitted(id, now_ns))
+        self.admit_as(table, id, now_ns, SOURCE_HEARTBEAT)
     }
 
-    /// Gives a passive peer (`monitor_common::passive`) of `source` a slot: the kernel records
-    /// its packets only into a slot stamped with their source.
-    pub fn admit_passive(
+    /// [`Self::admit`] for a peer of `source` (`monitor_common::passive`): the kernel records
+    /// a passive source's packets only into a slot stamped with their source.
+    pub fn admit_as(
         &mut self,
         table: &PeerTable,
         id: u64,
