@@ -60,7 +60,27 @@ impl XdpConfig {
         index_bits: 0,
         flow_ports: [0; MAX_FLOW_PORTS],
     };
+
+    /// Whether any passive source is watched (`--bfd`, `--udp-port`): then heartbeat ids with
+    /// [`crate::passive::DERIVED_ID_BIT`] set are refused, since that half names passive peers.
+    #[inline(always)]
+    pub const fn has_passive_sources(&self) -> bool {
+        passive_sources_on(self.flags, &self.flow_ports)
+    }
 }
+
+/// [`XdpConfig::has_passive_sources`] of these settings (as a pinned program's meta holds them).
+#[inline(always)]
+pub const fn passive_sources_on(flags: u32, flow_ports: &[u16; MAX_FLOW_PORTS]) -> bool {
+    flags & XDP_FLAG_BFD != 0
+        || flow_ports[0] != 0
+        || flow_ports[1] != 0
+        || flow_ports[2] != 0
+        || flow_ports[3] != 0
+}
+
+// `has_passive_sources` (and the parser's port match) look at the ports one by one.
+const _: () = assert!(MAX_FLOW_PORTS == 4);
 
 impl Default for XdpConfig {
     fn default() -> Self {

@@ -189,6 +189,18 @@ pub const fn fold_addr(words: [u64; 2]) -> u64 {
 const BFD_TAG: u64 = 0b10 << 62;
 const FLOW_TAG: u64 = 0b11 << 62;
 
+/// Every derived id (a BFD session's, a flow's) has the top bit set. With passive sources on,
+/// heartbeat peers keep to the lower half of the id space, so a heartbeat can never name a
+/// passive slot: the heartbeat path does not read a slot's source, which lies off the line
+/// every heartbeat touches.
+pub const DERIVED_ID_BIT: u64 = 1 << 63;
+
+/// Whether `id` lies in the half of the id space that derived ids use.
+#[inline(always)]
+pub const fn is_derived_id(id: u64) -> bool {
+    id & DERIVED_ID_BIT != 0
+}
+
 /// The peer id of the BFD session from `addr_words` whose My Discriminator is `discriminator`.
 #[inline(always)]
 pub const fn bfd_peer_id(addr_words: [u64; 2], discriminator: u32) -> u64 {
@@ -221,6 +233,22 @@ mod tests {
 
     fn words(b: &[u8; BFD_CONTROL_LEN]) -> [u64; 3] {
         [0, 8, 16].map(|i| u64::from_be_bytes(b[i..i + 8].try_into().unwrap()))
+    }
+
+    #[test]
+    fn derived_ids_lie_in_the_upper_half_and_heartbeat_ids_need_not() {
+        for addr in [
+            [0, 0xffff_0000 | (0xc000_0207 << 32)],
+            [0x2001_0db8, 7],
+            [0, 0],
+        ] {
+            for key in [0u32, 1, 0xffff_ffff] {
+                assert!(is_derived_id(bfd_peer_id(addr, key)));
+                assert!(is_derived_id(flow_peer_id(addr, key as u16)));
+            }
+        }
+        assert!(!is_derived_id(1) && !is_derived_id(DERIVED_ID_BIT - 1));
+        assert!(is_derived_id(DERIVED_ID_BIT) && is_derived_id(u64::MAX));
     }
 
     #[test]

@@ -173,6 +173,8 @@ fn parse_inner<C: Packet>(ctx: &C, config: &XdpConfig) -> Option<Parsed> {
 
     let src_words: [u64; 2];
     let src_family;
+    // IPv4 TTL or IPv6 Hop Limit: single-hop BFD must arrive with 255 (RFC 5881 section 5).
+    let ttl;
     // The destination address inside the (bounds-checked) IP header, read only when checked.
     let dst: *const u8;
     if ether_type == ETH_P_IPV4 {
@@ -194,6 +196,7 @@ fn parse_inner<C: Packet>(ctx: &C, config: &XdpConfig) -> Option<Parsed> {
         let v4 = unsafe { load::u32_at(ip.src_addr.as_ptr()) };
         src_words = [0, 0xffff_0000 | (v4 << 32)];
         src_family = FAMILY_IPV4;
+        ttl = ip.ttl;
         dst = ip.dst_addr.as_ptr();
         offset += ihl;
     } else if ether_type == ETH_P_IPV6 {
@@ -206,6 +209,7 @@ fn parse_inner<C: Packet>(ctx: &C, config: &XdpConfig) -> Option<Parsed> {
         let src = ip.src_addr.as_ptr();
         src_words = unsafe { [load::u64_at(src), load::u64_at(src.add(8))] };
         src_family = FAMILY_IPV6;
+        ttl = ip.hop_limit;
         dst = ip.dst_addr.as_ptr();
         offset += Ipv6Hdr::LEN;
     } else {
@@ -238,6 +242,11 @@ fn parse_inner<C: Packet>(ctx: &C, config: &XdpConfig) -> Option<Parsed> {
     if source != SOURCE_HEARTBEAT {
         // A flow is its source; a BFD session is its source and My Discriminator.
         let (peer_id, bfd) = if source == SOURCE_BFD {
+            // The Generalized TTL Security Mechanism: a single-hop session's packets are sent
+            // with 255, so anything less crossed a router and is not the neighbour's.
+            if dst_port == BFD_SINGLE_HOP_PORT && ttl != 255 {
+                return Some(Parsed::Malformed);
+            }
             let Some(control) = ptr_at::<C, [u8; BFD_CONTROL_LEN]>(ctx, offset + UdpHdr::LEN)
             else {
                 return Some(Parsed::Malformed);
@@ -288,6 +297,7 @@ fn parse_inner<C: Packet>(ctx: &C, config: &XdpConfig) -> Option<Parsed> {
     let (magic, version, flags, incarnation) = split_first_word(u64::from_be(first));
     if validate_fields(magic, version, flags, payload_len).is_err()
         || validate_peer_id(u64::from_be(peer_id)).is_err()
+        || (config.has_passive_sources() && passive::is_derived_id(u64::from_be(peer_id)))
     {
         return Some(Parsed::Malformed);
     }

@@ -56,6 +56,23 @@ impl Fixture {
             .expect("admit");
     }
 
+    /// The agent's registry of this program's maps (admission as the agent does it).
+    pub fn registry(&mut self) -> &mut monitor::kernel::registry::Registry {
+        &mut self.loaded.maps.registry
+    }
+
+    /// Admits `id` as the agent would, returning what the registry said.
+    pub fn try_admit_as(
+        &mut self,
+        id: u64,
+        source: u8,
+    ) -> Result<u32, monitor::kernel::registry::AdmitError> {
+        self.loaded
+            .maps
+            .registry
+            .admit_as(&self.loaded.maps.table, id, monotonic_ns(), source)
+    }
+
     pub fn with_peers(peers: &[u64]) -> Self {
         Self::new(XdpConfig::DEFAULT, peers)
     }

@@ -38,6 +38,8 @@ pub struct Packet {
     pub dst_port: u16,
     /// Overrides the UDP length field.
     pub udp_len: Option<u16>,
+    /// IPv4 TTL or IPv6 Hop Limit.
+    pub ttl: u8,
     pub payload: Vec<u8>,
 }
 
@@ -62,6 +64,7 @@ impl Packet {
             src_port: SRC_PORT,
             dst_port: DEFAULT_PORT,
             udp_len: None,
+            ttl: 64,
             payload: HeartbeatHeader::new(id, 1, seq).to_bytes().to_vec(),
         }
     }
@@ -124,7 +127,7 @@ impl Packet {
                 b.extend_from_slice(&((header_len as u16) + udp_len).to_be_bytes());
                 b.extend_from_slice(&[0, 1]); // id
                 b.extend_from_slice(&frags.to_be_bytes());
-                b.push(64);
+                b.push(self.ttl);
                 b.push(*proto);
                 b.extend_from_slice(&[0, 0]); // checksum: XDP does not check it
                 b.extend_from_slice(&SRC_V4);
@@ -135,7 +138,7 @@ impl Packet {
                 b.extend_from_slice(&[0x60, 0, 0, 0]);
                 b.extend_from_slice(&udp_len.to_be_bytes());
                 b.push(*next_hdr);
-                b.push(64);
+                b.push(self.ttl);
                 b.extend_from_slice(&SRC_V6);
                 b.extend_from_slice(&DST_V6);
             }

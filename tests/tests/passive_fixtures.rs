@@ -41,6 +41,8 @@ fn bfd_packet(c: &BfdControl, v6: bool, port: u16) -> Vec<u8> {
     }
     p.src_port = 49152;
     p.dst_port = port;
+    // What bfdd sends, and what single hop requires (RFC 5881 section 5).
+    p.ttl = 255;
     p.payload = passive::encode_bfd(c).to_vec();
     p.build()
 }
@@ -174,6 +176,9 @@ fn new_timers_start_a_fresh_window_and_state_changes_are_counted() {
 fn a_heartbeat_peers_slot_is_never_written_by_a_bfd_packet_with_its_id() {
     let mut fx = bfd_fixture(Hook::Xdp);
     let id = bfd_id(false);
+    // The registry refuses such a peer while passive sources are on (the next tests); the
+    // kernel's source check stands behind it all the same.
+    fx.registry().reserve_derived_ids(false);
     fx.admit_as(id, SOURCE_HEARTBEAT);
     assert_eq!(
         fx.run(&bfd_packet(
@@ -216,11 +221,71 @@ fn bfd_packets_are_foreign_without_the_flag_and_malformed_ones_pass() {
     for payload in [&bad_version[..], &no_discriminator[..], &good[..20]] {
         let mut p = Packet::heartbeat_v4(1, 1);
         p.dst_port = BFD_SINGLE_HOP_PORT;
+        p.ttl = 255;
         p.payload = payload.to_vec();
         assert_eq!(fx.run(&p.build()), XDP_PASS);
     }
     let c = fx.counters();
     assert_eq!((c.malformed, c.unknown_peer, c.bfd), (3, 0, 0));
+}
+
+#[test]
+fn single_hop_bfd_that_crossed_a_router_is_not_recorded_but_passes() {
+    for hook in [Hook::Xdp, Hook::Tc] {
+        for v6 in [false, true] {
+            let mut fx = bfd_fixture(hook);
+            let id = bfd_id(v6);
+            fx.admit_as(id, SOURCE_BFD);
+            let mut packet = bfd_packet(&control(BFD_UP, 100_000), v6, BFD_SINGLE_HOP_PORT);
+            // The TTL (IPv4, byte 8 of the header) or Hop Limit (IPv6, byte 7) after Ethernet.
+            packet[14 + if v6 { 7 } else { 8 }] = 254;
+            assert_eq!(fx.run(&packet), XDP_PASS, "{hook:?} v6={v6}");
+            let c = fx.counters();
+            assert_eq!(
+                (c.malformed, c.bfd, c.unknown_peer),
+                (1, 0, 0),
+                "{hook:?} v6={v6}"
+            );
+            assert_eq!(fx.record(id).heartbeats, 0);
+            // Multihop sessions cross routers by design: no TTL rule (RFC 5883).
+            let mut packet = bfd_packet(&control(BFD_UP, 100_000), v6, BFD_MULTIHOP_PORT);
+            packet[14 + if v6 { 7 } else { 8 }] = 250;
+            assert_eq!(fx.run(&packet), XDP_PASS);
+            assert_eq!(fx.record(id).heartbeats, 1, "{hook:?} v6={v6}");
+        }
+    }
+}
+
+#[test]
+fn with_passive_sources_heartbeat_ids_keep_out_of_the_derived_half() {
+    let derived = bfd_id(false);
+    assert!(passive::is_derived_id(derived));
+    // A heartbeat naming a BFD session's id: refused before any lookup, so it can neither
+    // land in the session's slot nor be reported for admission.
+    let mut fx = bfd_fixture(Hook::Xdp);
+    fx.admit_as(derived, SOURCE_BFD);
+    fx.run(&Packet::heartbeat_v4(derived, 1).build());
+    fx.run(&Packet::heartbeat_v4(passive::DERIVED_ID_BIT | 5, 1).build());
+    let c = fx.counters();
+    assert_eq!((c.malformed, c.heartbeats, c.unknown_peer), (2, 0, 0));
+    assert_eq!(fx.record(derived).heartbeats, 0);
+    assert!(fx.unknown_reports().is_empty());
+    // And the agent does not admit one.
+    let err = fx
+        .try_admit_as(passive::DERIVED_ID_BIT | 5, SOURCE_HEARTBEAT)
+        .expect_err("a heartbeat peer in the derived half");
+    assert!(err.to_string().contains("below 2^63"), "{err}");
+    fx.try_admit_as(5, SOURCE_HEARTBEAT)
+        .expect("a heartbeat peer");
+    fx.run(&Packet::heartbeat_v4(5, 1).build());
+    assert_eq!(fx.counters().heartbeats, 1);
+
+    // Without passive sources the whole id space is the heartbeat peers'.
+    let mut fx = Fixture::new(XdpConfig::DEFAULT, &[]);
+    fx.registry().reserve_derived_ids(false);
+    fx.try_admit_as(derived, SOURCE_HEARTBEAT).expect("any id");
+    fx.run(&Packet::heartbeat_v4(derived, 1).build());
+    assert_eq!((fx.counters().heartbeats, fx.counters().malformed), (1, 0));
 }
 
 fn flow_packet(src_port: u16, payload: &[u8]) -> Vec<u8> {

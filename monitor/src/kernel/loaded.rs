@@ -98,7 +98,11 @@ impl LoadedProgram {
             ebpf,
             maps: KernelMaps {
                 table,
-                registry: Registry::new(index, capacity),
+                registry: {
+                    let mut registry = Registry::new(index, capacity);
+                    registry.reserve_derived_ids(config.has_passive_sources());
+                    registry
+                },
                 counters,
                 unknown_reports,
                 arrivals,

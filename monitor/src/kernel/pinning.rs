@@ -571,7 +571,12 @@ pub fn adopt(dir: &Path, expected: &PinnedMeta) -> Result<Adopted, PinError> {
         }
         _ => return Err(aya_err(dir, "PEER_INDEX is not an array")),
     };
-    let registry = Registry::adopt(index, meta.capacity);
+    let mut registry = Registry::adopt(index, meta.capacity);
+    // The pinned program's sources: adoption has checked that they are this agent's.
+    registry.reserve_derived_ids(monitor_common::config::passive_sources_on(
+        meta.flags,
+        &meta.flow_ports,
+    ));
     let (program_fd, tag) = linked_program(dir)?;
     let link = PinnedLink::from_pin(dir.join(LINK)).map_err(|e| aya_err(dir, e))?;
     Ok(Adopted {

@@ -3,7 +3,10 @@
 
 use std::collections::HashMap;
 
-use monitor_common::{maps::PeerRecord, passive::SOURCE_HEARTBEAT};
+use monitor_common::{
+    maps::PeerRecord,
+    passive::{SOURCE_HEARTBEAT, is_derived_id},
+};
 
 use crate::{
     kernel::peer_index::{IndexFull, PeerIndex},
@@ -18,6 +21,10 @@ pub enum AdmitError {
     Full(u32),
     #[error("writing peer {id} into the kernel's peer index: {source}")]
     Index { id: u64, source: IndexFull },
+    #[error(
+        "peer id {0:#x} has its top bit set: with --bfd or --udp-port that half of the id space names BFD sessions and UDP flows (docs/passive.md); give the sender an id below 2^63"
+    )]
+    Reserved(u64),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +42,9 @@ pub struct Registry {
     free: Vec<u32>,
     next_unused: u32,
     capacity: u32,
+    /// Passive sources are watched: heartbeat ids in the derived half are refused
+    /// (`monitor_common::passive::DERIVED_ID_BIT`), as the kernel refuses their heartbeats.
+    derived_ids_reserved: bool,
 }
 
 impl Registry {
@@ -46,7 +56,14 @@ impl Registry {
             free: Vec::new(),
             next_unused: 0,
             capacity,
+            derived_ids_reserved: false,
         }
+    }
+
+    /// Refuse heartbeat peers whose id lies in the half that derived ids use; on when
+    /// passive sources are watched.
+    pub fn reserve_derived_ids(&mut self, on: bool) {
+        self.derived_ids_reserved = on;
     }
 
     /// The registry of pinned state: every (id, slot) already in the kernel's index.
@@ -116,6 +133,9 @@ impl Registry {
         now_ns: u64,
         source: u8,
     ) -> Result<u32, AdmitError> {
+        if self.derived_ids_reserved && source == SOURCE_HEARTBEAT && is_derived_id(id) {
+            return Err(AdmitError::Reserved(id));
+        }
         self.admit_record(table, PeerRecord::admitted_passive(id, now_ns, source))
     }
 
