@@ -139,9 +139,17 @@ impl Admission {
         self.policy = policy;
     }
 
-    /// Whether a peer first heard from `source` may take a slot now.
-    pub fn decide(&mut self, source: Option<std::net::IpAddr>, now: std::time::Instant) -> Verdict {
-        if !self.policy.auto {
+    /// Whether a peer first heard from `source` may take a slot now. `passive`: a BFD session
+    /// or UDP flow, whose derived id no `--peers` file can list; without auto-admission such a
+    /// peer is admitted from the `--admit-from` ranges only (none without ranges), so the
+    /// ranges are how an operator lists them.
+    pub fn decide(
+        &mut self,
+        source: Option<std::net::IpAddr>,
+        passive: bool,
+        now: std::time::Instant,
+    ) -> Verdict {
+        if !self.policy.auto && !(passive && !self.policy.from.is_empty()) {
             self.counters.disabled += 1;
             return Verdict::Refuse;
         }
@@ -183,18 +191,18 @@ mod policy_tests {
         let mut a = admission(&["10.0.0.0/8", "fd00::/8"], 100);
         let now = Instant::now();
         assert_eq!(
-            a.decide(Some("10.1.2.3".parse().unwrap()), now),
+            a.decide(Some("10.1.2.3".parse().unwrap()), false, now),
             Verdict::Admit
         );
         assert_eq!(
-            a.decide(Some("fd00::7".parse().unwrap()), now),
+            a.decide(Some("fd00::7".parse().unwrap()), false, now),
             Verdict::Admit
         );
         assert_eq!(
-            a.decide(Some("192.0.2.1".parse().unwrap()), now),
+            a.decide(Some("192.0.2.1".parse().unwrap()), false, now),
             Verdict::Refuse
         );
-        assert_eq!(a.decide(None, now), Verdict::Refuse);
+        assert_eq!(a.decide(None, false, now), Verdict::Refuse);
         assert_eq!(a.counters.outside_ranges, 2);
     }
 
@@ -203,15 +211,15 @@ mod policy_tests {
         let mut a = admission(&[], 10);
         let t0 = Instant::now();
         let admitted = (0..50)
-            .filter(|_| a.decide(None, t0) == Verdict::Admit)
+            .filter(|_| a.decide(None, false, t0) == Verdict::Admit)
             .count();
         assert_eq!(admitted, 10, "a burst of one second's worth");
         assert_eq!(
-            a.decide(None, t0 + Duration::from_millis(100)),
+            a.decide(None, false, t0 + Duration::from_millis(100)),
             Verdict::Admit
         );
         assert_eq!(
-            a.decide(None, t0 + Duration::from_millis(100)),
+            a.decide(None, false, t0 + Duration::from_millis(100)),
             Verdict::Refuse
         );
         assert_eq!(a.counters.rate_limited, 41);
@@ -224,7 +232,35 @@ mod policy_tests {
             from: vec![],
             rate_per_sec: 10,
         });
-        assert_eq!(a.decide(None, Instant::now()), Verdict::Refuse);
-        assert_eq!(a.counters.disabled, 1);
+        assert_eq!(a.decide(None, false, Instant::now()), Verdict::Refuse);
+        // Passive peers cannot be listed: without ranges none is admitted either.
+        assert_eq!(a.decide(None, true, Instant::now()), Verdict::Refuse);
+        assert_eq!(a.counters.disabled, 2);
+    }
+
+    #[test]
+    fn without_auto_admission_the_ranges_list_passive_peers() {
+        let mut a = Admission::new(AdmissionPolicy {
+            auto: false,
+            from: vec!["10.0.0.0/8".parse().unwrap()],
+            rate_per_sec: 10,
+        });
+        let now = Instant::now();
+        let inside = Some("10.1.2.3".parse().unwrap());
+        assert_eq!(a.decide(inside, true, now), Verdict::Admit);
+        assert_eq!(
+            a.decide(Some("192.0.2.1".parse().unwrap()), true, now),
+            Verdict::Refuse
+        );
+        // A heartbeat peer from the same range still has to be listed.
+        assert_eq!(a.decide(inside, false, now), Verdict::Refuse);
+        assert_eq!(
+            (
+                a.counters.admitted,
+                a.counters.outside_ranges,
+                a.counters.disabled
+            ),
+            (0, 1, 1)
+        );
     }
 }

@@ -641,7 +641,8 @@ impl Agent {
         }
         let source = ip_addr(report.src_family, &report.src_addr);
         let mut admission = self.admission.lock().expect("admission lock");
-        if admission.decide(source, Instant::now()) == Verdict::Refuse {
+        let passive = report.source != SOURCE_HEARTBEAT;
+        if admission.decide(source, passive, Instant::now()) == Verdict::Refuse {
             log::debug!("not admitting peer {id} from {source:?}: admission policy");
             return;
         }

@@ -73,7 +73,8 @@ pub struct RunArgs {
     /// Inter-arrival samples kept per peer (the statistics window).
     #[arg(long, default_value_t = MAX_WINDOW as u32, value_parser = clap::value_parser!(u32).range(2..=MAX_WINDOW as i64))]
     window: u32,
-    /// Do not admit peers on their first heartbeat; only those in --peers are watched.
+    /// Do not admit peers on their first heartbeat; only those in --peers are watched (and BFD
+    /// sessions and UDP flows, which no peers file can list, from --admit-from ranges only).
     #[arg(long)]
     no_auto_admit: bool,
     /// Admit on a first heartbeat only from these source ranges (CIDR, comma-separated).
