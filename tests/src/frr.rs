@@ -276,6 +276,8 @@ pub struct FrrNode {
     bfdd_ready_second: u64,
     pub endpoint: BfdEndpoint,
     pub peer: IpAddr,
+    /// A multihop session (RFC 5883, UDP 4784) rather than a single-hop one (3784).
+    pub multihop: bool,
     /// The FRR pathspace (`-N`).
     pub pathspace: String,
     /// Configuration, pid files, sockets and logs of this side.
@@ -288,7 +290,7 @@ impl FrrNode {
     /// Starts zebra, then bfdd, in `endpoint.netns`, with a single-hop session to `peer`;
     /// returns once both answer on their vty socket.
     pub fn start(root: &Path, endpoint: BfdEndpoint, peer: IpAddr, timers: BfdTimers) -> Self {
-        Self::start_after(root, endpoint, peer, timers, None)
+        Self::start_after(root, endpoint, peer, timers, false, None)
     }
 
     /// [`start`](Self::start), with bfdd started only once the wall clock's Unix second is
@@ -298,6 +300,7 @@ impl FrrNode {
         endpoint: BfdEndpoint,
         peer: IpAddr,
         timers: BfdTimers,
+        multihop: bool,
         after: Option<u64>,
     ) -> Self {
         assert_eq!(
@@ -320,13 +323,14 @@ impl FrrNode {
                 "debug bfd peer\n\
                  !\n\
                  bfd\n \
-                 peer {peer} local-address {local}\n  \
+                 peer {peer}{multihop} local-address {local}\n  \
                  detect-multiplier {mult}\n  \
                  receive-interval {rx}\n  \
                  transmit-interval {tx}\n \
                  !\n\
                  !\n",
                 local = endpoint.addr,
+                multihop = if multihop { " multihop" } else { "" },
                 mult = timers.detect_multiplier,
                 rx = timers.receive_interval_ms,
                 tx = timers.transmit_interval_ms,
@@ -340,6 +344,7 @@ impl FrrNode {
             bfdd_ready_second: 0,
             endpoint,
             peer,
+            multihop,
             pathspace,
             dir: dir.0.clone(),
             _run_dir: run_dir,
@@ -483,7 +488,7 @@ impl FrrNode {
     pub fn session(&self) -> Result<BfdSession, String> {
         self.sessions()?
             .into_iter()
-            .find(|s| s.peer == self.peer && !s.multihop)
+            .find(|s| s.peer == self.peer && s.multihop == self.multihop)
             .ok_or_else(|| format!("bfdd has no session to {}", self.peer))
     }
 
@@ -574,6 +579,20 @@ impl BfdPair {
     /// Starts both sides: `local` peers with `remote.addr`, `remote` with `local.addr`. Does not
     /// wait for the session: see [`wait_up`](Self::wait_up).
     pub fn start(local: BfdEndpoint, remote: BfdEndpoint, timers: BfdTimers) -> Self {
+        Self::start_session(local, remote, timers, false)
+    }
+
+    /// As [`start`](Self::start), a multihop session (RFC 5883: UDP 4784, no TTL rule).
+    pub fn start_multihop(local: BfdEndpoint, remote: BfdEndpoint, timers: BfdTimers) -> Self {
+        Self::start_session(local, remote, timers, true)
+    }
+
+    fn start_session(
+        local: BfdEndpoint,
+        remote: BfdEndpoint,
+        timers: BfdTimers,
+        multihop: bool,
+    ) -> Self {
         crate::require_root();
         for program in [ZEBRA, BFDD] {
             assert!(
@@ -585,10 +604,11 @@ impl BfdPair {
         let (local_addr, remote_addr) = (local.addr, remote.addr);
         // Declared in this order so that a panic while starting `remote_node` drops (stops)
         // `local_node` before `root` is removed.
-        let local_node = FrrNode::start(&root.0, local, remote_addr, timers);
+        let local_node = FrrNode::start_after(&root.0, local, remote_addr, timers, multihop, None);
         // In a later second than the local bfdd, for distinct discriminators.
         let after = Some(local_node.bfdd_ready_second);
-        let remote_node = FrrNode::start_after(&root.0, remote, local_addr, timers, after);
+        let remote_node =
+            FrrNode::start_after(&root.0, remote, local_addr, timers, multihop, after);
         Self {
             remote: remote_node,
             local: local_node,

@@ -327,3 +327,52 @@ fn an_ipv6_session_is_watched_under_its_ipv6_address() {
     drop(bfd);
     agent.stop();
 }
+
+#[test]
+fn a_multihop_session_is_watched_like_a_single_hop_one() {
+    use integration_tests::{
+        agent_process::AgentProcess,
+        frr::{BfdEndpoint, BfdTimers},
+    };
+    use monitor_common::passive;
+    require_root();
+    let net = NetnsPair::named(96, ["hbfha", "hbfhb"], ["hbfhx", "hbfhy"]);
+    let agent = AgentProcess::start(&net, &["--bfd"]);
+    // RFC 5883 over the veth: UDP 4784, which the single-hop TTL rule does not cover.
+    let mut bfd = BfdPair::start_multihop(
+        BfdEndpoint::new(&net.ns_a, &net.addr_a),
+        BfdEndpoint::new(&net.ns_b, &net.addr_b),
+        BfdTimers::default(),
+    );
+    let (_, remote) = bfd.wait_up(Duration::from_secs(20));
+    assert!(remote.multihop, "{remote:?}");
+    let discriminator = remote.local_discriminator as u32;
+    let view = wait_for(
+        Duration::from_secs(10),
+        "the multihop session at 100 ms",
+        || {
+            session_seen(&agent, &net.addr_b, discriminator)
+                .filter(|p| p["bfd_state"] == "up" && p["samples"].as_u64() >= Some(10))
+        },
+    );
+    let addr: std::net::Ipv4Addr = net.addr_b.parse().unwrap();
+    let id = passive::bfd_peer_id(
+        passive::addr_words(addr.to_ipv6_mapped().octets()),
+        discriminator,
+    );
+    assert_eq!(view["id"], id, "{view}");
+    let mean = view["mean_ms"].as_f64().unwrap();
+    assert!((70.0..=105.0).contains(&mean), "{view}");
+    assert_eq!(agent.peer_ids(), vec![id]);
+    let kernel = agent.ask(serde_json::json!({"op": "stats"}))["stats"]["kernel"].clone();
+    assert_eq!(kernel["malformed"], 0, "{kernel}");
+
+    let mut events = agent.subscribe();
+    bfd.kill_remote_bfdd();
+    let suspect = next_event(&mut events, Duration::from_secs(10), "level 8", |e| {
+        e["event"] == "suspect" && e["id"] == id && e["level"] == 8.0
+    });
+    assert!(suspect["phi"].as_f64().unwrap() >= 8.0, "{suspect}");
+    drop(bfd);
+    agent.stop();
+}
