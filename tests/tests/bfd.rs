@@ -103,6 +103,27 @@ fn session_seen(
         .cloned()
 }
 
+/// Waits until the agent tracks the IPv4 session from `addr` with `discriminator` as Up, with
+/// 10 intervals at the Up rate in its window; returns its view and its id, which must be the
+/// one derived from the address and discriminator.
+fn up_at_100ms(
+    agent: &integration_tests::agent_process::AgentProcess,
+    addr: &str,
+    discriminator: u32,
+) -> (serde_json::Value, u64) {
+    let view = wait_for(Duration::from_secs(10), "the session Up at 100 ms", || {
+        session_seen(agent, addr, discriminator)
+            .filter(|p| p["bfd_state"] == "up" && p["samples"].as_u64() >= Some(10))
+    });
+    let v4: std::net::Ipv4Addr = addr.parse().unwrap();
+    let id = monitor_common::passive::bfd_peer_id(
+        monitor_common::passive::addr_words(v4.to_ipv6_mapped().octets()),
+        discriminator,
+    );
+    assert_eq!(view["id"], id, "{view}");
+    (view, id)
+}
+
 /// Reads events until one satisfies `want`, or panics after `limit`.
 fn next_event(
     events: &mut monitor::serving::client::Client,
@@ -128,7 +149,6 @@ fn next_event(
 #[test]
 fn the_agent_watches_a_real_bfd_session_passively_and_detects_its_peers_crash() {
     use integration_tests::agent_process::AgentProcess;
-    use monitor_common::passive;
     require_root();
     let net = NetnsPair::named(91, ["hbfma", "hbfmb"], ["hbfwa", "hbfwb"]);
     // The agent first, so it sees the session from its first packet.
@@ -140,16 +160,7 @@ fn the_agent_watches_a_real_bfd_session_passively_and_detects_its_peers_crash() 
     // Tracked: one peer for the session, keyed by the remote's address and discriminator,
     // with the timers it announces, once a few packets at the Up rate are in its window.
     let discriminator = remote.local_discriminator as u32;
-    let view = wait_for(Duration::from_secs(10), "the session at 100 ms", || {
-        session_seen(&agent, &net.addr_b, discriminator)
-            .filter(|p| p["bfd_state"] == "up" && p["samples"].as_u64() >= Some(10))
-    });
-    let addr: std::net::Ipv4Addr = net.addr_b.parse().unwrap();
-    let id = passive::bfd_peer_id(
-        passive::addr_words(addr.to_ipv6_mapped().octets()),
-        discriminator,
-    );
-    assert_eq!(view["id"], id, "{view}");
+    let (view, id) = up_at_100ms(&agent, &net.addr_b, discriminator);
     assert_eq!(view["source"], "bfd");
     assert!(
         view["addr"]
@@ -334,7 +345,6 @@ fn a_multihop_session_is_watched_like_a_single_hop_one() {
         agent_process::AgentProcess,
         frr::{BfdEndpoint, BfdTimers},
     };
-    use monitor_common::passive;
     require_root();
     let net = NetnsPair::named(96, ["hbfha", "hbfhb"], ["hbfhx", "hbfhy"]);
     let agent = AgentProcess::start(&net, &["--bfd"]);
@@ -346,21 +356,7 @@ fn a_multihop_session_is_watched_like_a_single_hop_one() {
     );
     let (_, remote) = bfd.wait_up(Duration::from_secs(20));
     assert!(remote.multihop, "{remote:?}");
-    let discriminator = remote.local_discriminator as u32;
-    let view = wait_for(
-        Duration::from_secs(10),
-        "the multihop session at 100 ms",
-        || {
-            session_seen(&agent, &net.addr_b, discriminator)
-                .filter(|p| p["bfd_state"] == "up" && p["samples"].as_u64() >= Some(10))
-        },
-    );
-    let addr: std::net::Ipv4Addr = net.addr_b.parse().unwrap();
-    let id = passive::bfd_peer_id(
-        passive::addr_words(addr.to_ipv6_mapped().octets()),
-        discriminator,
-    );
-    assert_eq!(view["id"], id, "{view}");
+    let (view, id) = up_at_100ms(&agent, &net.addr_b, remote.local_discriminator as u32);
     let mean = view["mean_ms"].as_f64().unwrap();
     assert!((70.0..=105.0).contains(&mean), "{view}");
     assert_eq!(agent.peer_ids(), vec![id]);
