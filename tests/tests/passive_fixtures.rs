@@ -282,7 +282,6 @@ fn with_passive_sources_heartbeat_ids_keep_out_of_the_derived_half() {
 
     // Without passive sources the whole id space is the heartbeat peers'.
     let mut fx = Fixture::new(XdpConfig::DEFAULT, &[]);
-    fx.registry().reserve_derived_ids(false);
     fx.try_admit_as(derived, SOURCE_HEARTBEAT).expect("any id");
     fx.run(&Packet::heartbeat_v4(derived, 1).build());
     assert_eq!((fx.counters().heartbeats, fx.counters().malformed), (1, 0));
