@@ -412,11 +412,12 @@ impl Agent {
     /// Peers with phi >= threshold, sorted by id. The silence at which phi reaches the
     /// threshold is found once per request, so most peers cost a compare, not an erfc.
     ///
-    /// A peer is first judged from its last-heard word and its tracker (the silence below which
-    /// it cannot be at the threshold: see `PeerTracker::threshold_floor`), under the trackers'
-    /// lock for one compare a peer; only the candidates get their record copied and phi
-    /// computed, after the lock is let go, so a request never holds up the sweep for longer
-    /// than that pass.
+    /// A peer is first judged from the sweep's dense arrays (at or above the first level: its
+    /// watch, lazy state and last-heard word say whether it is surely below that level, see
+    /// `Lazy::below_first_level`), then from its tracker (the silence below which it cannot
+    /// be at the threshold: see `PeerTracker::threshold_floor`), under the trackers' lock;
+    /// only the candidates get their record copied and phi computed, after the lock is let
+    /// go, so a request never holds up the sweep for longer than that pass.
     pub fn suspects(&self, threshold: f64) -> Vec<PeerView> {
         let detector = self.detector();
         let crossing = detector.params.level_silences(&[threshold]);
@@ -424,12 +425,29 @@ impl Agent {
         let beyond = |last_ns: u64, silence_ms: f64, now: u64| {
             now.saturating_sub(last_ns) as f64 / 1e6 >= silence_ms * (1.0 - 1e-9)
         };
+        // At or above the first level, a peer whose dense state says it is below that level is
+        // passed over without its tracker (a third of the bytes a peer costs otherwise).
+        let above_first = detector
+            .levels
+            .as_slice()
+            .first()
+            .is_some_and(|&first| threshold >= first);
         let now = monotonic_ns();
         let candidates: Vec<(u64, u32)> = {
             let registry = self.registry.read().expect("registry lock");
             let trackers = self.trackers.lock().expect("trackers lock");
-            registry
-                .iter()
+            let words = self.table.last_heard_words();
+            let used = registry.slots_in_use() as usize;
+            (0..used)
+                .filter(|&slot| {
+                    !(above_first
+                        && trackers.lazy[slot].below_first_level(
+                            &trackers.watch[slot],
+                            words[slot].load(Ordering::Relaxed),
+                            now,
+                        ))
+                })
+                .filter_map(|slot| Some((registry.owner(slot as u32)?, slot as u32)))
                 .filter(|&(id, slot)| {
                     let floor = trackers.of(slot, id).and_then(|t| {
                         t.threshold_floor(

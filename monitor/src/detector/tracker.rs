@@ -278,6 +278,25 @@ impl Lazy {
         time.now_ns < watch.deadline_ns
     }
 
+    /// Whether phi is surely below the first level at `now_ns`, from the dense arrays alone
+    /// (no tracker, no slot): what lets `suspects` pass over most peers. A floor is only
+    /// ever set while no level is crossed (`refreshed`, `check_deadlines` and `relevel` clear
+    /// it otherwise). With the slot's word unchanged since the sweep, the watch's deadline is
+    /// the first level's exact crossing or a floor under it; with newer heartbeats the
+    /// floor's span still covers, the floor past the newest arrival holds, as in `absorb`.
+    #[inline]
+    pub fn below_first_level(&self, watch: &Watch, word: u64, now_ns: u64) -> bool {
+        if self.floor_ns == NO_FLOOR {
+            return false;
+        }
+        if word == watch.word {
+            return now_ns < watch.deadline_ns;
+        }
+        last_heard::heartbeats_since(watch.word, word).is_some_and(|n| n > 0)
+            && self.covers(word).is_some()
+            && now_ns < last_heard::arrival_near(word, now_ns).saturating_add(self.floor_ns)
+    }
+
     /// Heartbeats between the refresh and `word`, if within the floor's span.
     fn covers(&self, word: u64) -> Option<u64> {
         let since = last_heard::heartbeats_since(last_heard::word(0, self.refreshed as u64), word)?;
@@ -854,6 +873,65 @@ mod tests {
             assert!(
                 reads * 8 < heartbeats,
                 "{model:?}: {reads} slot reads for {heartbeats} heartbeats"
+            );
+        }
+    }
+
+    /// `suspects` passes over a peer when its dense state says phi is below the first level:
+    /// checked against the exact phi of the slot's current record, at query times between
+    /// sweeps, with heartbeats the last sweep has not seen yet among them.
+    #[test]
+    fn below_first_level_is_never_wrong_and_usually_answers() {
+        for model in [Model::Normal, Model::Loss, Model::Exponential, Model::Akka] {
+            let params = DetectorParams {
+                model,
+                ..DetectorParams::DEFAULT
+            };
+            let cfg =
+                DetectorConfig::new(params.clone(), Levels::new(vec![1.0, 3.0, 8.0]).unwrap());
+            let xdp = params.window_config();
+            let mut rng = fastrand::Rng::with_seed(12);
+            let mut slot = monitor_common::maps::PeerSlot::admitted(5, 0);
+            let mut tracked = Tracked::new(&slot.record, &cfg);
+            let mut word = last_heard::word(0, 0);
+            let mut next_send = 100 * MS;
+            let (mut seq, mut asked, mut passed) = (0, 0u64, 0u64);
+            for step in 1..=30_000u64 {
+                let now = step * 10 * MS;
+                while next_send <= now {
+                    seq += 1;
+                    if rng.u8(0..50) != 0 {
+                        let at = next_send + rng.u64(0..5 * MS);
+                        if let monitor_common::slot::Outcome::Accepted { .. } =
+                            monitor_common::slot::arrive(&mut slot, at, seq, 1, &xdp)
+                        {
+                            word = last_heard::word(at, slot.record.heartbeats);
+                        }
+                    }
+                    next_send += if rng.u16(0..500) == 0 {
+                        rng.u64(1000..3000) * MS
+                    } else {
+                        100 * MS + rng.u64(0..20 * MS)
+                    };
+                }
+                // A query between two sweeps, a little after this tick's heartbeats.
+                let query = now + rng.u64(0..10 * MS);
+                asked += 1;
+                if tracked.lazy.below_first_level(&tracked.watch, word, query) {
+                    passed += 1;
+                    let estimate = cfg.estimate(&slot.record, &[]);
+                    let silence = query.saturating_sub(slot.record.last_arrival_ns) as f64 / 1e6;
+                    let phi = cfg.params.phi(&estimate, silence);
+                    assert!(phi < 1.0, "{model:?} at {query}: phi {phi} passed over");
+                }
+                let time = at(now, now as f64 / 1e6, false);
+                if tracked.step(word, &cfg, time, &mut |_| {}) == SweepStep::Refresh {
+                    tracked.observe(&slot.record, &[], &cfg, time, &mut |_| {});
+                }
+            }
+            assert!(
+                passed * 2 > asked,
+                "{model:?}: only {passed} of {asked} queries passed over"
             );
         }
     }
