@@ -327,15 +327,16 @@ fn after_the_agent_itself_stalls_new_suspicions_wait() {
             "--stall-bound",
             "300ms",
             "--first-interval-ms",
-            "1000",
+            "2000",
         ],
     );
     let mut watcher = agent.subscribe();
     // Freeze the agent (as a paused VM or an overloaded host would) past the peer's phi 8
-    // crossing (1 s + 5.6 x 250 ms = 2.4 s after admission).
+    // crossing (2 s + 5.6 x 500 ms = 4.8 s after admission: time enough for a loaded machine
+    // to get from the start to the stop before it).
     unsafe { libc::kill(agent.pid() as i32, libc::SIGSTOP) };
     // The freeze itself is under test: a sleep, not a wait for something.
-    std::thread::sleep(Duration::from_millis(3000));
+    std::thread::sleep(Duration::from_millis(5500));
     unsafe { libc::kill(agent.pid() as i32, libc::SIGCONT) };
     let resumed = std::time::Instant::now();
     let events = events_until(&mut watcher, Duration::from_secs(15), |e| {

@@ -425,17 +425,20 @@ impl Agent {
         let beyond = |last_ns: u64, silence_ms: f64, now: u64| {
             now.saturating_sub(last_ns) as f64 / 1e6 >= silence_ms * (1.0 - 1e-9)
         };
-        // At or above the first level, a peer whose dense state says it is below that level is
-        // passed over without its tracker (a third of the bytes a peer costs otherwise).
-        let above_first = detector
-            .levels
-            .as_slice()
-            .first()
-            .is_some_and(|&first| threshold >= first);
         let now = monotonic_ns();
         let candidates: Vec<(u64, u32)> = {
             let registry = self.registry.read().expect("registry lock");
             let trackers = self.trackers.lock().expect("trackers lock");
+            // At or above the first level, a peer whose dense state says it is below that
+            // level is passed over without its tracker (under half the bytes a peer costs
+            // otherwise). The levels are read under the trackers lock, which `set_levels`
+            // holds while it re-levels: the floors and the first level always agree.
+            let above_first = self
+                .detector()
+                .levels
+                .as_slice()
+                .first()
+                .is_some_and(|&first| threshold >= first);
             let words = self.table.last_heard_words();
             let used = registry.slots_in_use() as usize;
             (0..used)
