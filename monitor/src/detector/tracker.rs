@@ -688,6 +688,69 @@ mod tests {
         }
     }
 
+    /// A sender every 100-120 ms, each heartbeat 0-5 ms late, 2% lost, and a silence of 1-3 s
+    /// every 500 heartbeats or so, recorded by `slot::arrive` as the kernel would, with the
+    /// last-heard word the kernel would store.
+    struct Stream {
+        rng: fastrand::Rng,
+        slot: monitor_common::maps::PeerSlot,
+        xdp: monitor_common::config::XdpConfig,
+        word: u64,
+        next_send: u64,
+        seq: u64,
+    }
+
+    impl Stream {
+        fn new(seed: u64, xdp: monitor_common::config::XdpConfig) -> Self {
+            Self {
+                rng: fastrand::Rng::with_seed(seed),
+                slot: monitor_common::maps::PeerSlot::admitted(5, 0),
+                xdp,
+                word: last_heard::word(0, 0),
+                next_send: 100 * MS,
+                seq: 0,
+            }
+        }
+
+        /// Every heartbeat sent up to `now_ns`.
+        fn until(&mut self, now_ns: u64) {
+            let rng = &mut self.rng;
+            while self.next_send <= now_ns {
+                self.seq += 1;
+                let lost = rng.u8(0..50) == 0;
+                if !lost {
+                    let at = self.next_send + rng.u64(0..5 * MS);
+                    if let monitor_common::slot::Outcome::Accepted { .. } =
+                        monitor_common::slot::arrive(&mut self.slot, at, self.seq, 1, &self.xdp)
+                    {
+                        self.word = last_heard::word(at, self.slot.record.heartbeats);
+                    }
+                }
+                self.next_send += if rng.u16(0..500) == 0 {
+                    rng.u64(1000..3000) * MS
+                } else {
+                    100 * MS + rng.u64(0..20 * MS)
+                };
+            }
+        }
+    }
+
+    /// The models whose sweep keeps floors, each with levels 1, 3 and 8 and its window rules.
+    fn models_with_floors() -> Vec<(Model, DetectorConfig, monitor_common::config::XdpConfig)> {
+        [Model::Normal, Model::Loss, Model::Exponential, Model::Akka]
+            .into_iter()
+            .map(|model| {
+                let params = DetectorParams {
+                    model,
+                    ..DetectorParams::DEFAULT
+                };
+                let xdp = params.window_config();
+                let levels = Levels::new(vec![1.0, 3.0, 8.0]).unwrap();
+                (model, DetectorConfig::new(params, levels), xdp)
+            })
+            .collect()
+    }
+
     fn at(now_ns: u64, wall_ms: f64, hold: bool) -> SweepTime {
         SweepTime {
             now_ns,
@@ -815,49 +878,22 @@ mod tests {
     /// slot far less often.
     #[test]
     fn the_lazy_sweep_raises_what_reading_every_sweep_raises() {
-        for model in [Model::Normal, Model::Loss, Model::Exponential, Model::Akka] {
-            let params = DetectorParams {
-                model,
-                ..DetectorParams::DEFAULT
-            };
-            let cfg =
-                DetectorConfig::new(params.clone(), Levels::new(vec![1.0, 3.0, 8.0]).unwrap());
-            let xdp = params.window_config();
-            let mut rng = fastrand::Rng::with_seed(11);
-            let mut slot = monitor_common::maps::PeerSlot::admitted(5, 0);
+        for (model, cfg, xdp) in models_with_floors() {
+            let mut stream = Stream::new(11, xdp);
             let (mut eager_events, mut lazy_events) = (Vec::new(), Vec::new());
-            let mut eager = Tracked::new(&slot.record, &cfg);
+            let mut eager = Tracked::new(&stream.slot.record, &cfg);
             let mut lazy = eager.clone();
-            let mut word = last_heard::word(0, 0);
-            let mut next_send = 100 * MS;
-            let mut seq = 0;
             let mut reads = 0;
             let sweeps = 60_000u64;
             for step in 1..=sweeps {
                 let now = step * 10 * MS;
-                while next_send <= now {
-                    seq += 1;
-                    // 2% lost, a silence of 1-3 s every 500 heartbeats or so.
-                    let lost = rng.u8(0..50) == 0;
-                    if !lost {
-                        let at = next_send + rng.u64(0..5 * MS);
-                        if let monitor_common::slot::Outcome::Accepted { .. } =
-                            monitor_common::slot::arrive(&mut slot, at, seq, 1, &xdp)
-                        {
-                            word = last_heard::word(at, slot.record.heartbeats);
-                        }
-                    }
-                    next_send += if rng.u16(0..500) == 0 {
-                        rng.u64(1000..3000) * MS
-                    } else {
-                        100 * MS + rng.u64(0..20 * MS)
-                    };
-                }
+                stream.until(now);
+                let (record, word) = (&stream.slot.record, stream.word);
                 let time = at(now, now as f64 / 1e6, false);
-                eager.observe(&slot.record, &[], &cfg, time, &mut |e| eager_events.push(e));
+                eager.observe(record, &[], &cfg, time, &mut |e| eager_events.push(e));
                 if lazy.step(word, &cfg, time, &mut |e| lazy_events.push(e)) == SweepStep::Refresh {
                     reads += 1;
-                    lazy.observe(&slot.record, &[], &cfg, time, &mut |e| lazy_events.push(e));
+                    lazy.observe(record, &[], &cfg, time, &mut |e| lazy_events.push(e));
                 }
             }
             assert!(
@@ -869,7 +905,7 @@ mod tests {
                 "{model:?}: the stream crossed levels"
             );
             assert_eq!(lazy_events, eager_events, "{model:?}");
-            let heartbeats = slot.record.heartbeats;
+            let heartbeats = stream.slot.record.heartbeats;
             assert!(
                 reads * 8 < heartbeats,
                 "{model:?}: {reads} slot reads for {heartbeats} heartbeats"
@@ -882,40 +918,16 @@ mod tests {
     /// sweeps, with heartbeats the last sweep has not seen yet among them.
     #[test]
     fn below_first_level_is_never_wrong_and_usually_answers() {
-        for model in [Model::Normal, Model::Loss, Model::Exponential, Model::Akka] {
-            let params = DetectorParams {
-                model,
-                ..DetectorParams::DEFAULT
-            };
-            let cfg =
-                DetectorConfig::new(params.clone(), Levels::new(vec![1.0, 3.0, 8.0]).unwrap());
-            let xdp = params.window_config();
-            let mut rng = fastrand::Rng::with_seed(12);
-            let mut slot = monitor_common::maps::PeerSlot::admitted(5, 0);
-            let mut tracked = Tracked::new(&slot.record, &cfg);
-            let mut word = last_heard::word(0, 0);
-            let mut next_send = 100 * MS;
-            let (mut seq, mut asked, mut passed) = (0, 0u64, 0u64);
+        for (model, cfg, xdp) in models_with_floors() {
+            let mut stream = Stream::new(12, xdp);
+            let mut tracked = Tracked::new(&stream.slot.record, &cfg);
+            let (mut asked, mut passed) = (0u64, 0u64);
             for step in 1..=30_000u64 {
                 let now = step * 10 * MS;
-                while next_send <= now {
-                    seq += 1;
-                    if rng.u8(0..50) != 0 {
-                        let at = next_send + rng.u64(0..5 * MS);
-                        if let monitor_common::slot::Outcome::Accepted { .. } =
-                            monitor_common::slot::arrive(&mut slot, at, seq, 1, &xdp)
-                        {
-                            word = last_heard::word(at, slot.record.heartbeats);
-                        }
-                    }
-                    next_send += if rng.u16(0..500) == 0 {
-                        rng.u64(1000..3000) * MS
-                    } else {
-                        100 * MS + rng.u64(0..20 * MS)
-                    };
-                }
+                stream.until(now);
+                let (slot, word) = (&stream.slot, stream.word);
                 // A query between two sweeps, a little after this tick's heartbeats.
-                let query = now + rng.u64(0..10 * MS);
+                let query = now + stream.rng.u64(0..10 * MS);
                 asked += 1;
                 if tracked.lazy.below_first_level(&tracked.watch, word, query) {
                     passed += 1;
