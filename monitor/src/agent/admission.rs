@@ -149,7 +149,8 @@ impl Admission {
         passive: bool,
         now: std::time::Instant,
     ) -> Verdict {
-        if !self.policy.auto && !(passive && !self.policy.from.is_empty()) {
+        let listed_by_ranges = passive && !self.policy.from.is_empty();
+        if !self.policy.auto && !listed_by_ranges {
             self.counters.disabled += 1;
             return Verdict::Refuse;
         }
