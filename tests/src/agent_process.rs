@@ -85,6 +85,23 @@ pub fn detach(pair: &NetnsPair, pins: &str) -> std::process::Output {
         .expect("spawn monitor detach")
 }
 
+/// `monitor run` on the pair's `a` end with `extra` arguments (and a socket of its own), for
+/// a start that must be refused: asserts that it failed, and returns what it said on stderr.
+pub fn refused_start(pair: &NetnsPair, extra: &[&str]) -> String {
+    let dir = TempDir::new("hbmsock");
+    let out = NetnsPair::command_in(&pair.ns_a, &monitor_bin())
+        .args(["run", "--iface", &pair.iface_a, "--socket"])
+        .arg(dir.0.join("s.sock"))
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn monitor run");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{extra:?} was accepted: {stderr}");
+    stderr
+}
+
 impl AgentProcess {
     /// Starts the agent on the pair's `a` side with `extra` arguments, and waits until its
     /// socket answers.

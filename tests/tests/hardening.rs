@@ -1,10 +1,10 @@
 //! Hostile and careless input end to end: forged heartbeats against an agent that requires
 //! authentication, key rotation without detaching, key files others can read.
 
-use std::{os::unix::fs::PermissionsExt, process::Stdio, time::Duration};
+use std::{os::unix::fs::PermissionsExt, time::Duration};
 
 use integration_tests::{
-    agent_process::{AgentProcess, TempDir, run_ok, sender},
+    agent_process::{AgentProcess, TempDir, refused_start, run_ok, sender},
     monitor_bin,
     netns::NetnsPair,
     require_root, wait_for,
@@ -174,15 +174,7 @@ fn a_key_file_others_can_read_is_refused() {
     let pair = NetnsPair::new(51);
     let dir = TempDir::new("hbmauth");
     let readable = key_file(&dir, "open.key", KEY_A, 0o644);
-    let out = NetnsPair::command_in(&pair.ns_a, &monitor_bin())
-        .args(["run", "--iface", &pair.iface_a, "--socket"])
-        .arg(dir.0.join("s.sock"))
-        .args(["--auth-key-file", &readable])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_start(&pair, &["--auth-key-file", &readable]);
     assert!(err.contains("chmod 600") && !err.contains(KEY_A), "{err}");
     let out = std::process::Command::new(monitor_bin())
         .args([

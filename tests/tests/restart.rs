@@ -2,12 +2,13 @@
 //! after SIGKILL; the next agent adopts the pinned state with its windows, raises no false
 //! suspicion, and refuses pinned state it would misread.
 
-use std::{process::Stdio, time::Duration};
+use std::time::Duration;
 
 use aya::maps::{Array, Map, MapData};
 use integration_tests::{
-    agent_process::{AgentProcess, Bpffs, TempDir, detach, sender, spawn, xdp_attached},
-    monitor_bin,
+    agent_process::{
+        AgentProcess, Bpffs, TempDir, detach, refused_start, sender, spawn, xdp_attached,
+    },
     netns::NetnsPair,
     require_root, wait_for,
 };
@@ -107,19 +108,7 @@ fn pinned_state_of_another_layout_or_other_settings_is_refused() {
     let agent = AgentProcess::start(&pair, &["--pin-path", &pins_arg]);
     assert!(agent.stop().success());
 
-    let run = |extra: &[&str]| {
-        let dir = TempDir::new("hbmsock");
-        let out = NetnsPair::command_in(&pair.ns_a, &monitor_bin())
-            .args(["run", "--iface", &pair.iface_a, "--socket"])
-            .arg(dir.0.join("s.sock"))
-            .args(["--pin-path", &pins_arg])
-            .args(extra)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        assert!(!out.status.success(), "{extra:?} was accepted");
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    };
+    let run = |extra: &[&str]| refused_start(&pair, &[&["--pin-path", &pins_arg], extra].concat());
     let err = run(&["--port", "9000"]);
     assert!(
         err.contains("port = 18498") && err.contains("--port 9000"),

@@ -10,7 +10,7 @@ use std::{
 };
 
 use integration_tests::{
-    agent_process::{AgentProcess, ChildGuard, TempDir, spawn},
+    agent_process::{AgentProcess, ChildGuard, TempDir, refused_start, spawn},
     netns::NetnsPair,
     require_root,
 };
@@ -163,23 +163,7 @@ fn a_peers_file_heartbeat_id_in_the_derived_half_is_refused_with_passive_sources
     let dir = TempDir::new("hbmderived");
     let reserved = passive::DERIVED_ID_BIT | 5;
     let peers = dir.peers_file([7, reserved]);
-    let out = NetnsPair::command_in(&net.ns_a, &integration_tests::monitor_bin())
-        .args([
-            "run",
-            "--iface",
-            &net.iface_a,
-            "--udp-port",
-            "5353",
-            "--peers",
-        ])
-        .arg(&peers)
-        .arg("--socket")
-        .arg(dir.0.join("agent.sock"))
-        .stdin(Stdio::null())
-        .output()
-        .expect("run monitor");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "started: {stderr}");
+    let stderr = refused_start(&net, &["--udp-port", "5353", "--peers", &peers]);
     assert!(
         stderr.contains(&format!("{reserved:#x}")) && stderr.contains("below 2^63"),
         "{stderr}"

@@ -24,7 +24,9 @@ use aya::{
     programs::links::{FdLink, PinnedLink},
 };
 use integration_tests::{
-    agent_process::{AgentProcess, Bpffs, TempDir, detach, sender, spawn, xdp_attached},
+    agent_process::{
+        AgentProcess, Bpffs, TempDir, detach, refused_start, sender, spawn, xdp_attached,
+    },
     monitor_bin,
     netns::NetnsPair,
     require_root, wait_for,
@@ -280,16 +282,7 @@ fn pinned_state_whose_maps_this_build_cannot_run_on_is_refused_untouched() {
         .pin(pins.join(AUTH_KEYS_MAP))
         .unwrap();
 
-    let dir = TempDir::new("hbmsock");
-    let out = NetnsPair::command_in(&pair.ns_a, &monitor_bin())
-        .args(["run", "--iface", &pair.iface_a, "--socket"])
-        .arg(dir.0.join("s.sock"))
-        .args(["--pin-path", &pins_arg])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(!out.status.success(), "adopted a map it cannot run on");
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_start(&pair, &["--pin-path", &pins_arg]);
     assert!(
         err.contains("its map AUTH_KEYS is")
             && err.contains("Keep running the build that pinned it")
@@ -315,16 +308,7 @@ fn persist_is_refused_where_bpffs_would_be_mounted_in_a_private_mount_namespace(
     // `ip netns exec` gives the agent a mount namespace of its own with a fresh /sys, so
     // nothing is mounted on /sys/fs/bpf there: the agent would mount bpffs itself, and the
     // pins would end with it.
-    let dir = TempDir::new("hbmsock");
-    let out = NetnsPair::command_in(&pair.ns_a, &monitor_bin())
-        .args(["run", "--iface", &pair.iface_a, "--socket"])
-        .arg(dir.0.join("s.sock"))
-        .arg("--persist")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(!out.status.success(), "--persist was accepted");
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_start(&pair, &["--persist"]);
     assert!(
         err.contains("mount namespace of its own") && err.contains("--pin-path"),
         "{err}"
