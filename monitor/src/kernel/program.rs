@@ -346,18 +346,23 @@ pub(crate) fn object_info<T: Copy>(fd: std::os::fd::BorrowedFd<'_>) -> io::Resul
         info: &raw mut info as u64,
     };
     // SAFETY: attr points at a live, correctly sized info buffer for the call's duration.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_GET_INFO_BY_FD,
-            &raw mut attr,
-            std::mem::size_of::<InfoAttr>(),
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    unsafe { bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr) }?;
     Ok(info)
+}
+
+/// The bpf() syscall with command `cmd` on `attr`; its non-negative result, or the error.
+///
+/// # Safety
+/// `attr` must be the attribute struct `cmd` expects, and any pointers in it valid for the
+/// call's duration.
+unsafe fn bpf<A>(cmd: libc::c_long, attr: &mut A) -> io::Result<libc::c_long> {
+    // SAFETY: the caller's promise about `attr`; the size is its own.
+    let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut A, std::mem::size_of::<A>()) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
 }
 
 /// A new fd on the loaded program with kernel id `id` (BPF_PROG_GET_FD_BY_ID).
@@ -376,18 +381,8 @@ pub(crate) fn program_fd_by_id(id: u32) -> io::Result<std::os::fd::OwnedFd> {
         next_id: 0,
         open_flags: 0,
     };
-    // SAFETY: attr is live for the call; the kernel returns a new fd or -1.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_PROG_GET_FD_BY_ID,
-            &raw mut attr,
-            std::mem::size_of::<IdAttr>(),
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    // SAFETY: attr is the id struct the command takes, with no pointers in it.
+    let fd = unsafe { bpf(BPF_PROG_GET_FD_BY_ID, &mut attr) }?;
     // SAFETY: a fresh fd the kernel handed us and nobody else owns.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
 }
