@@ -53,6 +53,10 @@ pub struct BenchArgs {
     /// unless --no-record.
     #[arg(long)]
     scales_only: bool,
+    /// Only the floor comparison (BPF_PROG_TEST_RUN and the live rows of the scales given,
+    /// `--seconds` each), for iterating on the kernel program; recorded unless --no-record.
+    #[arg(long)]
+    floor_only: bool,
     /// Heartbeats per second per peer in the scale runs (the generator tops out near 350k
     /// packets per second on 2 cores; the table shows what it sent).
     #[arg(long, default_value_t = RATE_HZ)]
@@ -96,6 +100,28 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     println!("==> kernel cost through BPF_PROG_TEST_RUN");
     let test_run = probe_json(&tools.probe, &["kernel"])?;
     let test_run_ns = test_run["ns_per_packet"].as_f64().unwrap_or(f64::NAN);
+    if args.floor_only {
+        let table = floor_table(
+            &tools,
+            &net,
+            &dir.0,
+            &scales,
+            seconds,
+            test_run_ns,
+            &interrupt,
+        )?;
+        println!("\n{table}");
+        if !args.no_record {
+            record(
+                &table,
+                &format!(
+                    "cargo xtask bench --floor-only --scales {} --seconds {seconds}",
+                    join(&scales)
+                ),
+            )?;
+        }
+        return Ok(());
+    }
     println!("==> kernel logging off and on (--kernel-log), BPF_PROG_TEST_RUN");
     let log_cost = probe_json(&tools.probe, &["kernel-log"])?;
 
@@ -141,11 +167,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 &table,
                 &format!(
                     "cargo xtask bench --scales-only --scales {} --rate-hz {} --seconds {seconds}",
-                    scales
-                        .iter()
-                        .map(u64::to_string)
-                        .collect::<Vec<_>>()
-                        .join(","),
+                    join(&scales),
                     args.rate_hz
                 ),
             )?;
@@ -179,31 +201,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         &interrupt,
     )?;
 
-    println!("==> the floor program, the monitor and the socket path, same stream");
-    let floor_test_run = probe_json(&tools.probe, &["floor-test-run"])?;
-    // 1,000 peers twice: at the hot-cache rate and at the scale runs' 10 Hz.
-    let floor_scales: Vec<(u64, f64)> =
-        [(1000u64, HOT_RATE_HZ), (1000, RATE_HZ), (50_000, RATE_HZ)]
-            .into_iter()
-            .filter(|(p, _)| scales.contains(p))
-            .collect();
-    let mut floor_rows = Vec::new();
-    for &(peers, rate_hz) in &floor_scales {
-        interrupt.check()?;
-        floor_rows.push(floor_comparison(
-            &tools,
-            &net,
-            &dir.0,
-            peers,
-            rate_hz,
-            if args.quick { 3 } else { 10 },
-        )?);
-    }
-    let floor_table = render_floor(
-        floor_test_run["ns_per_packet"].as_f64().unwrap_or(f64::NAN),
+    let floor_table = floor_table(
+        &tools,
+        &net,
+        &dir.0,
+        &scales,
+        if args.quick { 3 } else { 10 },
         test_run_ns,
-        &floor_rows,
-    );
+        &interrupt,
+    )?;
 
     println!("==> XDP path against a userspace UDP receiver, same stream");
     let paths = path_comparison(
@@ -798,6 +804,42 @@ struct FloorRow {
     /// is the difference to `monitor`, which checks against the interface's addresses.
     monitor_any: Receiver,
     socket: Receiver,
+}
+
+/// The floor program's TEST_RUN and live rows beside the monitor's, rendered: 1,000 peers
+/// twice (at the hot-cache rate and at the scale runs' 10 Hz) and 50,000 peers, those
+/// of them that are among `scales`.
+fn floor_table(
+    tools: &Tools,
+    net: &NetPair,
+    dir: &Path,
+    scales: &[u64],
+    seconds: u64,
+    monitor_test_run_ns: f64,
+    interrupt: &Interrupt,
+) -> Result<String> {
+    println!("==> the floor program, the monitor and the socket path, same stream");
+    let floor_test_run = probe_json(&tools.probe, &["floor-test-run"])?;
+    let mut rows = Vec::new();
+    for (peers, rate_hz) in [(1000u64, HOT_RATE_HZ), (1000, RATE_HZ), (50_000, RATE_HZ)] {
+        if scales.contains(&peers) {
+            interrupt.check()?;
+            rows.push(floor_comparison(tools, net, dir, peers, rate_hz, seconds)?);
+        }
+    }
+    Ok(render_floor(
+        floor_test_run["ns_per_packet"].as_f64().unwrap_or(f64::NAN),
+        monitor_test_run_ns,
+        &rows,
+    ))
+}
+
+fn join(scales: &[u64]) -> String {
+    scales
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The same stream (`peers` x 10 Hz for `seconds`) into the floor program, the monitor (at XDP,
