@@ -96,14 +96,15 @@ pub fn prog_test_run_ns(repeat: u32) -> f64 {
 }
 
 /// The floor program (monitor-ebpf/src/floor.rs) loaded and verified, matching `port`; not
-/// attached.
-pub fn load_floor(port: u16) -> aya::Ebpf {
+/// attached. With `clock`, it reads the clock for every packet it drops.
+pub fn load_floor(port: u16, clock: bool) -> aya::Ebpf {
     assert!(
         !program::FLOOR_OBJECT.is_empty(),
         "built without the eBPF programs"
     );
     let mut ebpf = aya::EbpfLoader::new()
         .override_global("FLOOR_PORT", &port, true)
+        .override_global("FLOOR_CLOCK", &u8::from(clock), true)
         .load(program::FLOOR_OBJECT)
         .expect("load the floor program");
     let xdp: &mut aya::programs::Xdp = ebpf
@@ -123,8 +124,8 @@ fn floor_xdp(ebpf: &mut aya::Ebpf) -> &mut aya::programs::Xdp {
 }
 
 /// The floor's cost per packet by BPF_PROG_TEST_RUN, on the heartbeat `prog_test_run_ns` uses.
-pub fn floor_test_run_ns(repeat: u32) -> f64 {
-    let mut ebpf = load_floor(monitor_common::wire::DEFAULT_PORT);
+pub fn floor_test_run_ns(repeat: u32, clock: bool) -> f64 {
+    let mut ebpf = load_floor(monitor_common::wire::DEFAULT_PORT, clock);
     let packet = Packet::heartbeat_v4(7, 1).build();
     test_run_ns(floor_xdp(&mut ebpf), &packet, repeat)
 }
@@ -134,10 +135,11 @@ pub fn floor_test_run_ns(repeat: u32) -> f64 {
 pub fn floor_attached(
     iface: &str,
     port: u16,
+    clock: bool,
     duration: Duration,
     attached: impl FnOnce(),
 ) -> program::RunStats {
-    let mut ebpf = load_floor(port);
+    let mut ebpf = load_floor(port, clock);
     let xdp = floor_xdp(&mut ebpf);
     xdp.attach(iface, aya::programs::XdpMode::default())
         .expect("attach the floor");

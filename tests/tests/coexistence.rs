@@ -68,7 +68,7 @@ fn tc_hook_runs_beside_another_xdp_program() {
     // The other XDP program, attached first and kept attached for the whole test.
     let iface = pair.iface_a.clone();
     let (other, other_fd) = in_netns(&pair.ns_a, || {
-        let mut ebpf = load_floor(OTHER_PORT);
+        let mut ebpf = load_floor(OTHER_PORT, false);
         let xdp: &mut aya::programs::Xdp = ebpf
             .program_mut("floor")
             .expect("floor")

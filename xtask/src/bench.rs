@@ -797,6 +797,8 @@ struct FloorRow {
     peers: u64,
     pps: f64,
     floor: Receiver,
+    /// The floor that also reads the clock for each packet it drops.
+    floor_clock: Receiver,
     monitor: Receiver,
     /// The monitor at TC ingress (`--hook tc`), kernel ns from its TC program's run stats.
     monitor_tc: Receiver,
@@ -819,7 +821,13 @@ fn floor_table(
     interrupt: &Interrupt,
 ) -> Result<String> {
     println!("==> the floor program, the monitor and the socket path, same stream");
-    let floor_test_run = probe_json(&tools.probe, &["floor-test-run"])?;
+    let test_run_ns = |args: &[&str]| -> Result<f64> {
+        Ok(probe_json(&tools.probe, args)?["ns_per_packet"]
+            .as_f64()
+            .unwrap_or(f64::NAN))
+    };
+    let floor_test_run_ns = test_run_ns(&["floor-test-run"])?;
+    let floor_clock_test_run_ns = test_run_ns(&["floor-test-run", "--clock"])?;
     let mut rows = Vec::new();
     for (peers, rate_hz) in [(1000u64, HOT_RATE_HZ), (1000, RATE_HZ), (50_000, RATE_HZ)] {
         if scales.contains(&peers) {
@@ -828,8 +836,11 @@ fn floor_table(
         }
     }
     Ok(render_floor(
-        floor_test_run["ns_per_packet"].as_f64().unwrap_or(f64::NAN),
-        monitor_test_run_ns,
+        [
+            floor_test_run_ns,
+            floor_clock_test_run_ns,
+            monitor_test_run_ns,
+        ],
         &rows,
     ))
 }
@@ -842,7 +853,8 @@ fn join(scales: &[u64]) -> String {
         .join(",")
 }
 
-/// The same stream (`peers` x 10 Hz for `seconds`) into the floor program, the monitor (at XDP,
+/// The same stream (`peers` x 10 Hz for `seconds`) into the floor program (alone and with a
+/// clock read per packet), the monitor (at XDP,
 /// at TC ingress with `--hook tc`, and at XDP without the destination check) and the userspace
 /// socket path, one after another in this
 /// run: the monitor's cost as a multiple of the least any XDP program pays, and of what the
@@ -859,27 +871,32 @@ fn floor_comparison(
     let per_m = |busy: f64, sent: u64| busy / sent.max(1) as f64 * 1e6;
 
     // The floor, attached by the probe for the stream's length and a little more.
-    let mut probe = Process::spawn(
-        NetPair::in_ns(net.ns_monitor, &tools.probe)
-            .args(["floor", "--iface", net.if_monitor, "--duration-s"])
-            .arg((seconds as f64 + 1.5).to_string())
-            .stdout(Stdio::piped()),
-    )?;
-    let line = probe.read_line()?;
-    if !line.contains("attached") {
-        bail!("floor probe: {line}");
-    }
-    let busy0 = system_busy_s()?;
-    let sent = finish_json(loadgen(tools, net, peers, rate_hz, seconds as f64, None)?)?;
-    let busy1 = system_busy_s()?;
-    let stats = finish_json(probe)?;
-    let sent_n = sent["sent"].as_u64().unwrap_or(0);
-    let runs = stats["run_count"].as_f64().unwrap_or(0.0);
-    let floor = Receiver {
-        sent: sent_n,
-        kernel_ns: (runs > 0.0).then(|| stats["run_time_ns"].as_f64().unwrap_or(0.0) / runs),
-        machine_s_per_m: per_m(busy1 - busy0, sent_n),
+    let floor_with = |clock: bool| -> Result<Receiver> {
+        let mut probe = Process::spawn(
+            NetPair::in_ns(net.ns_monitor, &tools.probe)
+                .args(["floor", "--iface", net.if_monitor, "--duration-s"])
+                .arg((seconds as f64 + 1.5).to_string())
+                .args(clock.then_some("--clock"))
+                .stdout(Stdio::piped()),
+        )?;
+        let line = probe.read_line()?;
+        if !line.contains("attached") {
+            bail!("floor probe: {line}");
+        }
+        let busy0 = system_busy_s()?;
+        let sent = finish_json(loadgen(tools, net, peers, rate_hz, seconds as f64, None)?)?;
+        let busy1 = system_busy_s()?;
+        let stats = finish_json(probe)?;
+        let sent_n = sent["sent"].as_u64().unwrap_or(0);
+        let runs = stats["run_count"].as_f64().unwrap_or(0.0);
+        Ok(Receiver {
+            sent: sent_n,
+            kernel_ns: (runs > 0.0).then(|| stats["run_time_ns"].as_f64().unwrap_or(0.0) / runs),
+            machine_s_per_m: per_m(busy1 - busy0, sent_n),
+        })
     };
+    let floor = floor_with(false)?;
+    let floor_clock = floor_with(true)?;
 
     // The agent's `xdp` stats are the attached program's: the TC classifier with --hook tc.
     let monitor_with = |extra: &[&str]| -> Result<Receiver> {
@@ -926,6 +943,7 @@ fn floor_comparison(
         peers,
         pps,
         floor,
+        floor_clock,
         monitor,
         monitor_tc,
         monitor_any,
@@ -933,39 +951,48 @@ fn floor_comparison(
     })
 }
 
-fn render_floor(floor_test_run_ns: f64, monitor_test_run_ns: f64, rows: &[FloorRow]) -> String {
+/// `test_run_ns`: the floor's, the floor's with the clock, and the monitor's.
+fn render_floor(test_run_ns: [f64; 3], rows: &[FloorRow]) -> String {
+    let [floor, clock, monitor] = test_run_ns;
     let mut t = String::new();
     let _ = writeln!(
         t,
-        "Against the floor (a parse-to-UDP-port-and-drop XDP program), same stream, same run:\n\n\
-         BPF_PROG_TEST_RUN, one IPv4 heartbeat: floor {floor_test_run_ns:.0} ns, monitor \
-         {monitor_test_run_ns:.0} ns ({:.1}x the floor)\n",
-        monitor_test_run_ns / floor_test_run_ns
+        "Against the floor (a parse-to-UDP-port-and-drop XDP program) and the floor + clock (the \
+         same, reading the clock for each packet it drops, as the monitor does for each \
+         heartbeat), same stream, same run:\n\n\
+         BPF_PROG_TEST_RUN, one IPv4 heartbeat: floor {floor:.0} ns, floor + clock {clock:.0} ns \
+         ({:.1}x), monitor {monitor:.0} ns ({:.1}x the floor, {:.1}x the floor + clock)\n",
+        clock / floor,
+        monitor / floor,
+        monitor / clock,
     );
     let _ = writeln!(
         t,
-        "| peers | pps | receiver | sent | kernel ns/pkt (bpf_stats) | x floor | machine CPU-s per 1M pkts | x floor |"
+        "| peers | pps | receiver | sent | kernel ns/pkt (bpf_stats) | x floor | x floor + clock | machine CPU-s per 1M pkts | x floor |"
     );
-    let _ = writeln!(t, "|---:|---:|---|---:|---:|---:|---:|---:|");
+    let _ = writeln!(t, "|---:|---:|---|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         for (name, x) in [
             ("floor", &r.floor),
+            ("floor + clock", &r.floor_clock),
             ("monitor", &r.monitor),
             ("monitor --hook tc", &r.monitor_tc),
             ("monitor --listen-addr any", &r.monitor_any),
             ("socket path", &r.socket),
         ] {
             let ns = x.kernel_ns.map_or("-".into(), |v| format!("{v:.0}"));
-            let ns_ratio = match (x.kernel_ns, r.floor.kernel_ns) {
+            let ns_ratio = |to: &Receiver| match (x.kernel_ns, to.kernel_ns) {
                 (Some(a), Some(b)) if b > 0.0 => format!("{:.1}x", a / b),
                 _ => "-".into(),
             };
             let _ = writeln!(
                 t,
-                "| {} | {:.0} | {name} | {} | {ns} | {ns_ratio} | {:.3} | {:.2}x |",
+                "| {} | {:.0} | {name} | {} | {ns} | {} | {} | {:.3} | {:.2}x |",
                 r.peers,
                 r.pps,
                 x.sent,
+                ns_ratio(&r.floor),
+                ns_ratio(&r.floor_clock),
                 x.machine_s_per_m,
                 x.machine_s_per_m / r.floor.machine_s_per_m,
             );

@@ -24,6 +24,9 @@ enum Probe {
     FloorTestRun {
         #[arg(long, default_value_t = 1_000_000)]
         repeat: u32,
+        /// The floor that also reads the clock for every packet it drops.
+        #[arg(long)]
+        clock: bool,
     },
     /// Attach the floor program to IFACE for a while; prints `{"attached":true}`, then its run
     /// statistics (kernel.bpf_stats_enabled must be 1).
@@ -34,6 +37,9 @@ enum Probe {
         port: u16,
         #[arg(long)]
         duration_s: f64,
+        /// The floor that also reads the clock for every packet it drops.
+        #[arg(long)]
+        clock: bool,
     },
     /// What kernel logging costs (TEST_RUN): hot and cold path, logging off and at debug.
     KernelLog {
@@ -104,19 +110,25 @@ fn main() {
         Probe::Kernel { repeat } => {
             serde_json::json!({ "ns_per_packet": bench::prog_test_run_ns(repeat) })
         }
-        Probe::FloorTestRun { repeat } => {
-            serde_json::json!({ "ns_per_packet": bench::floor_test_run_ns(repeat) })
+        Probe::FloorTestRun { repeat, clock } => {
+            serde_json::json!({ "ns_per_packet": bench::floor_test_run_ns(repeat, clock) })
         }
         Probe::Floor {
             iface,
             port,
             duration_s,
+            clock,
         } => {
-            let stats =
-                bench::floor_attached(&iface, port, Duration::from_secs_f64(duration_s), || {
+            let stats = bench::floor_attached(
+                &iface,
+                port,
+                clock,
+                Duration::from_secs_f64(duration_s),
+                || {
                     println!("{{\"attached\":true}}");
                     let _ = std::io::Write::flush(&mut std::io::stdout());
-                });
+                },
+            );
             serde_json::json!({ "run_count": stats.run_count, "run_time_ns": stats.run_time_ns })
         }
         Probe::KernelLog { repeat } => {
