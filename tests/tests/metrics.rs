@@ -104,6 +104,14 @@ fn prometheus_scrapes_the_agent_and_promtool_accepts_it() {
     );
     assert!(sample(&text, "heartbeat_monitor_events_total{kind=\"suspect\"}").unwrap() >= 3.0);
     assert!(sample(&text, "heartbeat_monitor_peer_phi{peer=\"2\"}").unwrap() >= 8.0);
+    // The socket requests above, each timed under its op.
+    for op in ["peer", "suspects"] {
+        let series = format!("heartbeat_monitor_request_duration_seconds_count{{op=\"{op}\"}}");
+        assert!(
+            sample(&text, &series).unwrap_or(0.0) >= 1.0,
+            "{series}:\n{text}"
+        );
+    }
     assert!(
         sample(&text, "heartbeat_monitor_peer_phi{peer=\"1\"}").is_none(),
         "only asked-for peers"

@@ -1037,7 +1037,7 @@ fn render_scales(rows: &[ScaleRow]) -> String {
     let mut t = String::new();
     let _ = writeln!(
         t,
-        "| peers | requested pps | sent pps | sent | recorded | lost | kernel ns/pkt (bpf_stats) | agent CPU % | agent RssAnon MiB | maps MiB | sweep mmap ms | sweep aya iter ms | iter/mmap | agent sweep ms | peer p50/p99 us | suspects p50/p99 us | event p50/p99 ms (n) |"
+        "| peers | requested pps | sent pps | sent | recorded | lost | kernel ns/pkt (bpf_stats) | agent CPU % | agent RssAnon MiB | maps MiB | sweep mmap ms | sweep aya iter ms | iter/mmap | agent sweep ms | peer p50/p99 us | suspects p50/p99 us (n) | event p50/p99 ms (n) |"
     );
     let _ = writeln!(
         t,
@@ -1046,7 +1046,7 @@ fn render_scales(rows: &[ScaleRow]) -> String {
     for r in rows {
         let _ = writeln!(
             t,
-            "| {} | {:.0} | {:.0} | {} | {} | {} | {:.0} | {:.2} | {:.1} | {:.1} | {:.3} | {:.1} | {:.0}x | {:.3} | {:.0} / {:.0} | {:.0} / {:.0} | {:.2} / {:.2} ({}) |",
+            "| {} | {:.0} | {:.0} | {} | {} | {} | {:.0} | {:.2} | {:.1} | {:.1} | {:.3} | {:.1} | {:.0}x | {:.3} | {:.0} / {:.0} | {:.0} / {:.0} ({}) | {:.2} / {:.2} ({}) |",
             r.peers,
             r.requested_pps,
             r.achieved_pps,
@@ -1065,6 +1065,7 @@ fn render_scales(rows: &[ScaleRow]) -> String {
             f(&r.socket, &["peer_us", "p99"]),
             f(&r.socket, &["suspects_us", "p50"]),
             f(&r.socket, &["suspects_us", "p99"]),
+            r.socket["suspects_us"]["count"],
             f(&r.events, &["latency_ms", "p50"]),
             f(&r.events, &["latency_ms", "p99"]),
             r.events["latency_ms"]["count"],

@@ -38,7 +38,7 @@ use crate::{
     kernel::peer_table::{Busy, PeerTable},
     kernel::program,
     kernel::registry::{AdmitError, ForgetError, Registry},
-    serving::metrics::{self, AgentMetrics, KindLabel, PeerSeries, Scrape},
+    serving::metrics::{self, AgentMetrics, KindLabel, OpLabel, PeerSeries, Scrape},
     serving::peer_view::{PeerView, WindowDetail, ip_addr},
     serving::protocol::{
         AgentStats, KernelCounters, PeerError, PeerSource, Request, XdpRunStats, error_reply,
@@ -912,6 +912,13 @@ impl Handler for Agent {
 
     fn refused(&self) {
         self.metrics.socket_refusals.inc();
+    }
+
+    fn answered(&self, op: &'static str, took: std::time::Duration) {
+        self.metrics
+            .request_seconds
+            .get_or_create(&OpLabel { op })
+            .observe(took.as_secs_f64());
     }
 
     fn handle(&self, request: Request) -> Response {

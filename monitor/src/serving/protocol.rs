@@ -48,7 +48,23 @@ pub enum Request {
     },
 }
 
+/// The `op` label of a line that was no request (see `Request::op`).
+pub const INVALID_OP: &str = "invalid";
+
 impl Request {
+    /// Its `op` as the wire spells it: the label of the request-duration metric.
+    pub fn op(&self) -> &'static str {
+        match self {
+            Request::Peer { .. } => "peer",
+            Request::Peers { .. } => "peers",
+            Request::Suspects { .. } => "suspects",
+            Request::Subscribe => "subscribe",
+            Request::Forget { .. } => "forget",
+            Request::Stats => "stats",
+            Request::Record { .. } => "record",
+        }
+    }
+
     /// Whether answering it reads every peer (the server runs those off the async workers).
     pub fn scans_every_peer(&self) -> bool {
         matches!(self, Request::Peers { .. } | Request::Suspects { .. })
@@ -307,6 +323,29 @@ pub struct SuspectsReply {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_op_label_is_the_wire_name() {
+        for request in [
+            Request::Peer {
+                id: 1,
+                window: false,
+            },
+            Request::ALL_PEERS,
+            Request::Suspects { threshold: None },
+            Request::Subscribe,
+            Request::Forget { id: 1 },
+            Request::Stats,
+            Request::Record {
+                ids: vec![1],
+                duration_ms: None,
+            },
+        ] {
+            let wire = serde_json::to_value(&request).unwrap();
+            assert_eq!(wire["op"], json!(request.op()), "{request:?}");
+        }
+        assert!(parse_request(r#"{"op":"invalid"}"#).is_err());
+    }
 
     #[test]
     fn busy_and_unknown_are_told_apart() {

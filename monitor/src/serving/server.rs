@@ -21,7 +21,7 @@ use monitor_common::maps::ArrivalRecord;
 use crate::{
     detector::tracker::Event,
     serving::access::AccessPolicy,
-    serving::protocol::{MAX_REQUEST_BYTES, Request, error_reply, parse_request},
+    serving::protocol::{INVALID_OP, MAX_REQUEST_BYTES, Request, error_reply, parse_request},
     serving::recording::{ArrivalLine, RecordingGuard},
 };
 
@@ -105,6 +105,10 @@ pub trait Handler: Send + Sync + 'static {
 
     /// A client was refused by the access policy; for the metrics.
     fn refused(&self) {}
+
+    /// A request of `op` (`Request::op`, or `INVALID_OP`) was answered `took` after its line
+    /// was read (for `subscribe` and `record`, the first reply); for the metrics.
+    fn answered(&self, _op: &'static str, _took: std::time::Duration) {}
 }
 
 /// Accepts clients forever, each on its own task.
@@ -220,30 +224,38 @@ type Lines = Framed<UnixStream, RequestCodec>;
 async fn serve_client<H: Handler>(stream: UnixStream, handler: &Arc<H>) -> io::Result<()> {
     let mut lines = Framed::new(stream, RequestCodec::new());
     while let Some(line) = lines.next().await {
-        let response = match line? {
+        let read_at = std::time::Instant::now();
+        let (op, response) = match line? {
             Ok(line) if line.trim().is_empty() => continue,
             Ok(line) => match parse_request(&line) {
                 // A pass over every peer (milliseconds at 50,000) runs on a blocking thread,
                 // so the runtime's workers keep serving the other clients meanwhile.
                 Ok(request) if request.scans_every_peer() => {
+                    let op = request.op();
                     let handler = handler.clone();
-                    tokio::task::spawn_blocking(move || handler.handle(request))
+                    let response = tokio::task::spawn_blocking(move || handler.handle(request))
                         .await
-                        .map_err(io::Error::other)?
+                        .map_err(io::Error::other)?;
+                    (op, response)
                 }
-                Ok(request) => handler.handle(request),
-                Err(message) => Response::Reply(error_reply(message)),
+                Ok(request) => (request.op(), handler.handle(request)),
+                Err(message) => (INVALID_OP, Response::Reply(error_reply(message))),
             },
-            Err(message) => Response::Reply(error_reply(message)),
+            Err(message) => (INVALID_OP, Response::Reply(error_reply(message))),
         };
         match response {
-            Response::Reply(reply) => lines.send(reply.to_string()).await?,
+            Response::Reply(reply) => {
+                lines.send(reply.to_string()).await?;
+                handler.answered(op, read_at.elapsed());
+            }
             Response::Subscribe(reply, events) => {
                 lines.send(reply.to_string()).await?;
+                handler.answered(op, read_at.elapsed());
                 return stream_events(lines, events).await;
             }
             Response::Record(reply, recording) => {
                 lines.send(reply.to_string()).await?;
+                handler.answered(op, read_at.elapsed());
                 return stream_arrivals(lines, recording).await;
             }
         }
