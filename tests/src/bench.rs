@@ -292,6 +292,59 @@ pub struct SocketLatency {
     /// `suspects` round trips (default threshold), microseconds.
     pub suspects_us: Percentiles,
     pub suspects_returned: usize,
+    /// The same requests as the agent timed them (`heartbeat_monitor_request_duration_seconds`,
+    /// line read to reply written), when its metrics were asked for.
+    pub agent_peer_us: Option<BucketQuantiles>,
+    pub agent_suspects_us: Option<BucketQuantiles>,
+}
+
+/// Quantiles read off a Prometheus histogram: the upper bound of the bucket each falls in.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct BucketQuantiles {
+    pub count: u64,
+    pub p50_at_most: f64,
+    pub p99_at_most: f64,
+}
+
+/// The request-duration histogram of `op` in the agent's metrics `text`, in microseconds.
+pub fn request_quantiles_us(text: &str, op: &str) -> Option<BucketQuantiles> {
+    let prefix = "heartbeat_monitor_request_duration_seconds_bucket{";
+    let label = format!("op=\"{op}\"");
+    // (upper bound in us, cumulative count), in the order the exposition lists them.
+    let buckets: Vec<(f64, u64)> = text
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(prefix)?;
+            let (labels, value) = rest.split_once("} ")?;
+            if !labels.split(',').any(|l| l == label) {
+                return None;
+            }
+            let le = labels.split(',').find_map(|l| l.strip_prefix("le=\""))?;
+            let le = le.trim_end_matches('"');
+            let bound = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse::<f64>().ok()? * 1e6
+            };
+            Some((bound, value.trim().parse::<f64>().ok()? as u64))
+        })
+        .collect();
+    let count = buckets.last()?.1;
+    if count == 0 {
+        return None;
+    }
+    let at = |q: f64| {
+        let rank = (q * count as f64).ceil() as u64;
+        buckets
+            .iter()
+            .find(|&&(_, cumulative)| cumulative >= rank)
+            .map_or(f64::INFINITY, |&(bound, _)| bound)
+    };
+    Some(BucketQuantiles {
+        count,
+        p50_at_most: at(0.5),
+        p99_at_most: at(0.99),
+    })
 }
 
 /// Most time the `suspects` round trips may take together, once `MIN_SUSPECTS` are done: at a
@@ -302,8 +355,14 @@ const SUSPECTS_BUDGET: Duration = Duration::from_secs(5);
 const MIN_SUSPECTS: usize = 200;
 
 /// Round trips of `peer` (random admitted ids 1..=peers) and `suspects`, one client, in turn:
-/// `requests` of each, fewer `suspects` if they take longer than `SUSPECTS_BUDGET`.
-pub fn socket_latency(socket: &Path, peers: u64, requests: usize) -> SocketLatency {
+/// `requests` of each, fewer `suspects` if they take longer than `SUSPECTS_BUDGET`. With
+/// `metrics` (the agent's namespace and metrics address), also the agent's own timing of them.
+pub fn socket_latency(
+    socket: &Path,
+    peers: u64,
+    requests: usize,
+    metrics: Option<(&str, &str)>,
+) -> SocketLatency {
     let mut client = Client::connect(socket).expect("connect");
     let mut rng = fastrand::Rng::with_seed(7);
     let time = |client: &mut Client, request: &Value| {
@@ -333,10 +392,22 @@ pub fn socket_latency(socket: &Path, peers: u64, requests: usize) -> SocketLaten
             us
         })
         .collect();
+    let text = metrics.map(
+        |(ns, addr)| match crate::http::get_in(ns, addr, "/metrics", &[]) {
+            Ok((200, text)) => text,
+            other => panic!("GET /metrics from {addr} in {ns}: {other:?}"),
+        },
+    );
     SocketLatency {
         peer_us: Percentiles::of(peer_us),
         suspects_us: Percentiles::of(suspects_us),
         suspects_returned: returned,
+        agent_peer_us: text
+            .as_deref()
+            .and_then(|t| request_quantiles_us(t, "peer")),
+        agent_suspects_us: text
+            .as_deref()
+            .and_then(|t| request_quantiles_us(t, "suspects")),
     }
 }
 
@@ -491,4 +562,28 @@ pub fn cpu_seconds() -> f64 {
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_quantiles_are_read_off_the_buckets() {
+        let text = "\
+# TYPE heartbeat_monitor_request_duration_seconds histogram
+heartbeat_monitor_request_duration_seconds_bucket{le=\"0.00001\",op=\"peer\"} 0
+heartbeat_monitor_request_duration_seconds_bucket{le=\"0.00002\",op=\"peer\"} 60
+heartbeat_monitor_request_duration_seconds_bucket{le=\"0.00004\",op=\"peer\"} 99
+heartbeat_monitor_request_duration_seconds_bucket{le=\"+Inf\",op=\"peer\"} 100
+heartbeat_monitor_request_duration_seconds_bucket{le=\"0.00001\",op=\"suspects\"} 0
+heartbeat_monitor_request_duration_seconds_bucket{le=\"+Inf\",op=\"suspects\"} 0
+";
+        let peer = request_quantiles_us(text, "peer").unwrap();
+        assert_eq!(peer.count, 100);
+        assert!((peer.p50_at_most - 20.0).abs() < 1e-9, "{peer:?}");
+        assert!((peer.p99_at_most - 40.0).abs() < 1e-9, "{peer:?}");
+        assert_eq!(request_quantiles_us(text, "suspects"), None, "none asked");
+        assert_eq!(request_quantiles_us(text, "stats"), None, "no series");
+    }
 }

@@ -15,6 +15,9 @@ use integration_tests::{
 };
 use serde_json::{Value, json};
 
+/// The agent's metrics address, inside its namespace.
+const METRICS: &str = "127.0.0.1:9464";
+
 fn loadgen(pair: &NetnsPair, port: u16, args: &[&str]) -> Value {
     serde_json::to_value(integration_tests::agent_process::loadgen(pair, port, args)).unwrap()
 }
@@ -25,7 +28,17 @@ fn loadgen_counts_match_the_kernel_and_every_killed_peer_is_detected() {
     let pair = NetnsPair::new(40);
     let dir = TempDir::new("hbmsmoke");
     let peers = dir.peers_file(1..=500);
-    let agent = AgentProcess::start(&pair, &["--peers", &peers, "--sweep-interval", "20ms"]);
+    let agent = AgentProcess::start(
+        &pair,
+        &[
+            "--peers",
+            &peers,
+            "--sweep-interval",
+            "20ms",
+            "--metrics-addr",
+            METRICS,
+        ],
+    );
     let mut watcher = agent.subscribe();
 
     let report = loadgen(
@@ -94,10 +107,17 @@ fn loadgen_counts_match_the_kernel_and_every_killed_peer_is_detected() {
         assert_eq!(first_climb, vec![1.0, 3.0, 8.0], "peer {id}: {levels:?}");
     }
 
-    // The socket probe gets an ok reply for every request it times.
-    let latency = bench::socket_latency(&agent.socket, 500, 50);
+    // The socket probe gets an ok reply for every request it times, and the agent timed each
+    // of them too (the test asked nothing else of those ops).
+    let latency = bench::socket_latency(&agent.socket, 500, 50, Some((&pair.ns_a, METRICS)));
     assert_eq!(latency.peer_us.count, 50);
-    assert_eq!(latency.suspects_us.count, 10);
+    assert_eq!(latency.suspects_us.count, 200, "at least 200 for a p99");
+    let agent_peer = latency.agent_peer_us.expect("the agent's timing of peer");
+    let agent_suspects = latency
+        .agent_suspects_us
+        .expect("the agent's timing of suspects");
+    assert_eq!((agent_peer.count, agent_suspects.count), (50, 200));
+    assert!(agent_suspects.p50_at_most <= agent_suspects.p99_at_most);
 }
 
 #[test]

@@ -65,6 +65,9 @@ pub struct BenchArgs {
 
 /// Heartbeats per second per peer in the scale runs.
 const RATE_HZ: f64 = 10.0;
+/// Where the scale runs' agent serves its metrics, in the monitor's namespace: the socket
+/// probe reads the agent's own timing of its requests there.
+const AGENT_METRICS: &str = "127.0.0.1:9464";
 /// Per peer, in the floor comparison's hot row at 1,000 peers: the issue measured 1,000 peers
 /// x 400 Hz; 300 Hz keeps the stream (300k packets a second) under what the generator sends on
 /// two cores. At this rate every slot is touched often enough to stay in cache, so the row
@@ -523,7 +526,7 @@ fn scale_run(
     interrupt: &Interrupt,
 ) -> Result<ScaleRow> {
     let sweep = probe_json(&tools.probe, &["sweep", "--peers", &peers.to_string()])?;
-    let agent = Agent::start(tools, net, dir, peers, &[])?;
+    let agent = Agent::start(tools, net, dir, peers, &["--metrics-addr", AGENT_METRICS])?;
     let killed = ((peers as f64 * KILL_FRACTION).round() as u64).max(1);
     let mut events = Process::spawn(
         Command::new(&tools.probe)
@@ -562,6 +565,10 @@ fn scale_run(
             &agent.socket.display().to_string(),
             "--peers",
             &peers.to_string(),
+            "--metrics-addr",
+            AGENT_METRICS,
+            "--metrics-ns",
+            net.ns_monitor,
         ],
     )?;
     let sent = finish_json(generator)?;
@@ -1037,16 +1044,25 @@ fn render_scales(rows: &[ScaleRow]) -> String {
     let mut t = String::new();
     let _ = writeln!(
         t,
-        "| peers | requested pps | sent pps | sent | recorded | lost | kernel ns/pkt (bpf_stats) | agent CPU % | agent RssAnon MiB | maps MiB | sweep mmap ms | sweep aya iter ms | iter/mmap | agent sweep ms | peer p50/p99 us | suspects p50/p99 us (n) | event p50/p99 ms (n) |"
+        "| peers | requested pps | sent pps | sent | recorded | lost | kernel ns/pkt (bpf_stats) | agent CPU % | agent RssAnon MiB | maps MiB | sweep mmap ms | sweep aya iter ms | iter/mmap | agent sweep ms | peer p50/p99 us | suspects p50/p99 us (n) | suspects in the agent p50/p99 us | event p50/p99 ms (n) |"
     );
     let _ = writeln!(
         t,
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for r in rows {
+        // Bucket bounds of the agent's histogram: the quantile is at most this.
+        let agent_suspects = match &r.socket["agent_suspects_us"] {
+            Value::Null => "-".to_string(),
+            q => format!(
+                "<= {} / <= {}",
+                f(q, &["p50_at_most"]),
+                f(q, &["p99_at_most"])
+            ),
+        };
         let _ = writeln!(
             t,
-            "| {} | {:.0} | {:.0} | {} | {} | {} | {:.0} | {:.2} | {:.1} | {:.1} | {:.3} | {:.1} | {:.0}x | {:.3} | {:.0} / {:.0} | {:.0} / {:.0} ({}) | {:.2} / {:.2} ({}) |",
+            "| {} | {:.0} | {:.0} | {} | {} | {} | {:.0} | {:.2} | {:.1} | {:.1} | {:.3} | {:.1} | {:.0}x | {:.3} | {:.0} / {:.0} | {:.0} / {:.0} ({}) | {agent_suspects} | {:.2} / {:.2} ({}) |",
             r.peers,
             r.requested_pps,
             r.achieved_pps,

@@ -59,6 +59,12 @@ enum Probe {
         peers: u64,
         #[arg(long, default_value_t = 2000)]
         requests: usize,
+        /// The agent's metrics address, to read its own timing of the requests from.
+        #[arg(long, requires = "metrics_ns")]
+        metrics_addr: Option<String>,
+        /// The network namespace the metrics address is in.
+        #[arg(long)]
+        metrics_ns: Option<String>,
     },
     /// Subscribe and measure, for each suspect event, crossing-to-delivery latency, ms.
     Events {
@@ -139,7 +145,12 @@ fn main() {
             socket,
             peers,
             requests,
-        } => serde_json::to_value(bench::socket_latency(&socket, peers, requests)).unwrap(),
+            metrics_addr,
+            metrics_ns,
+        } => {
+            let metrics = metrics_ns.as_deref().zip(metrics_addr.as_deref());
+            serde_json::to_value(bench::socket_latency(&socket, peers, requests, metrics)).unwrap()
+        }
         Probe::Events {
             socket,
             expected,
