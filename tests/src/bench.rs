@@ -347,12 +347,13 @@ pub fn request_quantiles_us(text: &str, op: &str) -> Option<BucketQuantiles> {
     })
 }
 
-/// Most time the `suspects` round trips may take together, once `MIN_SUSPECTS` are done: at a
-/// million peers one takes tens of ms, and the load they are measured under lasts 30 s.
-const SUSPECTS_BUDGET: Duration = Duration::from_secs(5);
-/// Fewest `suspects` round trips a p99 is taken from (the second largest of 200 is already
-/// a poor p99; one stall on a busy machine moves it).
-const MIN_SUSPECTS: usize = 200;
+/// Most time the `suspects` round trips may take together, once `MIN_SUSPECTS` are done: at
+/// 200,000 peers one takes milliseconds, at a million tens, and the scale runs kill peers 4 s
+/// after this probe starts (queries still running then would slow the events measured).
+const SUSPECTS_BUDGET: Duration = Duration::from_secs(2);
+/// Fewest `suspects` round trips a p99 is taken from (then the largest: a poor p99, and only
+/// where one round trip takes 20 ms or more).
+const MIN_SUSPECTS: usize = 100;
 
 /// Round trips of `peer` (random admitted ids 1..=peers) and `suspects`, one client, in turn:
 /// `requests` of each, fewer `suspects` if they take longer than `SUSPECTS_BUDGET`. With
