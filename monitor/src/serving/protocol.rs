@@ -344,6 +344,7 @@ mod tests {
             let wire = serde_json::to_value(&request).unwrap();
             assert_eq!(wire["op"], json!(request.op()), "{request:?}");
         }
+        // And no request takes the name of the label of lines that are none.
         assert!(parse_request(r#"{"op":"invalid"}"#).is_err());
     }
 
