@@ -68,9 +68,9 @@ pub struct BenchArgs {
 const RATE_HZ: f64 = 10.0;
 /// Packets a second the generator sends on schedule on this machine's two cores (it tops out
 /// near 350k and falls behind in bursts before that). A late heartbeat is a silence to the
-/// detector: at 200,000 peers asked for 10 Hz (1.8 Hz sent, in bursts) the agent rightly
-/// raised a million suspect events of live peers in 10 s, and the event latency measured that
-/// flood, not the agent. Above 50,000 peers the scale runs send at most this many.
+/// detector: at 200,000 peers asked for 10 Hz the generator sent 1.8 Hz, late and in bursts,
+/// not the stream the row was labelled with, and the agent raised a million suspect events in
+/// 10 s. Above 50,000 peers the scale runs send at most this many.
 const STEADY_PPS: f64 = 250_000.0;
 
 /// The rate per peer of a scale run: `rate_hz`, lowered above 50,000 peers to what the
@@ -639,8 +639,8 @@ struct AgentCost {
     agent_cpu_pct: f64,
     /// Slot reads (estimate refreshes) per second, from the agent's stats.
     refreshes_per_s: f64,
-    /// Events published per second (nearly all first-level suspicions of live peers and
-    /// their recoveries), from the agent's stats.
+    /// Events published per second over the steady part, from the agent's stats (0 while no
+    /// peer's silence crosses a level).
     events_per_s: f64,
 }
 
