@@ -63,7 +63,7 @@ enum Probe {
         #[arg(long, requires = "metrics_ns")]
         metrics_addr: Option<String>,
         /// The network namespace the metrics address is in.
-        #[arg(long)]
+        #[arg(long, requires = "metrics_addr")]
         metrics_ns: Option<String>,
     },
     /// Subscribe and measure, for each suspect event, crossing-to-delivery latency, ms.
