@@ -37,8 +37,15 @@ use monitor_common::{
     maps::{LOCAL_ADDRS_CAPACITY, LOCAL_ADDRS_MAP, LOCAL_FAST_MAP, LocalFast, local_addr_key},
 };
 
-/// How often the interface's addresses are re-read when they are followed.
+/// How often the following thread wakes: to re-read the interface's addresses when no change
+/// notifications could be subscribed, and in any case to see whether it should stop.
 pub const REFRESH: Duration = Duration::from_millis(500);
+
+/// How often the addresses are re-read although no change was announced: a safety net behind
+/// the rtnetlink notifications (an overrun of them wakes a re-read too). Each read dumps every
+/// link and address of the host (getifaddrs): every REFRESH, that was 13% of the agent's
+/// samples at 25,000 peers x 10 Hz (perf, BENCHMARKS.md 2026-11-30 16:2x).
+pub const RESYNC: Duration = Duration::from_secs(30);
 
 /// One `--listen-addr` value: an address, or `any`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -274,9 +281,9 @@ pub fn interface_addrs(iface: &str) -> io::Result<BTreeSet<IpAddr>> {
 }
 
 /// Keeps LOCAL_ADDRS in step with the configuration while alive: for [`Listen::Interface`] a
-/// thread re-reads the interface's addresses on each announced change and every
-/// [`REFRESH`]. Dropping it stops the thread (within [`REFRESH`]); the map keeps what it last
-/// held.
+/// thread re-reads the interface's addresses on each announced change and every [`RESYNC`]
+/// (every [`REFRESH`] if changes cannot be subscribed). Dropping it stops the thread (within
+/// [`REFRESH`]); the map keeps what it last held.
 pub struct Destinations {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -341,14 +348,22 @@ pub fn start(
             let thread = std::thread::Builder::new()
                 .name("destinations".into())
                 .spawn(move || {
+                    let mut read_at = std::time::Instant::now();
                     while !stopped.load(Ordering::Relaxed) {
-                        match &changes {
+                        let announced = match &changes {
                             Some(changes) => changes.wait(REFRESH),
-                            None => std::thread::park_timeout(REFRESH),
-                        }
+                            None => {
+                                std::thread::park_timeout(REFRESH);
+                                true
+                            }
+                        };
                         if stopped.load(Ordering::Relaxed) {
                             break;
                         }
+                        if !announced && read_at.elapsed() < RESYNC {
+                            continue;
+                        }
+                        read_at = std::time::Instant::now();
                         let next = match read(&iface) {
                             Ok(next) => next,
                             Err(e) => {
@@ -426,8 +441,8 @@ impl AddressChanges {
         Ok(Self { fd })
     }
 
-    /// Returns when a change was announced (the messages drained) or after `limit`.
-    fn wait(&self, limit: Duration) {
+    /// Returns when a change was announced (true, the messages drained) or after `limit`.
+    fn wait(&self, limit: Duration) -> bool {
         use std::os::fd::AsRawFd;
         let mut pfd = libc::pollfd {
             fd: self.fd.as_raw_fd(),
@@ -437,7 +452,7 @@ impl AddressChanges {
         // SAFETY: one valid pollfd.
         let ready = unsafe { libc::poll(&mut pfd, 1, limit.as_millis() as libc::c_int) };
         if ready <= 0 {
-            return;
+            return false;
         }
         let mut buf = [0u8; 8192];
         loop {
@@ -449,6 +464,7 @@ impl AddressChanges {
                 break;
             }
         }
+        true
     }
 }
 
