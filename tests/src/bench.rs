@@ -351,8 +351,8 @@ pub fn request_quantiles_us(text: &str, op: &str) -> Option<BucketQuantiles> {
 /// 200,000 peers one takes milliseconds, at a million tens, and the scale runs kill peers 4 s
 /// after this probe starts (queries still running then would slow the events measured).
 const SUSPECTS_BUDGET: Duration = Duration::from_secs(2);
-/// Fewest `suspects` round trips a p99 is taken from (then the largest: a poor p99, and only
-/// where one round trip takes 20 ms or more).
+/// Fewest `suspects` round trips a p99 is taken from (then the second largest: a poor p99,
+/// and only where one round trip takes 20 ms or more).
 const MIN_SUSPECTS: usize = 100;
 
 /// Round trips of `peer` (random admitted ids 1..=peers) and `suspects`, one client, in turn:
