@@ -10,11 +10,13 @@
 //! - bits 63..20: `arrival_ns >> 10`, the arrival in units of 1.024 µs (wraps after 204 days
 //!   of uptime; readers reconstruct the full time from the clock, see
 //!   [`arrival_near`]);
-//! - bits 19..0: the slot's `heartbeats`, modulo 2^20.
+//! - bits 19..0: the slot's [`count`], modulo 2^20: its `heartbeats`, plus
+//!   [`LEFT_OUT_STEP`] for each interval the window left out (`PeerRecord::left_out`).
 //!
 //! The agent only ever needs differences: how many heartbeats since it last read the slot,
-//! and when the newest arrived. The arrival it reconstructs is at most 1.024 µs early, which
-//! only makes a deadline computed from it earlier (conservative).
+//! whether every interval since entered the window (a difference below `LEFT_OUT_STEP`), and
+//! when the newest arrived. The arrival it reconstructs is at most 1.024 µs early, which only
+//! makes a deadline computed from it earlier (conservative).
 
 /// Name of the map in the eBPF object and of its pin.
 pub const LAST_HEARD_MAP: &str = "LAST_HEARD";
@@ -28,15 +30,44 @@ const UNIT_SHIFT: u32 = 10;
 const UNIT_BITS: u32 = 64 - COUNT_BITS;
 const UNIT_MASK: u64 = (1 << UNIT_BITS) - 1;
 
-/// The word for a slot whose last accepted heartbeat (its `heartbeats`-th) arrived at
-/// `arrival_ns`. The kernel writes it; the agent computes it from a record to compare.
+/// What a word's count advances by for an interval the window left out, on top of the one
+/// for its heartbeat: a reader that sees the count advance by less than this since it read the
+/// slot knows every interval since entered the window (and how many did). A peer would have to
+/// leave out 512 intervals between two reads for its count to wrap into the other half.
+pub const LEFT_OUT_STEP: u64 = 1 << 10;
+
+/// The count a word carries for a slot with `heartbeats` accepted heartbeats of which
+/// `left_out` intervals the window left out (modulo 2^16, as `PeerRecord::left_out` keeps it).
 #[inline(always)]
-pub const fn word(arrival_ns: u64, heartbeats: u64) -> u64 {
-    ((arrival_ns >> UNIT_SHIFT) << COUNT_BITS) | (heartbeats & COUNT_MASK)
+pub const fn count(heartbeats: u64, left_out: u16) -> u64 {
+    heartbeats.wrapping_add((left_out as u64) * LEFT_OUT_STEP)
 }
 
-/// Heartbeats counted between the word `from` and the word `to`, if `to` is not older
-/// (counts modulo 2^20: a difference of more than 2^19 is taken as `to` being the older).
+/// The word of a slot whose last accepted heartbeat arrived at `arrival_ns`, with [`count`]
+/// `count`. The kernel writes it; the agent computes it from a record to compare.
+#[inline(always)]
+pub const fn word(arrival_ns: u64, count: u64) -> u64 {
+    ((arrival_ns >> UNIT_SHIFT) << COUNT_BITS) | (count & COUNT_MASK)
+}
+
+/// The word the kernel stores for `record`.
+#[inline(always)]
+pub const fn of_record(record: &crate::maps::PeerRecord) -> u64 {
+    word(
+        record.last_arrival_ns,
+        count(record.heartbeats, record.left_out),
+    )
+}
+
+/// The count a word carries: [`count`] modulo 2^20.
+#[inline(always)]
+pub const fn count_of(w: u64) -> u64 {
+    w & COUNT_MASK
+}
+
+/// How far the count advanced from the word `from` to the word `to`, if `to` is not older
+/// (counts modulo 2^20: a difference of more than 2^19 is taken as `to` being the older): the
+/// heartbeats between them if below [`LEFT_OUT_STEP`].
 #[inline]
 pub const fn heartbeats_since(from: u64, to: u64) -> Option<u64> {
     let d = (to & COUNT_MASK).wrapping_sub(from & COUNT_MASK) & COUNT_MASK;

@@ -134,7 +134,13 @@ pub struct PeerRecord {
     /// Intervals in the window (0..=window).
     pub samples: u32,
     /// Next ring position to write.
-    pub ring_head: u32,
+    pub ring_head: u16,
+    /// Intervals left out of the window since admission (rules 2-5 of `crate::slot`: across a
+    /// restart or a new epoch, over the cap, across lost heartbeats in a gapless window, an
+    /// outage), modulo 2^16. It advances the last-heard word's count too
+    /// (`crate::last_heard::count`), so a reader of the words alone knows whether every
+    /// interval since it last read the slot entered the window.
+    pub left_out: u16,
     // The slot's second line.
     /// Which of the [`crate::slot::MISSING_SPAN`] sequence numbers below `last_seq` were
     /// counted in `lost` and have not arrived since: bit i is `last_seq - 1 - i`. Only a late
@@ -224,6 +230,7 @@ impl PeerRecord {
             interval_sum_sq_us: 0,
             samples: 0,
             ring_head: 0,
+            left_out: 0,
             incarnation: 0,
             src_family: FAMILY_NONE,
             src_port: 0,
@@ -262,7 +269,7 @@ impl PeerRecord {
 const _: () = assert!(core::mem::size_of::<PeerSlot>() % 64 == 0);
 // Eleven cache lines; the passive sources' fields fit in what alignment left over.
 const _: () = assert!(core::mem::size_of::<PeerSlot>() == 704);
-// The hot fields: the lock and the record up to `ring_head` in the first line, the rest up to
+// The hot fields: the lock and the record up to `left_out` in the first line, the rest up to
 // `burst_gaps` in the second.
 const _: () = assert!(
     core::mem::offset_of!(PeerSlot, record) + core::mem::offset_of!(PeerRecord, missing) == 64
@@ -276,7 +283,7 @@ const _: () = assert!(core::mem::offset_of!(UnknownPeerReport, src_addr) % 8 == 
 
 /// Version of everything a restarted agent reads from pinned maps: bump it whenever a map's
 /// layout or meaning changes, so an agent never misreads state pinned by another build.
-pub const LAYOUT_VERSION: u32 = 9;
+pub const LAYOUT_VERSION: u32 = 10;
 /// "HBMPIN\0\0".
 pub const META_MAGIC: u64 = u64::from_le_bytes(*b"HBMPIN\0\0");
 

@@ -114,6 +114,8 @@ pub fn arrive(
     if restarted {
         record.restarts += 1;
         record.burst_left = 0;
+        // Rule 2: the interval across the restart is left out.
+        record.left_out = record.left_out.wrapping_add(1);
     } else if !first {
         count_loss(slot, lost);
         push_interval(slot, now_ns, lost, config);
@@ -208,18 +210,28 @@ fn count_loss(slot: &mut PeerSlot, lost: u64) {
     }
 }
 
-/// Rules 3-5 (see the module docs), then the ring and its running sums.
+/// Rules 3-5 (see the module docs), then the ring and its running sums; an interval they
+/// leave out is counted in `left_out`.
 #[inline(always)]
 fn push_interval(slot: &mut PeerSlot, now_ns: u64, lost: u64, config: &XdpConfig) {
+    if !window_takes(slot, now_ns, lost, config) {
+        slot.record.left_out = slot.record.left_out.wrapping_add(1);
+    }
+}
+
+/// Pushes the interval that ends at `now_ns` into the window unless rules 3-5 leave it out;
+/// whether it did.
+#[inline(always)]
+fn window_takes(slot: &mut PeerSlot, now_ns: u64, lost: u64, config: &XdpConfig) -> bool {
     let mut interval = ns_to_us(now_ns.saturating_sub(slot.record.last_arrival_ns));
     if interval > MAX_INTERVAL_US {
         interval = MAX_INTERVAL_US;
     }
     if config.max_interval_us != 0 && interval > config.max_interval_us as u64 {
-        return;
+        return false;
     }
     if config.flags & XDP_FLAG_GAPLESS_WINDOW != 0 && lost > 0 {
-        return;
+        return false;
     }
     let samples = slot.record.samples;
     if config.outage_factor != 0
@@ -231,14 +243,14 @@ fn push_interval(slot: &mut PeerSlot, now_ns: u64, lost: u64, config: &XdpConfig
         if slot.record.outage_run < OUTAGE_RUN {
             slot.record.outage_run += 1;
             slot.record.outages += 1;
-            return;
+            return false;
         }
     } else {
         slot.record.outage_run = 0;
     }
 
     let window = config.window;
-    let head = slot.record.ring_head & RING_MASK;
+    let head = slot.record.ring_head as u32 & RING_MASK;
     if samples >= window {
         let old = slot.ring_us[head as usize] as u64;
         slot.record.interval_sum_us -= old;
@@ -250,7 +262,8 @@ fn push_interval(slot: &mut PeerSlot, now_ns: u64, lost: u64, config: &XdpConfig
     slot.record.interval_sum_us += interval;
     slot.record.interval_sum_sq_us += interval * interval;
     let next = head + 1;
-    slot.record.ring_head = if next >= window { 0 } else { next };
+    slot.record.ring_head = if next >= window { 0 } else { next as u16 };
+    true
 }
 
 /// `ns / 1000`, the way compilers divide a 32-bit number by 1000 (a multiply and a shift,
@@ -271,7 +284,7 @@ pub const MAX_OUTAGE_FACTOR: u32 = 1024;
 /// The slot's window, oldest interval first (userspace helper; the kernel never needs it).
 pub fn window_intervals(slot: &PeerSlot, window: u32) -> impl Iterator<Item = u32> + '_ {
     let samples = slot.record.samples.min(window);
-    let head = slot.record.ring_head;
+    let head = slot.record.ring_head as u32;
     // The oldest sample sits at `head` when the ring is full, at 0 before.
     let start = if samples >= window { head } else { 0 };
     (0..samples).map(move |i| slot.ring_us[((start + i) % window) as usize])
@@ -305,6 +318,47 @@ mod tests {
 
     fn late(slot: &mut PeerSlot, seq: u64) -> Outcome {
         arrive(slot, 1000 * MS, seq, 1, &config())
+    }
+
+    /// Every interval rules 2-5 leave out is counted in `left_out`; one the window takes, and
+    /// a first heartbeat (no interval), are not.
+    #[test]
+    fn intervals_left_out_are_counted() {
+        let c = XdpConfig {
+            window: 8,
+            max_interval_us: 500_000,
+            outage_factor: 4,
+            ..XdpConfig::default()
+        };
+        // Each heartbeat `ms` after the last: (left_out, samples) after it.
+        fn step(slot: &mut PeerSlot, ms: u64, seq: u64, inc: u32, c: &XdpConfig) -> (u16, u32) {
+            let at = slot.record.last_arrival_ns + ms * MS;
+            arrive(slot, at, seq, inc, c);
+            (slot.record.left_out, slot.record.samples)
+        }
+        let mut slot = PeerSlot::admitted(7, 0);
+        assert_eq!(step(&mut slot, 10, 1, 1, &c), (0, 0), "first");
+        for seq in 2..=6 {
+            assert_eq!(step(&mut slot, 10, seq, 1, &c), (0, seq as u32 - 1));
+        }
+        assert_eq!(step(&mut slot, 100, 7, 1, &c), (1, 5), "an outage");
+        assert_eq!(step(&mut slot, 600, 8, 1, &c), (2, 5), "over the cap");
+        assert_eq!(step(&mut slot, 10, 1, 2, &c), (3, 5), "across a restart");
+        assert_eq!(step(&mut slot, 10, 3, 2, &c), (3, 6), "a gap, counted");
+        let gapless = XdpConfig {
+            flags: XDP_FLAG_GAPLESS_WINDOW,
+            ..c
+        };
+        assert_eq!(step(&mut slot, 10, 5, 2, &gapless), (4, 6), "a gapless gap");
+        let at = slot.record.last_arrival_ns + 10 * MS;
+        arrive_passive(&mut slot, at, true, &c);
+        assert_eq!(
+            (slot.record.left_out, slot.record.samples),
+            (5, 0),
+            "a new epoch"
+        );
+        slot.record.left_out = u16::MAX;
+        assert_eq!(step(&mut slot, 10, 9, 4, &c), (0, 0), "it wraps");
     }
 
     #[test]

@@ -103,7 +103,13 @@ pub fn record<C: EbpfContext>(
             // One store, under the slot's lock like the record it summarises.
             if let Some(word) = LAST_HEARD.get_ptr_mut(index) {
                 unsafe {
-                    core::ptr::write_volatile(word, last_heard::word(now, slot.record.heartbeats))
+                    core::ptr::write_volatile(
+                        word,
+                        last_heard::word(
+                            now,
+                            last_heard::count(slot.record.heartbeats, slot.record.left_out),
+                        ),
+                    )
                 };
             }
         }
@@ -166,7 +172,15 @@ pub fn record_passive(p: &Heartbeat, config: &XdpConfig, counters: &mut Counters
         counters.flow += 1;
     }
     if let Some(word) = LAST_HEARD.get_ptr_mut(index) {
-        unsafe { core::ptr::write_volatile(word, last_heard::word(now, slot.record.heartbeats)) };
+        unsafe {
+            core::ptr::write_volatile(
+                word,
+                last_heard::word(
+                    now,
+                    last_heard::count(slot.record.heartbeats, slot.record.left_out),
+                ),
+            )
+        };
     }
     let traced = slot.record.traced != 0;
     let (seq, incarnation) = (slot.record.last_seq, slot.record.incarnation);

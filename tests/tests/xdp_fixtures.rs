@@ -409,7 +409,7 @@ fn accepted_heartbeats_store_the_last_heard_word() {
             let r = fx.record(PEER);
             assert_eq!(
                 fx.loaded.maps.table.last_heard(slot),
-                last_heard::word(r.last_arrival_ns, r.heartbeats),
+                last_heard::of_record(&r),
                 "{hook:?}: after seq {seq}"
             );
         }
@@ -420,6 +420,25 @@ fn accepted_heartbeats_store_the_last_heard_word() {
         }
         assert_eq!(fx.loaded.maps.table.last_heard(slot), word, "{hook:?}");
         assert_eq!(fx.record(PEER).heartbeats, 3);
+        // A restart: its interval is left out of the window, and the word's count says so.
+        let restart = HeartbeatHeader::new(PEER, 2, 1);
+        assert_eq!(
+            fx.run(&Packet::heartbeat_v4(PEER, 1).with_header(restart).build()),
+            XDP_DROP
+        );
+        let r = fx.record(PEER);
+        assert_eq!((r.heartbeats, r.left_out, r.samples), (4, 1, 2), "{hook:?}");
+        let after = fx.loaded.maps.table.last_heard(slot);
+        assert_eq!(
+            after,
+            last_heard::of_record(&r),
+            "{hook:?}: after a restart"
+        );
+        assert_eq!(
+            last_heard::heartbeats_since(word, after),
+            Some(1 + last_heard::LEFT_OUT_STEP),
+            "{hook:?}"
+        );
     }
 }
 

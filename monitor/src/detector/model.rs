@@ -474,6 +474,34 @@ impl MeanFloor {
         // A relative hair for rounding, always downwards.
         floor_us * (1.0 - 1e-9) / 1000.0
     }
+
+    /// The window's length in intervals.
+    pub fn window(&self) -> u64 {
+        self.window
+    }
+
+    /// A floor under a full window's mean (ms, before pause) that holds until `more` further
+    /// intervals have entered it, once `heard` intervals have entered it since these moments
+    /// were taken and summed to at least `heard_us` (every one entered: the last-heard word
+    /// says so, see `monitor_common::last_heard::LEFT_OUT_STEP`). As in
+    /// [`Self::after_ms`], with what the heard intervals brought in counted: after j of them
+    /// in all (j up to `heard + more`, at most the window), the window holds the n - j newest
+    /// of its intervals, which sum to at least `sum - j m - s sqrt(j (n - j))`, and the j new
+    /// ones, which sum to at least `heard_us`. None for a window that is not full, or past it.
+    pub fn after_heard_ms(&self, heard: u64, heard_us: f64, more: u64) -> Option<f64> {
+        let n = self.samples;
+        let last = heard + more;
+        if n != self.window || last > n {
+            return None;
+        }
+        // sqrt(j (n - j)) is largest at n / 2: its largest over heard..=last.
+        let widest = (n / 2).clamp(heard, last) as f64;
+        let evicted_us = (last as f64 * self.mean_us
+            + self.std_us * (widest * (n as f64 - widest)).sqrt())
+        .min(self.sum_us);
+        let mean_us = ((self.sum_us - evicted_us).max(0.0) + heard_us.max(0.0)) / n as f64;
+        Some(mean_us * (1.0 - 1e-9) / 1000.0)
+    }
 }
 
 /// Mean and standard deviation after bootstrap, pause and floor, and what else the model
@@ -1070,5 +1098,77 @@ mod tests {
         }
         // Most windows had 4 intervals or more (fewer have no floor).
         assert!(checked > 1000, "{checked} of 1500 cases checked");
+    }
+
+    /// The floor of `MeanFloor::after_heard_ms` holds: after some heartbeats whose intervals
+    /// all entered a full window, counted by their elapsed time as the agent counts them (the
+    /// arrivals' difference in ns, less 1 µs an interval), and whatever the next `more` bring
+    /// while every interval enters, the first level's exact crossing never comes before it.
+    #[test]
+    fn floors_from_heard_heartbeats_hold() {
+        let mut rng = fastrand::Rng::with_seed(11);
+        let mut checked = 0;
+        for model in [Model::Normal, Model::Akka, Model::Loss, Model::Exponential] {
+            for case in 0..300 {
+                let p = DetectorParams {
+                    model,
+                    window: [8, 32, 128][case % 3],
+                    min_std_ms: [0.0, 5.0, 50.0][case % 3],
+                    pause_ms: if case % 5 == 0 { 30.0 } else { 0.0 },
+                    ..DetectorParams::DEFAULT
+                };
+                let config = p.window_config();
+                let silences = p.level_silences(&[1.0]);
+                let base = [10_000u64, 100_000, 1_000_000][rng.usize(0..3)];
+                // One case in four is a steady sender with no deviation to hide behind: there
+                // the floor is within a hair of the exact crossing.
+                let steady = case % 4 == 1;
+                let jitter = |rng: &mut fastrand::Rng| match rng.u8(0..10) {
+                    _ if steady => base,
+                    0 => rng.u64(0..base * 3),
+                    1 => rng.u64(0..base / 10 + 1),
+                    _ => base + rng.u64(0..base / 5 + 1) - base / 10,
+                } * 1000
+                    // Some nanoseconds, so that intervals are rounded down to microseconds.
+                    + rng.u64(0..1000);
+                let count = p.window as usize + rng.usize(0..40);
+                let spread = if steady { 1 } else { base / 2 };
+                let intervals: Vec<u64> = (0..count).map(|_| base + rng.u64(0..spread)).collect();
+                let mut slot = slot_with_intervals(intervals, &config);
+                let floor = p.mean_floor(&slot.record).unwrap();
+                let (t0, left_out) = (slot.record.last_arrival_ns, slot.record.left_out);
+                let mut seq = slot.record.last_seq;
+                let mut arrive = |slot: &mut monitor_common::maps::PeerSlot, rng: &mut _| {
+                    seq += 1;
+                    let at = slot.record.last_arrival_ns + jitter(rng);
+                    monitor_common::slot::arrive(slot, at, seq, 1, &config);
+                    slot.record.left_out == left_out
+                };
+                let heard = rng.u64(0..p.window as u64);
+                if !(0..heard).all(|_| arrive(&mut slot, &mut rng)) {
+                    continue;
+                }
+                let heard_us = (slot.record.last_arrival_ns - t0) as f64 / 1000.0 - heard as f64;
+                let more = rng.u64(0..33);
+                let Some(mean) = floor.after_heard_ms(heard, heard_us, more) else {
+                    assert!(heard + more > p.window as u64);
+                    continue;
+                };
+                checked += 1;
+                let bound = p.crossing_floor_ms(&silences, 0, mean).unwrap();
+                for step in 0..=more {
+                    let est = p.estimate(&slot.record, &[]);
+                    let exact = p.crossing_ms(&silences, 0, 1.0, &est);
+                    assert!(
+                        bound <= exact + 1e-9,
+                        "{model:?} case {case} heard {heard} step {step}: floor {bound} > {exact}"
+                    );
+                    if step < more && !arrive(&mut slot, &mut rng) {
+                        break;
+                    }
+                }
+            }
+        }
+        assert!(checked > 600, "{checked} of 1200 cases checked");
     }
 }

@@ -3,19 +3,25 @@
 //! those deadlines (integer compares, no erfc per peer per sweep).
 //!
 //! The cost is per read, not per heartbeat: a sweep learns that a peer was heard from its
-//! last-heard word (`monitor_common::last_heard`), and a peer heard again within
-//! [`LAZY_HEARTBEATS`] (at most a quarter of the window) of its last estimate keeps it. Its next deadline is then a
-//! floor, the least silence at which phi could reach the first level whatever those
-//! heartbeats did to the window (`DetectorParams::mean_floor_ms`); only when the clock passes
-//! the floor, or every `LAZY_HEARTBEATS`, is the slot read and the exact deadline computed.
-//! A floor is never later than the exact deadline, so no crossing is missed or seen late.
+//! last-heard word (`monitor_common::last_heard`), and a peer heard again within a span of
+//! up to [`LAZY_HEARTBEATS`] (at most a quarter of the window) keeps its estimate. Its next
+//! deadline is then a floor, the least silence at which phi could reach the first level
+//! whatever those heartbeats did to the window (`DetectorParams::mean_floor`). When the span
+//! is used up or the clock passes the floor, a full window whose every new interval entered it
+//! (the word's count says so) gets a new floor from the time those heartbeats took, without
+//! its slot (`PeerTracker::refloor`), for up to a window of heartbeats; only otherwise is the
+//! slot read and the exact deadline computed. A floor is never later than the exact deadline,
+//! so no crossing is missed or seen late.
 
-use monitor_common::{last_heard, maps::PeerRecord};
+use monitor_common::{
+    last_heard,
+    maps::{MAX_INTERVAL_US, PeerRecord},
+};
 use serde::Serialize;
 
 use super::{
     levels::Levels,
-    model::{DetectorParams, Estimate, LevelSilences},
+    model::{DetectorParams, Estimate, LevelSilences, MeanFloor},
     qos::{QosCounter, QosReport},
 };
 
@@ -74,12 +80,17 @@ pub enum Event {
     },
 }
 
-/// Most heartbeats a peer's estimate may go without being refreshed from its slot (see the
-/// module docs). A peer gets the most of 32, 16, 8, 4, 2 or 1, and never more than a quarter
-/// of the intervals in its window, for which the floor keeps at least half of the exact
-/// margin above the mean (see `DetectorConfig::lazy_floor`): 32 for a 100 ms sender with the
-/// defaults (floor 138 ms of silence against an exact 164 ms), 4 for a 1 s one.
+/// Most heartbeats one floor covers (see the module docs). A peer gets the most of 32, 16, 8,
+/// 4, 2 or 1, and never more than a quarter of the intervals in its window, for which the floor
+/// keeps at least half of the exact margin above the mean (see `DetectorConfig::lazy_floor`):
+/// 32 for a 100 ms sender with the defaults (floor 138 ms of silence against an exact 164 ms),
+/// 4 for a 1 s one. Below `last_heard::LEFT_OUT_STEP`, so a span never covers a heartbeat
+/// whose interval the window left out.
 pub const LAZY_HEARTBEATS: u8 = 32;
+const _: () = assert!((LAZY_HEARTBEATS as u64) < last_heard::LEFT_OUT_STEP);
+
+/// The spans a floor may cover, longest first.
+const SPANS: [u8; 6] = [32, 16, 8, 4, 2, 1];
 
 /// `Lazy::floor_ns` of a peer whose estimate is refreshed with every heartbeat.
 const NO_FLOOR: u64 = u64::MAX;
@@ -131,7 +142,7 @@ impl DetectorConfig {
         }
         let most = (record.samples / 4).min(LAZY_HEARTBEATS as u32) as u8;
         let mean_floor = self.params.mean_floor(record)?;
-        [32u8, 16, 8, 4, 2, 1]
+        SPANS
             .into_iter()
             .filter(|&j| j <= most)
             .find_map(|heartbeats| {
@@ -141,6 +152,33 @@ impl DetectorConfig {
                     heartbeats,
                     mean_ms,
                     silence_ms,
+                    basis: Some(HeardBasis {
+                        moments: mean_floor,
+                        want_ms: want,
+                    }),
+                })
+            })
+    }
+
+    /// A new floor for a peer `heard` heartbeats after its refresh, all of whose intervals
+    /// entered its full window and took `heard_us` at least (see `MeanFloor::after_heard_ms`):
+    /// the longest span that keeps the refresh's half margin (`HeardBasis::want_ms`). None if
+    /// no span does, or the window is not full or would be outgrown.
+    fn heard_floor(&self, basis: &HeardBasis, heard: u64, heard_us: f64) -> Option<LazyFloor> {
+        let most = (basis.moments.window() / 4).min(LAZY_HEARTBEATS as u64);
+        SPANS
+            .into_iter()
+            .filter(|&j| j as u64 <= most)
+            .find_map(|heartbeats| {
+                let mean_ms = basis
+                    .moments
+                    .after_heard_ms(heard, heard_us, heartbeats as u64)?;
+                let silence_ms = self.params.crossing_floor_ms(&self.silences, 0, mean_ms)?;
+                (silence_ms >= basis.want_ms).then_some(LazyFloor {
+                    heartbeats,
+                    mean_ms,
+                    silence_ms,
+                    basis: None,
                 })
             })
     }
@@ -164,14 +202,30 @@ impl DetectorConfig {
     }
 }
 
-/// What `DetectorConfig::lazy_floor` found for a refreshed estimate.
+/// What `DetectorConfig::lazy_floor` found for a refreshed estimate (or `heard_floor` for one
+/// heard since).
 struct LazyFloor {
-    /// Heartbeats the estimate may go unrefreshed.
+    /// Heartbeats the floor covers.
     heartbeats: u8,
     /// The floor under the window's mean over those heartbeats.
     mean_ms: f64,
     /// The least silence at which phi can reach the first level meanwhile.
     silence_ms: f64,
+    /// What later floors are found from (`PeerTracker::refloor`), from a refresh.
+    basis: Option<HeardBasis>,
+}
+
+/// What a refresh leaves for later floors: the window's moments, and the least floor worth
+/// keeping (the mean plus half the exact margin: a lower floor would be reached too often).
+#[derive(Debug, Clone, Copy)]
+struct HeardBasis {
+    moments: MeanFloor,
+    want_ms: f64,
+}
+
+/// The count a word carries (see `last_heard::count`), as `Lazy` and the tracker keep it.
+fn word_count(word: u64) -> u32 {
+    last_heard::count_of(word) as u32
 }
 
 /// A floor's silence in ns, or NO_FLOOR if it is not finite.
@@ -236,7 +290,8 @@ pub struct Lazy {
     /// heartbeats after the refresh, or NO_FLOOR (also while a level is crossed). Set only by
     /// the tracker, so a slot with a floor has a tracker of its current peer.
     floor_ns: u64,
-    /// The slot's heartbeat count at the refresh, modulo 2^20 (as words carry it).
+    /// The word's count (`last_heard::count`, modulo 2^20) when the floor was set: at a
+    /// refresh, or at a refloor.
     refreshed: u32,
     /// Heartbeats the floor covers.
     heartbeats: u8,
@@ -255,15 +310,14 @@ impl Lazy {
     /// A sweep's look at a slot whose watch was not quiet, without its tracker: a new
     /// heartbeat the floor covers moves the deadline to the floor past it. True if nothing
     /// more is needed; false if the tracker is (a heartbeat the floor does not cover, a
-    /// deadline reached, a stall).
+    /// deadline reached, a stall, a word that does not read as newer).
     #[inline]
     pub fn absorb(&mut self, word: u64, watch: &mut Watch, time: SweepTime) -> bool {
-        // An older word than one accounted for (the kernel had not stored it yet when the
-        // slot was read) or the same count: nothing new.
-        if word != watch.word
-            && last_heard::heartbeats_since(watch.word, word).is_some_and(|n| n > 0)
-        {
+        if word != watch.word {
+            // A count that does not read as advanced (it wrapped past half its range, or the
+            // slot was reset) is news too: the slot decides.
             if time.hold
+                || last_heard::heartbeats_since(watch.word, word).is_none_or(|n| n == 0)
                 || self
                     .covers(word)
                     .is_none_or(|n| n >= self.heartbeats as u64)
@@ -320,6 +374,8 @@ pub struct PeerTracker {
     pub peer_id: u64,
     /// The slot's heartbeat count at the last refresh.
     heartbeats: u64,
+    /// The word's count at the last refresh (`last_heard::count`, modulo 2^20).
+    count: u32,
     /// The slot's last arrival at the last refresh (later arrivals are in the watch's word).
     last_arrival_ns: u64,
     /// Levels crossed since the peer was last heard (0..=levels); while any is, `Lazy` has no
@@ -336,6 +392,8 @@ struct Cold {
     estimate: Estimate,
     admitted_ns: u64,
     counter: QosCounter,
+    /// What `refloor` needs of the last refresh; None where it cannot help.
+    basis: Option<HeardBasis>,
 }
 
 impl PeerTracker {
@@ -345,6 +403,7 @@ impl PeerTracker {
         let mut tracker = Self {
             peer_id: record.peer_id,
             heartbeats: record.heartbeats,
+            count: word_count(last_heard::of_record(record)),
             last_arrival_ns: record.last_arrival_ns,
             crossed: 0,
             mean_floor_ms: f64::NAN,
@@ -352,6 +411,7 @@ impl PeerTracker {
                 estimate: config.estimate(record, ring),
                 admitted_ns: record.last_arrival_ns,
                 counter: QosCounter::default(),
+                basis: None,
             }),
         };
         let (mut watch, mut lazy) = (Watch::NEW, Lazy::NONE);
@@ -373,13 +433,15 @@ impl PeerTracker {
         let floor =
             exact_ms.and_then(|exact| config.lazy_floor(record, &self.cold.estimate, exact));
         self.mean_floor_ms = floor.as_ref().map_or(f64::NAN, |f| f.mean_ms);
+        self.cold.basis = floor.as_ref().and_then(|f| f.basis);
+        watch.word = last_heard::of_record(record);
+        self.count = word_count(watch.word);
         *lazy = Lazy {
             floor_ns: floor.as_ref().map_or(NO_FLOOR, |f| floor_ns(f.silence_ms)),
-            refreshed: last_heard::word(0, record.heartbeats) as u32,
+            refreshed: self.count,
             heartbeats: floor.as_ref().map_or(0, |f| f.heartbeats),
             exact: true,
         };
-        watch.word = last_heard::word(record.last_arrival_ns, record.heartbeats);
         watch.deadline_ns = match exact_ms {
             Some(ms) => self.after_silence(ms),
             None => self.deadline(config),
@@ -435,13 +497,62 @@ impl PeerTracker {
         if lazy.absorb(word, watch, time) {
             return SweepStep::Done;
         }
-        let news = word != watch.word
-            && last_heard::heartbeats_since(watch.word, word).is_some_and(|n| n > 0);
-        if news || !lazy.exact {
+        if word != watch.word || !lazy.exact {
+            if !time.hold && self.refloor(word, watch, lazy, config, time.now_ns) {
+                return SweepStep::Done;
+            }
             return SweepStep::Refresh;
         }
         self.check_deadlines(watch, lazy, config, time, emit);
         SweepStep::Done
+    }
+
+    /// A heard peer whose span is used up, or whose floor came, gets a new floor without its
+    /// slot if it can: while no level is crossed, the window was full at the refresh, and
+    /// every interval since entered it (the word's count advanced by less than
+    /// `LEFT_OUT_STEP`), those intervals sum to at least the time they took, less a
+    /// microsecond each (the kernel rounds each down), and the window's mean stays above
+    /// what `MeanFloor::after_heard_ms` says. True if the new floor is not yet reached.
+    fn refloor(
+        &mut self,
+        word: u64,
+        watch: &mut Watch,
+        lazy: &mut Lazy,
+        config: &DetectorConfig,
+        now_ns: u64,
+    ) -> bool {
+        let Some(basis) = self.cold.basis.filter(|_| self.crossed == 0) else {
+            return false;
+        };
+        let Some(heard) =
+            last_heard::heartbeats_since(last_heard::word(0, self.count as u64), word)
+                .filter(|&n| n < last_heard::LEFT_OUT_STEP)
+        else {
+            return false;
+        };
+        let newest_ns = last_heard::arrival_near(word, now_ns).max(self.last_arrival_ns);
+        let took_ns = newest_ns - self.last_arrival_ns;
+        // Longer, and an interval among them may have been capped at the kernel's maximum.
+        if took_ns > MAX_INTERVAL_US * 1000 {
+            return false;
+        }
+        let heard_us = took_ns as f64 / 1000.0 - heard as f64;
+        let Some(floor) = config.heard_floor(&basis, heard, heard_us) else {
+            return false;
+        };
+        let deadline_ns = newest_ns.saturating_add(floor_ns(floor.silence_ms));
+        if deadline_ns <= now_ns {
+            return false;
+        }
+        self.mean_floor_ms = floor.mean_ms;
+        *lazy = Lazy {
+            floor_ns: floor_ns(floor.silence_ms),
+            refreshed: word_count(word),
+            heartbeats: floor.heartbeats,
+            exact: false,
+        };
+        *watch = Watch { word, deadline_ns };
+        true
     }
 
     /// The least silence (ms) at which this peer's phi can reach the level whose crossing
@@ -456,7 +567,7 @@ impl PeerTracker {
         params: &DetectorParams,
         now_ns: u64,
     ) -> Option<(u64, f64)> {
-        let current = last_heard::word(0, self.heartbeats);
+        let current = last_heard::word(0, self.count as u64);
         if last_heard::heartbeats_since(current, word)? == 0 {
             return Some((
                 self.last_arrival_ns,
@@ -688,8 +799,9 @@ mod tests {
         }
     }
 
-    /// A sender every 100-120 ms, each heartbeat 0-5 ms late, 2% lost, and a silence of 1-3 s
-    /// every 500 heartbeats or so, recorded by `slot::arrive` as the kernel would, with the
+    /// A sender every 100-120 ms, each heartbeat 0-5 ms late, 2% lost, a silence of 1-3 s
+    /// every 500 heartbeats or so, and a restart (its interval left out of the window, however
+    /// short) every 700 or so, recorded by `slot::arrive` as the kernel would, with the
     /// last-heard word the kernel would store.
     struct Stream {
         rng: fastrand::Rng,
@@ -698,6 +810,9 @@ mod tests {
         word: u64,
         next_send: u64,
         seq: u64,
+        incarnation: u32,
+        /// Its own, so that the rest of the stream is as it was without restarts.
+        restarts: fastrand::Rng,
     }
 
     impl Stream {
@@ -709,6 +824,8 @@ mod tests {
                 word: last_heard::word(0, 0),
                 next_send: 100 * MS,
                 seq: 0,
+                incarnation: 1,
+                restarts: fastrand::Rng::with_seed(seed + 1),
             }
         }
 
@@ -717,13 +834,22 @@ mod tests {
             let rng = &mut self.rng;
             while self.next_send <= now_ns {
                 self.seq += 1;
+                if self.restarts.u16(0..700) == 0 {
+                    (self.incarnation, self.seq) = (self.incarnation + 1, 1);
+                }
                 let lost = rng.u8(0..50) == 0;
                 if !lost {
                     let at = self.next_send + rng.u64(0..5 * MS);
                     if let monitor_common::slot::Outcome::Accepted { .. } =
-                        monitor_common::slot::arrive(&mut self.slot, at, self.seq, 1, &self.xdp)
+                        monitor_common::slot::arrive(
+                            &mut self.slot,
+                            at,
+                            self.seq,
+                            self.incarnation,
+                            &self.xdp,
+                        )
                     {
-                        self.word = last_heard::word(at, self.slot.record.heartbeats);
+                        self.word = last_heard::of_record(&self.slot.record);
                     }
                 }
                 self.next_send += if rng.u16(0..500) == 0 {
@@ -906,8 +1032,9 @@ mod tests {
             );
             assert_eq!(lazy_events, eager_events, "{model:?}");
             let heartbeats = stream.slot.record.heartbeats;
+            // 211 of 5209 with refloors, 449 without (for normal).
             assert!(
-                reads * 8 < heartbeats,
+                reads * 16 < heartbeats,
                 "{model:?}: {reads} slot reads for {heartbeats} heartbeats"
             );
         }
@@ -946,6 +1073,45 @@ mod tests {
                 "{model:?}: only {passed} of {asked} queries passed over"
             );
         }
+    }
+
+    /// A steady sender with a full window is read once a window of heartbeats (refloors carry
+    /// it between), not once a span; a heartbeat whose interval the window left out (across a
+    /// restart, however short) is read at once.
+    #[test]
+    fn a_steady_full_window_is_read_once_a_window() {
+        let params = DetectorParams::DEFAULT;
+        let xdp = params.window_config();
+        let cfg = DetectorConfig::new(params, Levels::new(vec![1.0, 3.0, 8.0]).unwrap());
+        let mut slot = crate::detector::window::slot_with_intervals(
+            (0..200).map(|i| 100_000 + i % 7 * 1000),
+            &xdp,
+        );
+        let mut tracked = Tracked::new(&slot.record, &cfg);
+        let (mut arrival, mut seq, mut incarnation) = (slot.record.last_arrival_ns, 201, 1);
+        let mut reads = 0;
+        let sweep = |slot: &monitor_common::maps::PeerSlot, tracked: &mut Tracked| {
+            let word = last_heard::of_record(&slot.record);
+            let time = at(slot.record.last_arrival_ns + MS, 0.0, false);
+            let read = tracked.step(word, &cfg, time, &mut |_| {}) == SweepStep::Refresh;
+            if read {
+                tracked.observe(&slot.record, &[], &cfg, time, &mut |_| {});
+            }
+            read
+        };
+        for i in 0..1280u64 {
+            arrival += (100 + i % 7) * MS;
+            seq += 1;
+            monitor_common::slot::arrive(&mut slot, arrival, seq, incarnation, &xdp);
+            reads += sweep(&slot, &mut tracked) as u32;
+        }
+        assert_eq!(slot.record.left_out, 0);
+        // Once every 128 heartbeats (32 with a read at the end of every span).
+        assert!((10..=12).contains(&reads), "{reads} reads");
+        arrival += 100 * MS;
+        incarnation += 1;
+        monitor_common::slot::arrive(&mut slot, arrival, 1, incarnation, &xdp);
+        assert!(sweep(&slot, &mut tracked), "a restart is read");
     }
 
     #[test]

@@ -242,10 +242,8 @@ impl PeerTable {
                 std::ptr::write_volatile(&raw mut (*ptr).record, record);
                 std::ptr::write_volatile(&raw mut (*ptr).ring_us, [0; MAX_WINDOW]);
             }
-            self.last_heard_words()[slot as usize].store(
-                last_heard::word(record.last_arrival_ns, record.heartbeats),
-                Ordering::Relaxed,
-            );
+            self.last_heard_words()[slot as usize]
+                .store(last_heard::of_record(&record), Ordering::Relaxed);
         });
     }
 
