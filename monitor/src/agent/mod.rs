@@ -829,8 +829,8 @@ impl Agent {
                 let Some(t) = t else { continue };
                 let crossed = t.crossed();
                 peers_at[(crossed as usize).min(levels.len())] += 1;
-                // The estimate of the last refresh (at most a few heartbeats old) against the
-                // last arrival: the scrape reads no slot.
+                // The estimate of the last refresh (at most a window of heartbeats old, see
+                // `PeerTracker::refloor`) against the last arrival: the scrape reads no slot.
                 let last = t.last_arrival_ns(watch, now);
                 let phi = detector.phi(t.estimate(), last, now);
                 for (n, &le) in phi_le.iter_mut().zip(&metrics::PHI_BUCKETS) {
