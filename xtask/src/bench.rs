@@ -639,6 +639,8 @@ struct AgentCost {
     agent_cpu_pct: f64,
     /// Slot reads (estimate refreshes) per second, from the agent's stats.
     refreshes_per_s: f64,
+    /// Floors renewed without a slot read per second, from the agent's stats.
+    refloors_per_s: f64,
     /// Events published per second over the steady part, from the agent's stats (0 while no
     /// peer's silence crosses a level).
     events_per_s: f64,
@@ -691,6 +693,7 @@ fn agent_cost(
             achieved_pps: sent["achieved_pps"].as_f64().unwrap_or(0.0),
             agent_cpu_pct: (cpu1 - cpu0) / wall * 100.0,
             refreshes_per_s: delta("refreshes") / wall,
+            refloors_per_s: delta("refloors") / wall,
             events_per_s: delta("events") / wall,
         });
     }
@@ -706,19 +709,20 @@ fn render_agent_cost(peers: u64, rows: &[AgentCost]) -> String {
     );
     let _ = writeln!(
         t,
-        "| peers | rate per peer | sent pps | agent CPU % of a core | refreshes/s | refreshes per heartbeat | events/s |"
+        "| peers | rate per peer | sent pps | agent CPU % of a core | refreshes/s | refreshes per heartbeat | floors renewed without a read/s | events/s |"
     );
-    let _ = writeln!(t, "|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(t, "|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         let _ = writeln!(
             t,
-            "| {} | {} Hz | {:.0} | {:.2} | {:.0} | {:.3} | {:.0} |",
+            "| {} | {} Hz | {:.0} | {:.2} | {:.0} | {:.3} | {:.0} | {:.0} |",
             r.peers,
             r.rate_hz,
             r.achieved_pps,
             r.agent_cpu_pct,
             r.refreshes_per_s,
             r.refreshes_per_s / r.achieved_pps.max(1.0),
+            r.refloors_per_s,
             r.events_per_s,
         );
     }

@@ -72,6 +72,8 @@ pub struct Agent {
     sweeps: AtomicU64,
     /// Slot reads by the sweeps (see `AgentStats::refreshes`).
     refreshes: AtomicU64,
+    /// Floors renewed without a slot read (see `AgentStats::refloors`).
+    refloors: AtomicU64,
     stalls: AtomicU64,
     events_sent: AtomicU64,
     /// Socket clients connected now.
@@ -179,6 +181,7 @@ impl Agent {
             started: Instant::now(),
             sweeps: AtomicU64::new(0),
             refreshes: AtomicU64::new(0),
+            refloors: AtomicU64::new(0),
             stalls: AtomicU64::new(0),
             events_sent: AtomicU64::new(0),
             clients: AtomicUsize::new(0),
@@ -552,6 +555,7 @@ impl Agent {
             uptime_s: self.started.elapsed().as_secs_f64(),
             sweeps: self.sweeps.load(Ordering::Relaxed),
             refreshes: self.refreshes.load(Ordering::Relaxed),
+            refloors: self.refloors.load(Ordering::Relaxed),
             stalls: self.stalls.load(Ordering::Relaxed),
             events: self.events_sent.load(Ordering::Relaxed),
             subscribers: self.events.receiver_count(),
@@ -707,7 +711,7 @@ impl Agent {
         let registry = self.registry.read().expect("registry lock");
         self.stop_unwanted_tracing(&registry);
         let mut emit = |e| self.publish(e);
-        let mut refreshes = 0u64;
+        let (mut refreshes, mut refloors) = (0u64, 0u64);
         let used = registry.slots_in_use() as usize;
         let words = &self.table.last_heard_words()[..used];
         // In chunks, each under the trackers lock: a query that needs the trackers (`suspects`,
@@ -739,12 +743,16 @@ impl Agent {
                     continue;
                 };
                 if let Some(t) = tracker.as_mut().filter(|t| t.peer_id == id) {
-                    if t.step(word, watch, lazy, &detector, time, &mut emit) == SweepStep::Refresh {
-                        refreshes += 1;
-                        if let Some((record, ring)) = self.read(slot as u32)
-                            && record.peer_id == id
-                        {
-                            t.observe(&record, &ring, watch, lazy, &detector, time, &mut emit);
+                    match t.step(word, watch, lazy, &detector, time, &mut emit) {
+                        SweepStep::Done => {}
+                        SweepStep::Refloored => refloors += 1,
+                        SweepStep::Refresh => {
+                            refreshes += 1;
+                            if let Some((record, ring)) = self.read(slot as u32)
+                                && record.peer_id == id
+                            {
+                                t.observe(&record, &ring, watch, lazy, &detector, time, &mut emit);
+                            }
                         }
                     }
                     continue;
@@ -774,6 +782,7 @@ impl Agent {
         self.look_at_bfd_sessions(&registry);
         drop(registry);
         self.refreshes.fetch_add(refreshes, Ordering::Relaxed);
+        self.refloors.fetch_add(refloors, Ordering::Relaxed);
         for id in expired {
             log::info!("forgetting peer {id}: silent longer than the expiry bound");
             if let Err(e) = self.forget_because(id, "expired") {

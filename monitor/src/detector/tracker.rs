@@ -363,6 +363,8 @@ impl Lazy {
 pub enum SweepStep {
     /// Nothing more: the new heartbeat kept the estimate, or passed levels were raised.
     Done,
+    /// Nothing more: a new floor was found without the slot (`PeerTracker::refloor`).
+    Refloored,
     /// Read its slot and pass the record to `PeerTracker::observe`.
     Refresh,
 }
@@ -499,7 +501,7 @@ impl PeerTracker {
         }
         if word != watch.word || !lazy.exact {
             if !time.hold && self.refloor(word, watch, lazy, config, time.now_ns) {
-                return SweepStep::Done;
+                return SweepStep::Refloored;
             }
             return SweepStep::Refresh;
         }

@@ -381,6 +381,13 @@ impl<S: Source> Collector for AgentCollector<S> {
                 None,
                 stats.refreshes,
             )?;
+            counter(
+                e,
+                "estimate_refloors",
+                "Floors the sweeps renewed from the last-heard words alone, without a slot read",
+                None,
+                stats.refloors,
+            )?;
             family(
                 e,
                 "config_reloads",
@@ -595,6 +602,7 @@ mod tests {
                     uptime_s: 12.5,
                     sweeps: 250,
                     refreshes: 40,
+                    refloors: 160,
                     stalls: 1,
                     events: 7,
                     subscribers: 2,
@@ -664,6 +672,8 @@ mod tests {
             "heartbeat_monitor_peers_phi_at_most{phi=\"+Inf\"} 4",
             "heartbeat_monitor_xdp_run_seconds_total 0.002",
             "heartbeat_monitor_sweep_duration_seconds_count 1",
+            "heartbeat_monitor_estimate_refreshes_total 40",
+            "heartbeat_monitor_estimate_refloors_total 160",
             "heartbeat_monitor_request_duration_seconds_count{op=\"suspects\"} 1",
             "heartbeat_monitor_request_duration_seconds_bucket{le=\"0.00032\",op=\"suspects\"} 1",
             "heartbeat_monitor_peer_phi{peer=\"71\"} 17.5",

@@ -162,11 +162,15 @@ pub struct AgentStats {
     /// had not been scheduled for longer than the stall bound.
     pub sweeps: u64,
     pub stalls: u64,
-    /// Slot reads the sweeps made to refresh an estimate (a new peer, a heartbeat after
-    /// `LAZY_HEARTBEATS`, a silence nearing a level, a suspected peer heard again): the
-    /// agent's cost grows with these, not with heartbeats.
+    /// Slot reads the sweeps made to refresh an estimate (a new peer, a heartbeat its floors
+    /// do not cover, a silence nearing a level, a suspected peer heard again): the agent's
+    /// cost grows with these, not with heartbeats.
     #[serde(default)]
     pub refreshes: u64,
+    /// Floors the sweeps renewed from the last-heard words alone, without a slot read (a
+    /// full window that took every interval since its refresh: docs/tuning.md).
+    #[serde(default)]
+    pub refloors: u64,
     /// Events published, and subscribers connected now.
     pub events: u64,
     pub subscribers: usize,
