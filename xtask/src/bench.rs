@@ -726,7 +726,7 @@ fn render_agent_cost(peers: u64, rows: &[AgentCost]) -> String {
             r.events_per_s,
         );
     }
-    if let [one, _, ten, half] = rows {
+    if let [one, five, ten, half] = rows {
         let _ = writeln!(
             t,
             "
@@ -736,8 +736,61 @@ CPU at 10 Hz over CPU at 1 Hz: {:.2}x; {peers} peers x 10 Hz on schedule, estima
             half.peers,
             2.0 * half.agent_cpu_pct,
         );
+        if let Some(fit) = CostFit::through([one, five, half]) {
+            let _ = writeln!(
+                t,
+                "
+Fitted to the three rows sent on schedule, CPU % = {:.3} a sweep-rate constant + {:.3} per \
+                 10k peers + {:.3} per 100k packets a second; at {peers} peers x 10 Hz on \
+                 schedule: {:.2}% of a core (twice the half-count row counts the constant twice: \
+                 an upper bound)",
+                fit.fixed,
+                fit.per_peer * 1e4,
+                fit.per_pps * 1e5,
+                fit.at(peers as f64, peers as f64 * 10.0),
+            );
+        }
     }
     t
+}
+
+/// The agent's CPU as a constant (what every sweep costs whatever the peers: waking, the
+/// clock, the metrics), a cost per peer (its word and watch read every sweep) and a cost per
+/// packet (absorbing heartbeats, refreshes), through three measured rows.
+struct CostFit {
+    fixed: f64,
+    per_peer: f64,
+    per_pps: f64,
+}
+
+impl CostFit {
+    /// The fit through three rows, None if they do not pin it down (two rows alike).
+    fn through(rows: [&AgentCost; 3]) -> Option<Self> {
+        // Cramer's rule on [1, peers, pps] . x = cpu.
+        let m: Vec<[f64; 4]> = rows
+            .iter()
+            .map(|r| [1.0, r.peers as f64, r.achieved_pps, r.agent_cpu_pct])
+            .collect();
+        let det = |c: [usize; 3]| {
+            let e = |i: usize, j: usize| m[i][c[j]];
+            e(0, 0) * (e(1, 1) * e(2, 2) - e(1, 2) * e(2, 1))
+                - e(0, 1) * (e(1, 0) * e(2, 2) - e(1, 2) * e(2, 0))
+                + e(0, 2) * (e(1, 0) * e(2, 1) - e(1, 1) * e(2, 0))
+        };
+        let d = det([0, 1, 2]);
+        if d.abs() < 1e-6 {
+            return None;
+        }
+        Some(Self {
+            fixed: det([3, 1, 2]) / d,
+            per_peer: det([0, 3, 2]) / d,
+            per_pps: det([0, 1, 3]) / d,
+        })
+    }
+
+    fn at(&self, peers: f64, pps: f64) -> f64 {
+        self.fixed + self.per_peer * peers + self.per_pps * pps
+    }
 }
 
 struct Ingest {
@@ -1240,4 +1293,32 @@ pub(crate) fn record(table: &str, command: &str) -> Result<()> {
     std::fs::write(&path, text)?;
     println!("appended to {}", path.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cost_fit_recovers_a_linear_cost() {
+        let cost = |peers: u64, pps: f64| AgentCost {
+            peers,
+            rate_hz: pps / peers as f64,
+            achieved_pps: pps,
+            agent_cpu_pct: 0.1 + 2e-6 * peers as f64 + 3e-7 * pps,
+            refreshes_per_s: 0.0,
+            refloors_per_s: 0.0,
+            events_per_s: 0.0,
+        };
+        let rows = [
+            cost(50_000, 50_000.0),
+            cost(50_000, 250_000.0),
+            cost(25_000, 250_000.0),
+        ];
+        let fit = CostFit::through([&rows[0], &rows[1], &rows[2]]).unwrap();
+        assert!((fit.fixed - 0.1).abs() < 1e-9, "{}", fit.fixed);
+        assert!((fit.at(50_000.0, 500_000.0) - (0.1 + 0.1 + 0.15)).abs() < 1e-9);
+        // Two rows alike pin nothing down.
+        assert!(CostFit::through([&rows[0], &rows[0], &rows[2]]).is_none());
+    }
 }
