@@ -10,7 +10,7 @@ use monitor_common::{
     auth::{KEY_CURRENT, KEY_PREVIOUS, siphash24_24},
     config::{XDP_FLAG_REQUIRE_AUTH, XdpConfig},
     index, last_heard,
-    maps::{ArrivalRecord, Counters, UnknownPeerReport},
+    maps::{ArrivalRecord, Counters, PeerRecord, UnknownPeerReport},
     passive::{self, SOURCE_BFD, SOURCE_HEARTBEAT},
     slot::{self, Outcome},
     wire::FLAG_AUTH,
@@ -100,18 +100,7 @@ pub fn record<C: EbpfContext>(
             slot.record.src_port = hb.src_port;
             set_src_addr(&mut slot.record.src_addr, hb.src_words);
             counters.heartbeats += 1;
-            // One store, under the slot's lock like the record it summarises.
-            if let Some(word) = LAST_HEARD.get_ptr_mut(index) {
-                unsafe {
-                    core::ptr::write_volatile(
-                        word,
-                        last_heard::word(
-                            now,
-                            last_heard::count(slot.record.heartbeats, slot.record.left_out),
-                        ),
-                    )
-                };
-            }
+            store_last_heard(index, now, &slot.record);
         }
     }
     let traced = slot.record.traced != 0;
@@ -171,22 +160,22 @@ pub fn record_passive(p: &Heartbeat, config: &XdpConfig, counters: &mut Counters
     } else {
         counters.flow += 1;
     }
-    if let Some(word) = LAST_HEARD.get_ptr_mut(index) {
-        unsafe {
-            core::ptr::write_volatile(
-                word,
-                last_heard::word(
-                    now,
-                    last_heard::count(slot.record.heartbeats, slot.record.left_out),
-                ),
-            )
-        };
-    }
+    store_last_heard(index, now, &slot.record);
     let traced = slot.record.traced != 0;
     let (seq, incarnation) = (slot.record.last_seq, slot.record.incarnation);
     unlock(&mut slot.lock);
     if traced {
         trace_arrival(p.peer_id, now, seq, incarnation, outcome, counters);
+    }
+}
+
+/// Stores the slot's last-heard word for an arrival at `now` (`monitor_common::last_heard`):
+/// one store, under the slot's lock like the record it summarises.
+#[inline(always)]
+fn store_last_heard(index: u32, now: u64, record: &PeerRecord) {
+    if let Some(word) = LAST_HEARD.get_ptr_mut(index) {
+        let count = last_heard::count(record.heartbeats, record.left_out);
+        unsafe { core::ptr::write_volatile(word, last_heard::word(now, count)) };
     }
 }
 

@@ -1023,6 +1023,18 @@ mod tests {
         }
     }
 
+    /// The parameters of the floor tests' case `case`: windows of 8, 32 and 128, deviation
+    /// floors of 0, 5 and 50 ms, and a pause in one case of five.
+    fn floor_case(model: Model, case: usize) -> DetectorParams {
+        DetectorParams {
+            model,
+            window: [8, 32, 128][case % 3],
+            min_std_ms: [0.0, 5.0, 50.0][case % 3],
+            pause_ms: if case % 5 == 0 { 30.0 } else { 0.0 },
+            ..DetectorParams::DEFAULT
+        }
+    }
+
     /// The floor of `MeanFloor::after_ms` and `crossing_floor_ms` holds: whatever the next `more`
     /// heartbeats bring (kept or refused by the kernel's rules, short, long, after losses),
     /// the exact crossing of the first level never comes before it, for every model that
@@ -1041,13 +1053,7 @@ mod tests {
             Model::Fixed,
         ] {
             for case in 0..300 {
-                let p = DetectorParams {
-                    model,
-                    window: [8, 32, 128][case % 3],
-                    min_std_ms: [0.0, 5.0, 50.0][case % 3],
-                    pause_ms: if case % 5 == 0 { 30.0 } else { 0.0 },
-                    ..DetectorParams::DEFAULT
-                };
+                let p = floor_case(model, case);
                 let config = p.window_config();
                 let silences = p.level_silences(&levels);
                 let base = [10_000u64, 100_000, 1_000_000][rng.usize(0..3)];
@@ -1110,13 +1116,7 @@ mod tests {
         let mut checked = 0;
         for model in [Model::Normal, Model::Akka, Model::Loss, Model::Exponential] {
             for case in 0..300 {
-                let p = DetectorParams {
-                    model,
-                    window: [8, 32, 128][case % 3],
-                    min_std_ms: [0.0, 5.0, 50.0][case % 3],
-                    pause_ms: if case % 5 == 0 { 30.0 } else { 0.0 },
-                    ..DetectorParams::DEFAULT
-                };
+                let p = floor_case(model, case);
                 let config = p.window_config();
                 let silences = p.level_silences(&[1.0]);
                 let base = [10_000u64, 100_000, 1_000_000][rng.usize(0..3)];
