@@ -31,13 +31,14 @@ use crate::{
     detector::{
         levels::Levels,
         model::DetectorParams,
-        tracker::{DetectorConfig, Event, Lazy, PeerTracker, SweepStep, SweepTime, Watch},
+        tracker::{DetectorConfig, Lazy, PeerTracker, SweepStep, SweepTime, Transition, Watch},
     },
     kernel::clock::monotonic_ns,
     kernel::counters::CounterTotals,
     kernel::peer_table::{Busy, PeerTable},
     kernel::program,
     kernel::registry::{AdmitError, ForgetError, Registry},
+    serving::event::Event,
     serving::metrics::{self, AgentMetrics, KindLabel, OpLabel, PeerSeries, Scrape},
     serving::peer_view::{PeerView, WindowDetail, ip_addr},
     serving::protocol::{
@@ -222,7 +223,7 @@ impl Agent {
             wall_ms: wall_ms(),
             hold: false,
         };
-        let mut emit = |e| self.publish(e);
+        let mut emit = |t: Transition| self.publish(t.into());
         let Trackers { watch, lazy, peers } = &mut *trackers;
         for (slot, t) in peers.iter_mut().enumerate() {
             let Some(t) = t else { continue };
@@ -710,7 +711,7 @@ impl Agent {
         };
         let registry = self.registry.read().expect("registry lock");
         self.stop_unwanted_tracing(&registry);
-        let mut emit = |e| self.publish(e);
+        let mut emit = |t: Transition| self.publish(t.into());
         let (mut refreshes, mut refloors) = (0u64, 0u64);
         let used = registry.slots_in_use() as usize;
         let words = &self.table.last_heard_words()[..used];

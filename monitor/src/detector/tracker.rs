@@ -17,7 +17,6 @@ use monitor_common::{
     last_heard,
     maps::{MAX_INTERVAL_US, PeerRecord},
 };
-use serde::Serialize;
 
 use super::{
     levels::Levels,
@@ -25,10 +24,10 @@ use super::{
     qos::{QosCounter, QosReport},
 };
 
-/// What subscribers receive, one JSON object per line.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(tag = "event", rename_all = "lowercase")]
-pub enum Event {
+/// A change in a peer's suspicion, found by a sweep: what the agent publishes as the
+/// `suspect` and `recover` events (`serving::event::Event`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Transition {
     /// phi crossed `level` upward.
     Suspect {
         id: u64,
@@ -48,35 +47,6 @@ pub enum Event {
         /// The silence that ended.
         silence_ms: f64,
         at: u64,
-    },
-    Admit {
-        id: u64,
-        at: u64,
-    },
-    Forget {
-        id: u64,
-        /// "request" (the `forget` op) or "expired" (silent beyond --expire-after).
-        reason: String,
-        at: u64,
-    },
-    /// A BFD session (`--bfd`) reported Down or AdminDown after being up: the peer says so
-    /// itself, before its silence could. `state` and `diagnostic` as RFC 5880 names them.
-    #[serde(rename = "bfd_down")]
-    BfdDown {
-        id: u64,
-        /// "down" or "admin_down".
-        state: String,
-        /// The diagnostic code, and its name ("control_detection_time_expired", ...).
-        diag: u8,
-        diagnostic: String,
-        /// The session's source address and My Discriminator.
-        addr: Option<String>,
-        discriminator: u32,
-        at: u64,
-    },
-    /// This subscriber fell behind and missed `missed` events.
-    Lagged {
-        missed: u64,
     },
 }
 
@@ -494,7 +464,7 @@ impl PeerTracker {
         lazy: &mut Lazy,
         config: &DetectorConfig,
         time: SweepTime,
-        emit: &mut impl FnMut(Event),
+        emit: &mut impl FnMut(Transition),
     ) -> SweepStep {
         if lazy.absorb(word, watch, time) {
             return SweepStep::Done;
@@ -594,7 +564,7 @@ impl PeerTracker {
         lazy: &mut Lazy,
         config: &DetectorConfig,
         time: SweepTime,
-        emit: &mut impl FnMut(Event),
+        emit: &mut impl FnMut(Transition),
     ) {
         if record.heartbeats != self.heartbeats {
             self.heard(record, ring, config, time.wall_ms, emit);
@@ -612,12 +582,12 @@ impl PeerTracker {
         ring: &[u32],
         config: &DetectorConfig,
         wall_ms: f64,
-        emit: &mut impl FnMut(Event),
+        emit: &mut impl FnMut(Transition),
     ) {
         let levels = config.levels.as_slice();
         let crossed = self.crossed as usize;
         if crossed > 0 {
-            emit(Event::Recover {
+            emit(Transition::Recover {
                 id: self.peer_id,
                 level: levels[crossed - 1],
                 silence_ms: record.last_arrival_ns.saturating_sub(self.last_arrival_ns) as f64
@@ -642,7 +612,7 @@ impl PeerTracker {
         lazy: &mut Lazy,
         config: &DetectorConfig,
         time: SweepTime,
-        emit: &mut impl FnMut(Event),
+        emit: &mut impl FnMut(Transition),
     ) {
         let SweepTime {
             now_ns,
@@ -656,7 +626,7 @@ impl PeerTracker {
         while now_ns >= watch.deadline_ns {
             let silence_ms = now_ns.saturating_sub(self.last_arrival_ns) as f64 / 1e6;
             let late_ms = (now_ns - watch.deadline_ns) as f64 / 1e6;
-            emit(Event::Suspect {
+            emit(Transition::Suspect {
                 id: self.peer_id,
                 level: levels[self.crossed as usize],
                 phi: config.params.phi(&self.cold.estimate, silence_ms),
@@ -686,7 +656,7 @@ impl PeerTracker {
         old: &DetectorConfig,
         new: &DetectorConfig,
         time: SweepTime,
-        emit: &mut impl FnMut(Event),
+        emit: &mut impl FnMut(Transition),
     ) {
         let was_past: Vec<f64> = old.levels.as_slice()[..self.crossed as usize].to_vec();
         let was_convicted = self.crossed as usize == old.levels.as_slice().len();
@@ -701,7 +671,7 @@ impl PeerTracker {
             if !was_past.contains(&level) {
                 let silence_ms = time.now_ns.saturating_sub(self.last_arrival_ns) as f64 / 1e6;
                 let late_ms = (time.now_ns - deadline) as f64 / 1e6;
-                emit(Event::Suspect {
+                emit(Transition::Suspect {
                     id: self.peer_id,
                     level,
                     phi: new.params.phi(&self.cold.estimate, silence_ms),
@@ -768,7 +738,7 @@ mod tests {
             ring: &[u32],
             cfg: &DetectorConfig,
             time: SweepTime,
-            emit: &mut impl FnMut(Event),
+            emit: &mut impl FnMut(Transition),
         ) {
             self.t.observe(
                 record,
@@ -787,7 +757,7 @@ mod tests {
             word: u64,
             cfg: &DetectorConfig,
             time: SweepTime,
-            emit: &mut impl FnMut(Event),
+            emit: &mut impl FnMut(Transition),
         ) -> SweepStep {
             if self.watch.is_quiet(word, time.now_ns) {
                 return SweepStep::Done;
@@ -925,7 +895,7 @@ mod tests {
         let levels: Vec<f64> = events
             .iter()
             .map(|e| match e {
-                Event::Suspect {
+                Transition::Suspect {
                     level,
                     phi,
                     crossed_at,
@@ -955,7 +925,7 @@ mod tests {
         });
         assert_eq!(
             events,
-            vec![Event::Recover {
+            vec![Transition::Recover {
                 id: 9,
                 level: 8.0,
                 silence_ms: 2100.0,
@@ -985,7 +955,7 @@ mod tests {
         t.observe(&record, &[], &cfg, at(520 * MS, 0.0, true), &mut |e| {
             events.push(e)
         });
-        assert!(matches!(events[..], [Event::Recover { .. }]));
+        assert!(matches!(events[..], [Transition::Recover { .. }]));
     }
 
     #[test]
@@ -1027,7 +997,7 @@ mod tests {
             assert!(
                 eager_events
                     .iter()
-                    .filter(|e| matches!(e, Event::Suspect { .. }))
+                    .filter(|e| matches!(e, Transition::Suspect { .. }))
                     .count()
                     > 20,
                 "{model:?}: the stream crossed levels"
@@ -1120,26 +1090,5 @@ mod tests {
     fn what_every_sweep_reads_is_small() {
         assert_eq!(std::mem::size_of::<Watch>(), 16);
         assert_eq!(std::mem::size_of::<Lazy>(), 16);
-    }
-
-    #[test]
-    fn events_serialise_as_documented() {
-        let e = Event::Suspect {
-            id: 7,
-            level: 8.0,
-            phi: 8.5,
-            silence_ms: 300.0,
-            at: 1,
-            crossed_at: 0.5,
-        };
-        assert_eq!(
-            serde_json::to_value(&e).unwrap(),
-            serde_json::json!({"event":"suspect","id":7,"level":8.0,"phi":8.5,"silence_ms":300.0,"at":1,"crossed_at":0.5})
-        );
-        let e = Event::Lagged { missed: 3 };
-        assert_eq!(
-            serde_json::to_value(&e).unwrap(),
-            serde_json::json!({"event":"lagged","missed":3})
-        );
     }
 }

@@ -40,7 +40,7 @@ use super::{
     ensure_stream_and_bucket, kv_subject, options, unix_ms,
     wire::{self, Key, Liveness, Verdict},
 };
-use crate::{agent::Agent, detector::tracker::Event};
+use crate::{agent::Agent, serving::event::Event};
 
 /// Events sent before their acks are awaited.
 pub const BATCH: usize = 2048;

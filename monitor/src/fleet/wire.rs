@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::FleetError;
-use crate::detector::tracker::Event;
+use crate::serving::event::Event;
 
 /// Subject prefix of the event stream: one subject per observer.
 pub const EVENT_SUBJECT_PREFIX: &str = "heartbeat.events.";

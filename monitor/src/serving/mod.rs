@@ -3,6 +3,7 @@
 
 pub mod access;
 pub mod client;
+pub mod event;
 pub mod metrics;
 pub mod peer_view;
 pub mod protocol;

@@ -19,8 +19,8 @@ use tokio_util::codec::{Decoder, Encoder, Framed, LinesCodec, LinesCodecError};
 use monitor_common::maps::ArrivalRecord;
 
 use crate::{
-    detector::tracker::Event,
     serving::access::AccessPolicy,
+    serving::event::Event,
     serving::protocol::{INVALID_OP, MAX_REQUEST_BYTES, Request, error_reply, parse_request},
     serving::recording::{ArrivalLine, RecordingGuard},
 };
