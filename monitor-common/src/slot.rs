@@ -23,6 +23,10 @@
 //!    in `missing` (the [`MISSING_SPAN`] numbers below the last accepted one). A late heartbeat
 //!    takes one off `lost` only if its number is marked there, and clears the mark: replays,
 //!    second copies and numbers older than the span leave `lost` alone.
+//!
+//! Every interval rules 2-5 leave out is counted in `left_out`, which the last-heard word
+//! carries (`crate::last_heard::count`): the agent learns from the word alone whether every
+//! interval since it last read the slot entered the window.
 
 use crate::{
     config::{XDP_FLAG_GAPLESS_WINDOW, XdpConfig},
