@@ -128,6 +128,7 @@ fn recorded_arrivals_replay_to_the_kernels_window() {
             "burst_gaps": r.burst_gaps,
             "outage_run": r.outage_run,
             "missing": r.missing,
+            "left_out": r.left_out,
         },
     });
     let from_kernel: Value = json!({
@@ -146,6 +147,11 @@ fn recorded_arrivals_replay_to_the_kernels_window() {
     // And the run did exercise the rules it claims to compare.
     assert_eq!(r.restarts, 1, "one restart");
     assert!(r.outages >= 1, "the stop was left out as an outage");
+    assert_eq!(
+        r.left_out as u32,
+        r.restarts + r.outages,
+        "the restart's and the outages' intervals were left out"
+    );
     assert_eq!(
         r.samples,
         100 - 2 - r.outages,

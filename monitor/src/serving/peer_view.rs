@@ -87,6 +87,11 @@ pub struct WindowDetail {
     /// arrived late since (bit i: `last_seq - 1 - i`); only those can still take one off `lost`.
     #[serde(default)]
     pub missing: u64,
+    /// Intervals left out of the window since admission, modulo 2^16 (restarts, outages, over
+    /// the cap, across gaps in a gapless window): what advances the last-heard word's count by
+    /// 1024 each.
+    #[serde(default)]
+    pub left_out: u16,
 }
 
 impl WindowDetail {
@@ -102,6 +107,7 @@ impl WindowDetail {
             burst_gaps: record.burst_gaps,
             outage_run: record.outage_run,
             missing: record.missing,
+            left_out: record.left_out,
         }
     }
 }
