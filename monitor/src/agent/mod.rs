@@ -700,8 +700,8 @@ impl Agent {
     /// A peer costs one load of its last-heard word (eight to a cache line) and a compare of
     /// that word and the clock with its watch (16 bytes in a dense array); only a peer heard
     /// since or at a deadline costs more, and its slot is read only when its tracker asks
-    /// (see `PeerTracker::step`): about once every `LAZY_HEARTBEATS`, or when its silence
-    /// nears a level.
+    /// (see `PeerTracker::step`): about once a window of heartbeats for a steady sender (its
+    /// floor renewed from the words in between), or when its silence nears a level.
     pub fn sweep(&self, now_ns: u64, hold: bool) {
         let started = std::time::Instant::now();
         let time = SweepTime {
