@@ -1086,6 +1086,28 @@ mod tests {
         assert!(sweep(&slot, &mut tracked), "a restart is read");
     }
 
+    /// A word whose count does not read as advanced (it moved by more than half its range,
+    /// as 512 intervals left out between two sweeps would move it) is read from the slot, not
+    /// taken for an older word and ignored.
+    #[test]
+    fn a_word_that_reads_older_is_read() {
+        let params = DetectorParams::DEFAULT;
+        let xdp = params.window_config();
+        let cfg = DetectorConfig::new(params, Levels::new(vec![1.0, 3.0, 8.0]).unwrap());
+        let slot = crate::detector::window::slot_with_intervals([100_000; 200], &xdp);
+        let mut tracked = Tracked::new(&slot.record, &cfg);
+        let word = last_heard::of_record(&slot.record);
+        let arrival = slot.record.last_arrival_ns + 100 * MS;
+        let count = last_heard::count_of(word) + (1 << (last_heard::COUNT_BITS - 1)) + 1;
+        let later = last_heard::word(arrival, count);
+        assert_eq!(last_heard::heartbeats_since(word, later), None);
+        let time = at(arrival + MS, 0.0, false);
+        assert_eq!(
+            tracked.step(later, &cfg, time, &mut |_| {}),
+            SweepStep::Refresh
+        );
+    }
+
     #[test]
     fn what_every_sweep_reads_is_small() {
         assert_eq!(std::mem::size_of::<Watch>(), 16);
