@@ -1086,6 +1086,53 @@ mod tests {
         assert!(sweep(&slot, &mut tracked), "a restart is read");
     }
 
+    /// A BFD session whose timers change starts a fresh window (a new epoch), and its next
+    /// deadline must come from the new rate: the packet that starts the epoch is read from the
+    /// slot, never absorbed under a floor of the old rate (which held the deadline more than
+    /// half a second late here, before the word counted intervals left out).
+    #[test]
+    fn a_bfd_timer_change_is_read() {
+        use monitor_common::{
+            maps::{MAX_WINDOW, PeerSlot},
+            passive::{BFD_UP, SOURCE_BFD},
+            slot::arrive_passive,
+        };
+        let params = DetectorParams::DEFAULT;
+        let xdp = params.window_config();
+        let cfg = DetectorConfig::new(params, Levels::new(vec![1.0, 3.0, 8.0]).unwrap());
+        let mut slot = PeerSlot {
+            lock: 0,
+            record: PeerRecord::admitted_passive(9, 0, SOURCE_BFD),
+            ring_us: [0; MAX_WINDOW],
+        };
+        slot.record.bfd_state = BFD_UP;
+        slot.record.bfd_desired_min_tx_us = 1_000_000;
+        let mut arrival = 0;
+        for _ in 0..200 {
+            arrival += 1000 * MS;
+            arrive_passive(&mut slot, arrival, false, &xdp);
+        }
+        let mut tracked = Tracked::new(&slot.record, &cfg);
+        assert_ne!(tracked.lazy.floor_ns, NO_FLOOR, "a 1 s session has a floor");
+        // The session now sends every 300 ms: a new epoch, its window emptied.
+        slot.record.bfd_desired_min_tx_us = 300_000;
+        arrival += 300 * MS;
+        arrive_passive(&mut slot, arrival, true, &xdp);
+        let time = at(arrival + MS, 0.0, false);
+        let word = last_heard::of_record(&slot.record);
+        assert_eq!(
+            tracked.step(word, &cfg, time, &mut |_| {}),
+            SweepStep::Refresh
+        );
+        tracked.observe(&slot.record, &[], &cfg, time, &mut |_| {});
+        // 300 ms and a deviation of 75 (the bootstrap): the first level at about 396 ms.
+        let deadline_ms = (tracked.watch.deadline_ns - arrival) as f64 / 1e6;
+        assert!(
+            deadline_ms < 400.0,
+            "first level {deadline_ms} ms after the packet"
+        );
+    }
+
     /// A word whose count does not read as advanced (it moved by more than half its range,
     /// as 512 intervals left out between two sweeps would move it) is read from the slot, not
     /// taken for an older word and ignored.
