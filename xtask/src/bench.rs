@@ -740,10 +740,11 @@ CPU at 10 Hz over CPU at 1 Hz: {:.2}x; {peers} peers x 10 Hz on schedule, estima
             let _ = writeln!(
                 t,
                 "
-Fitted to the three rows sent on schedule, CPU % = {:.3} a sweep-rate constant + {:.3} per \
-                 10k peers + {:.3} per 100k packets a second; at {peers} peers x 10 Hz on \
-                 schedule: {:.2}% of a core (twice the half-count row counts the constant twice: \
-                 an upper bound)",
+Fitted to the three rows sent on schedule, CPU % = {:.3} (a constant: what every sweep \
+                 costs) + {:.3} per 10k peers + {:.3} per 100k packets a second; at {peers} peers \
+                 x 10 Hz on schedule: {:.2}% of a core (twice the half-count row counts the \
+                 constant twice: an upper bound)
+",
                 fit.fixed,
                 fit.per_peer * 1e4,
                 fit.per_pps * 1e5,
