@@ -257,8 +257,9 @@ impl Watch {
 #[repr(C)]
 pub struct Lazy {
     /// Least silence (ns) at which phi can reach the first level until `heartbeats` more
-    /// heartbeats after the refresh, or NO_FLOOR (also while a level is crossed). Set only by
-    /// the tracker, so a slot with a floor has a tracker of its current peer.
+    /// heartbeats after `refreshed` (a refresh or a refloor), or NO_FLOOR (also while a level
+    /// is crossed). Set only by the tracker, so a slot with a floor has a tracker of its
+    /// current peer.
     floor_ns: u64,
     /// The word's count (`last_heard::count`, modulo 2^20) when the floor was set: at a
     /// refresh, or at a refloor.
@@ -353,8 +354,9 @@ pub struct PeerTracker {
     /// Levels crossed since the peer was last heard (0..=levels); while any is, `Lazy` has no
     /// floor, so the next heartbeat is read (its recovery is an event).
     crossed: u8,
-    /// The floor under the window's mean the refresh found (see `DetectorConfig::lazy_floor`),
-    /// NaN for none; here rather than in `Cold` because `suspects` reads it for every peer.
+    /// The floor under the window's mean over `Lazy`'s span, as the refresh or the last
+    /// refloor found it (see `DetectorConfig::lazy_floor`, `refloor`), NaN for none; here
+    /// rather than in `Cold` because `suspects` reads it for every peer.
     mean_floor_ms: f64,
     cold: Box<Cold>,
 }
@@ -448,7 +450,7 @@ impl PeerTracker {
             .max(last_heard::arrival_near(watch.word, now_ns))
     }
 
-    /// The estimate of the last refresh (at most `Lazy`'s span of heartbeats old).
+    /// The estimate of the last refresh (at most a window of heartbeats old: see `refloor`).
     pub fn estimate(&self) -> &Estimate {
         &self.cold.estimate
     }
