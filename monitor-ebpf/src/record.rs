@@ -100,7 +100,7 @@ pub fn record<C: EbpfContext>(
             slot.record.src_port = hb.src_port;
             set_src_addr(&mut slot.record.src_addr, hb.src_words);
             counters.heartbeats += 1;
-            store_last_heard(index, now, &slot.record);
+            store_last_heard(index, &slot.record);
         }
     }
     let traced = slot.record.traced != 0;
@@ -160,7 +160,7 @@ pub fn record_passive(p: &Heartbeat, config: &XdpConfig, counters: &mut Counters
     } else {
         counters.flow += 1;
     }
-    store_last_heard(index, now, &slot.record);
+    store_last_heard(index, &slot.record);
     let traced = slot.record.traced != 0;
     let (seq, incarnation) = (slot.record.last_seq, slot.record.incarnation);
     unlock(&mut slot.lock);
@@ -169,13 +169,13 @@ pub fn record_passive(p: &Heartbeat, config: &XdpConfig, counters: &mut Counters
     }
 }
 
-/// Stores the slot's last-heard word for an arrival at `now` (`monitor_common::last_heard`):
-/// one store, under the slot's lock like the record it summarises.
+/// Stores the slot's last-heard word after an accepted arrival, the word the agent computes
+/// from the same record (`monitor_common::last_heard::of_record`): one store, under the slot's
+/// lock like the record it summarises.
 #[inline(always)]
-fn store_last_heard(index: u32, now: u64, record: &PeerRecord) {
+fn store_last_heard(index: u32, record: &PeerRecord) {
     if let Some(word) = LAST_HEARD.get_ptr_mut(index) {
-        let count = last_heard::count(record.heartbeats, record.left_out);
-        unsafe { core::ptr::write_volatile(word, last_heard::word(now, count)) };
+        unsafe { core::ptr::write_volatile(word, last_heard::of_record(record)) };
     }
 }
 

@@ -265,14 +265,14 @@ impl Agent {
     fn publish(&self, event: Event) {
         self.events_sent.fetch_add(1, Ordering::Relaxed);
         let kind = match &event {
-            Event::Suspect { crossed_at, .. } => {
-                let latency_ms = wall_ms() - crossed_at;
+            Event::Suspect(s) => {
+                let latency_ms = wall_ms() - s.crossed_at;
                 self.metrics
                     .event_latency_seconds
                     .observe(latency_ms.max(0.0) / 1000.0);
                 "suspect"
             }
-            Event::Recover { .. } => "recover",
+            Event::Recover(_) => "recover",
             Event::Admit { .. } => "admit",
             Event::Forget { .. } => "forget",
             Event::BfdDown { .. } => "bfd_down",

@@ -17,6 +17,7 @@ use monitor_common::{
     last_heard,
     maps::{MAX_INTERVAL_US, PeerRecord},
 };
+use serde::Serialize;
 
 use super::{
     levels::Levels,
@@ -24,30 +25,37 @@ use super::{
     qos::{QosCounter, QosReport},
 };
 
+/// phi of peer `id` crossed `level` upward: the `suspect` event's fields.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Suspicion {
+    pub id: u64,
+    pub level: f64,
+    pub phi: f64,
+    pub silence_ms: f64,
+    /// Unix time of detection, ms.
+    pub at: u64,
+    /// Unix time at which phi reached `level`, ms with microsecond precision; `at` is at most
+    /// one sweep later.
+    pub crossed_at: f64,
+}
+
+/// A suspected peer was heard again; `level` is the highest level it had reached: the
+/// `recover` event's fields.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Recovery {
+    pub id: u64,
+    pub level: f64,
+    /// The silence that ended.
+    pub silence_ms: f64,
+    pub at: u64,
+}
+
 /// A change in a peer's suspicion, found by a sweep: what the agent publishes as the
-/// `suspect` and `recover` events (`serving::event::Event`).
+/// `suspect` and `recover` events (`serving::event::Event`, which adds the agent's own).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Transition {
-    /// phi crossed `level` upward.
-    Suspect {
-        id: u64,
-        level: f64,
-        phi: f64,
-        silence_ms: f64,
-        /// Unix time of detection, ms.
-        at: u64,
-        /// Unix time at which phi reached `level`, ms with microsecond precision; `at` is at
-        /// most one sweep later.
-        crossed_at: f64,
-    },
-    /// A suspected peer was heard again; `level` is the highest level it had reached.
-    Recover {
-        id: u64,
-        level: f64,
-        /// The silence that ended.
-        silence_ms: f64,
-        at: u64,
-    },
+    Suspect(Suspicion),
+    Recover(Recovery),
 }
 
 /// Most heartbeats one floor covers (see the module docs). A peer gets the most of 32, 16, 8,
@@ -110,24 +118,14 @@ impl DetectorConfig {
         if !(exact_ms > estimate.mean_ms) || !want.is_finite() {
             return None;
         }
-        let most = (record.samples / 4).min(LAZY_HEARTBEATS as u32) as u8;
+        let most = (record.samples / 4).min(LAZY_HEARTBEATS as u32) as u64;
         let mean_floor = self.params.mean_floor(record)?;
-        SPANS
-            .into_iter()
-            .filter(|&j| j <= most)
-            .find_map(|heartbeats| {
-                let mean_ms = mean_floor.after_ms(heartbeats as u64);
-                let silence_ms = self.params.crossing_floor_ms(&self.silences, 0, mean_ms)?;
-                (silence_ms >= want).then_some(LazyFloor {
-                    heartbeats,
-                    mean_ms,
-                    silence_ms,
-                    basis: Some(HeardBasis {
-                        moments: mean_floor,
-                        want_ms: want,
-                    }),
-                })
-            })
+        let mut floor = self.longest_span(most, want, |j| Some(mean_floor.after_ms(j)))?;
+        floor.basis = Some(HeardBasis {
+            moments: mean_floor,
+            want_ms: want,
+        });
+        Some(floor)
     }
 
     /// A new floor for a peer `heard` heartbeats after its refresh, all of whose intervals
@@ -136,15 +134,27 @@ impl DetectorConfig {
     /// no span does, or the window is not full or would be outgrown.
     fn heard_floor(&self, basis: &HeardBasis, heard: u64, heard_us: f64) -> Option<LazyFloor> {
         let most = (basis.moments.window() / 4).min(LAZY_HEARTBEATS as u64);
+        self.longest_span(most, basis.want_ms, |j| {
+            basis.moments.after_heard_ms(heard, heard_us, j)
+        })
+    }
+
+    /// The longest of the spans of at most `most` heartbeats whose floor keeps the first
+    /// level's least silence at `want_ms` or more, `mean_after` giving the floor under the
+    /// window's mean over a span (None: no floor for it).
+    fn longest_span(
+        &self,
+        most: u64,
+        want_ms: f64,
+        mean_after: impl Fn(u64) -> Option<f64>,
+    ) -> Option<LazyFloor> {
         SPANS
             .into_iter()
             .filter(|&j| j as u64 <= most)
             .find_map(|heartbeats| {
-                let mean_ms = basis
-                    .moments
-                    .after_heard_ms(heard, heard_us, heartbeats as u64)?;
+                let mean_ms = mean_after(heartbeats as u64)?;
                 let silence_ms = self.params.crossing_floor_ms(&self.silences, 0, mean_ms)?;
-                (silence_ms >= basis.want_ms).then_some(LazyFloor {
+                (silence_ms >= want_ms).then_some(LazyFloor {
                     heartbeats,
                     mean_ms,
                     silence_ms,
@@ -589,13 +599,13 @@ impl PeerTracker {
         let levels = config.levels.as_slice();
         let crossed = self.crossed as usize;
         if crossed > 0 {
-            emit(Transition::Recover {
+            emit(Transition::Recover(Recovery {
                 id: self.peer_id,
                 level: levels[crossed - 1],
                 silence_ms: record.last_arrival_ns.saturating_sub(self.last_arrival_ns) as f64
                     / 1e6,
                 at: wall_ms as u64,
-            });
+            }));
             if crossed == levels.len() {
                 self.cold.counter.trust(record.last_arrival_ns);
             }
@@ -616,26 +626,19 @@ impl PeerTracker {
         time: SweepTime,
         emit: &mut impl FnMut(Transition),
     ) {
-        let SweepTime {
-            now_ns,
-            wall_ms,
-            hold,
-        } = time;
+        let SweepTime { now_ns, hold, .. } = time;
         let levels = config.levels.as_slice();
         if hold {
             return;
         }
         while now_ns >= watch.deadline_ns {
-            let silence_ms = now_ns.saturating_sub(self.last_arrival_ns) as f64 / 1e6;
-            let late_ms = (now_ns - watch.deadline_ns) as f64 / 1e6;
-            emit(Transition::Suspect {
-                id: self.peer_id,
-                level: levels[self.crossed as usize],
-                phi: config.params.phi(&self.cold.estimate, silence_ms),
-                silence_ms,
-                at: wall_ms as u64,
-                crossed_at: wall_ms - late_ms,
-            });
+            let level = levels[self.crossed as usize];
+            emit(Transition::Suspect(self.suspicion(
+                level,
+                watch.deadline_ns,
+                &config.params,
+                time,
+            )));
             self.crossed += 1;
             // A suspected peer heard again is read at once (its recovery is an event).
             lazy.floor_ns = NO_FLOOR;
@@ -671,16 +674,12 @@ impl PeerTracker {
             }
             let level = levels[self.crossed as usize];
             if !was_past.contains(&level) {
-                let silence_ms = time.now_ns.saturating_sub(self.last_arrival_ns) as f64 / 1e6;
-                let late_ms = (time.now_ns - deadline) as f64 / 1e6;
-                emit(Transition::Suspect {
-                    id: self.peer_id,
+                emit(Transition::Suspect(self.suspicion(
                     level,
-                    phi: new.params.phi(&self.cold.estimate, silence_ms),
-                    silence_ms,
-                    at: time.wall_ms as u64,
-                    crossed_at: time.wall_ms - late_ms,
-                });
+                    deadline,
+                    &new.params,
+                    time,
+                )));
             }
             self.crossed += 1;
         }
@@ -697,6 +696,26 @@ impl PeerTracker {
             self.cold.counter.suspect(time.now_ns);
         } else if was_convicted && !convicted {
             self.cold.counter.trust(time.now_ns);
+        }
+    }
+
+    /// The suspicion of crossing `level` at `deadline_ns`, seen at `time`.
+    fn suspicion(
+        &self,
+        level: f64,
+        deadline_ns: u64,
+        params: &DetectorParams,
+        time: SweepTime,
+    ) -> Suspicion {
+        let silence_ms = time.now_ns.saturating_sub(self.last_arrival_ns) as f64 / 1e6;
+        let late_ms = time.now_ns.saturating_sub(deadline_ns) as f64 / 1e6;
+        Suspicion {
+            id: self.peer_id,
+            level,
+            phi: params.phi(&self.cold.estimate, silence_ms),
+            silence_ms,
+            at: time.wall_ms as u64,
+            crossed_at: time.wall_ms - late_ms,
         }
     }
 
@@ -859,6 +878,14 @@ mod tests {
         }
     }
 
+    /// The default detector with levels 1, 3 and 8, and its window rules.
+    fn defaults() -> (DetectorConfig, monitor_common::config::XdpConfig) {
+        let params = DetectorParams::DEFAULT;
+        let xdp = params.window_config();
+        let levels = Levels::new(vec![1.0, 3.0, 8.0]).unwrap();
+        (DetectorConfig::new(params, levels), xdp)
+    }
+
     fn config() -> DetectorConfig {
         let params = DetectorParams {
             model: Model::Fixed,
@@ -897,12 +924,12 @@ mod tests {
         let levels: Vec<f64> = events
             .iter()
             .map(|e| match e {
-                Transition::Suspect {
+                Transition::Suspect(Suspicion {
                     level,
                     phi,
                     crossed_at,
                     ..
-                } => {
+                }) => {
                     assert!(phi >= level);
                     // Crossing at 1000 ms + level * 100 ln 10 ms, seen at 3000 ms, wall 0.
                     let expected = 1000.0 + level * 100.0 * std::f64::consts::LN_10 - 3000.0;
@@ -927,12 +954,12 @@ mod tests {
         });
         assert_eq!(
             events,
-            vec![Transition::Recover {
+            vec![Transition::Recover(Recovery {
                 id: 9,
                 level: 8.0,
                 silence_ms: 2100.0,
                 at: 0
-            }]
+            })]
         );
         let q = t.qos(3100 * MS);
         assert_eq!((q.s_transitions, q.mistakes), (1, 1));
@@ -957,7 +984,7 @@ mod tests {
         t.observe(&record, &[], &cfg, at(520 * MS, 0.0, true), &mut |e| {
             events.push(e)
         });
-        assert!(matches!(events[..], [Transition::Recover { .. }]));
+        assert!(matches!(events[..], [Transition::Recover(_)]));
     }
 
     #[test]
@@ -999,7 +1026,7 @@ mod tests {
             assert!(
                 eager_events
                     .iter()
-                    .filter(|e| matches!(e, Transition::Suspect { .. }))
+                    .filter(|e| matches!(e, Transition::Suspect(_)))
                     .count()
                     > 20,
                 "{model:?}: the stream crossed levels"
@@ -1054,9 +1081,7 @@ mod tests {
     /// restart, however short) is read at once.
     #[test]
     fn a_steady_full_window_is_read_once_a_window() {
-        let params = DetectorParams::DEFAULT;
-        let xdp = params.window_config();
-        let cfg = DetectorConfig::new(params, Levels::new(vec![1.0, 3.0, 8.0]).unwrap());
+        let (cfg, xdp) = defaults();
         let mut slot = crate::detector::window::slot_with_intervals(
             (0..200).map(|i| 100_000 + i % 7 * 1000),
             &xdp,
@@ -1099,9 +1124,7 @@ mod tests {
             passive::{BFD_UP, SOURCE_BFD},
             slot::arrive_passive,
         };
-        let params = DetectorParams::DEFAULT;
-        let xdp = params.window_config();
-        let cfg = DetectorConfig::new(params, Levels::new(vec![1.0, 3.0, 8.0]).unwrap());
+        let (cfg, xdp) = defaults();
         let mut slot = PeerSlot {
             lock: 0,
             record: PeerRecord::admitted_passive(9, 0, SOURCE_BFD),
@@ -1140,9 +1163,7 @@ mod tests {
     /// taken for an older word and ignored.
     #[test]
     fn a_word_that_reads_older_is_read() {
-        let params = DetectorParams::DEFAULT;
-        let xdp = params.window_config();
-        let cfg = DetectorConfig::new(params, Levels::new(vec![1.0, 3.0, 8.0]).unwrap());
+        let (cfg, xdp) = defaults();
         let slot = crate::detector::window::slot_with_intervals([100_000; 200], &xdp);
         let mut tracked = Tracked::new(&slot.record, &cfg);
         let word = last_heard::of_record(&slot.record);

@@ -40,7 +40,7 @@ use super::{
     ensure_stream_and_bucket, kv_subject, options, unix_ms,
     wire::{self, Key, Liveness, Verdict},
 };
-use crate::{agent::Agent, serving::event::Event};
+use crate::{agent::Agent, detector::tracker::Recovery, serving::event::Event};
 
 /// Events sent before their acks are awaited.
 pub const BATCH: usize = 2048;
@@ -620,24 +620,17 @@ impl Sender {
 /// How an event changes this observer's verdict on a peer: `Some((id, None))` removes it.
 fn verdict_change(event: &Event) -> Option<(u64, Option<Verdict>)> {
     match event {
-        Event::Suspect {
-            id,
-            level,
-            phi,
-            silence_ms,
-            at,
-            crossed_at,
-        } => Some((
-            *id,
+        Event::Suspect(s) => Some((
+            s.id,
             Some(Verdict {
-                level: *level,
-                phi: finite_phi(*phi),
-                since: *at as f64 - silence_ms,
-                crossed_at: Some(*crossed_at),
-                at: *at,
+                level: s.level,
+                phi: finite_phi(s.phi),
+                since: s.at as f64 - s.silence_ms,
+                crossed_at: Some(s.crossed_at),
+                at: s.at,
             }),
         )),
-        Event::Recover { id, .. } | Event::Forget { id, .. } => Some((*id, None)),
+        Event::Recover(Recovery { id, .. }) | Event::Forget { id, .. } => Some((*id, None)),
         _ => None,
     }
 }
@@ -656,14 +649,14 @@ mod tests {
 
     #[test]
     fn verdicts_follow_events() {
-        let suspect = Event::Suspect {
+        let suspect = Event::Suspect(crate::detector::tracker::Suspicion {
             id: 4,
             level: 3.0,
             phi: f64::INFINITY,
             silence_ms: 250.0,
             at: 10_000,
             crossed_at: 9_990.5,
-        };
+        });
         let (id, v) = verdict_change(&suspect).unwrap();
         let v = v.unwrap();
         assert_eq!(id, 4);
@@ -674,12 +667,12 @@ mod tests {
         // It survives the wire.
         let bytes = serde_json::to_vec(&v).unwrap();
         assert_eq!(Verdict::parse(&bytes).unwrap(), v);
-        let recover = Event::Recover {
+        let recover = Event::Recover(Recovery {
             id: 4,
             level: 3.0,
             silence_ms: 1.0,
             at: 1,
-        };
+        });
         assert_eq!(verdict_change(&recover), Some((4, None)));
         assert_eq!(verdict_change(&Event::Admit { id: 4, at: 1 }), None);
     }

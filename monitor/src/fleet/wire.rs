@@ -373,14 +373,14 @@ mod tests {
 
     #[test]
     fn events_carry_observer_and_seq_and_every_kind() {
-        let e = Event::Suspect {
+        let e = Event::Suspect(crate::detector::tracker::Suspicion {
             id: 7,
             level: 8.0,
             phi: 8.5,
             silence_ms: 300.0,
             at: 1,
             crossed_at: 0.5,
-        };
+        });
         let bytes = event_payload("obs-a", 3, &e);
         let parsed = FleetEvent::parse("heartbeat.events.obs-a", &bytes).unwrap();
         assert_eq!(parsed.kind, "suspect");

@@ -3,32 +3,16 @@
 
 use serde::Serialize;
 
-use crate::detector::tracker::Transition;
+use crate::detector::tracker::{Recovery, Suspicion, Transition};
 
-/// What subscribers receive, one JSON object per line.
+/// What subscribers receive, one JSON object per line: `{"event":"suspect",...}` and so on.
+/// The detector's transitions carry their own fields (`Suspicion`, `Recovery`); the rest are
+/// the agent's.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "event", rename_all = "lowercase")]
 pub enum Event {
-    /// phi crossed `level` upward.
-    Suspect {
-        id: u64,
-        level: f64,
-        phi: f64,
-        silence_ms: f64,
-        /// Unix time of detection, ms.
-        at: u64,
-        /// Unix time at which phi reached `level`, ms with microsecond precision; `at` is at
-        /// most one sweep later.
-        crossed_at: f64,
-    },
-    /// A suspected peer was heard again; `level` is the highest level it had reached.
-    Recover {
-        id: u64,
-        level: f64,
-        /// The silence that ended.
-        silence_ms: f64,
-        at: u64,
-    },
+    Suspect(Suspicion),
+    Recover(Recovery),
     Admit {
         id: u64,
         at: u64,
@@ -63,32 +47,8 @@ pub enum Event {
 impl From<Transition> for Event {
     fn from(t: Transition) -> Self {
         match t {
-            Transition::Suspect {
-                id,
-                level,
-                phi,
-                silence_ms,
-                at,
-                crossed_at,
-            } => Event::Suspect {
-                id,
-                level,
-                phi,
-                silence_ms,
-                at,
-                crossed_at,
-            },
-            Transition::Recover {
-                id,
-                level,
-                silence_ms,
-                at,
-            } => Event::Recover {
-                id,
-                level,
-                silence_ms,
-                at,
-            },
+            Transition::Suspect(s) => Event::Suspect(s),
+            Transition::Recover(r) => Event::Recover(r),
         }
     }
 }
@@ -99,24 +59,24 @@ mod tests {
 
     #[test]
     fn events_serialise_as_documented() {
-        let e = Event::from(Transition::Suspect {
+        let e = Event::from(Transition::Suspect(Suspicion {
             id: 7,
             level: 8.0,
             phi: 8.5,
             silence_ms: 300.0,
             at: 1,
             crossed_at: 0.5,
-        });
+        }));
         assert_eq!(
             serde_json::to_value(&e).unwrap(),
             serde_json::json!({"event":"suspect","id":7,"level":8.0,"phi":8.5,"silence_ms":300.0,"at":1,"crossed_at":0.5})
         );
-        let e = Event::from(Transition::Recover {
+        let e = Event::from(Transition::Recover(Recovery {
             id: 7,
             level: 8.0,
             silence_ms: 900.0,
             at: 2,
-        });
+        }));
         assert_eq!(
             serde_json::to_value(&e).unwrap(),
             serde_json::json!({"event":"recover","id":7,"level":8.0,"silence_ms":900.0,"at":2})
