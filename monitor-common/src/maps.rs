@@ -266,7 +266,7 @@ impl PeerRecord {
 }
 
 // The kernel writes source addresses as two 8-byte words.
-const _: () = assert!(core::mem::size_of::<PeerSlot>() % 64 == 0);
+const _: () = assert!(core::mem::size_of::<PeerSlot>().is_multiple_of(64));
 // Eleven cache lines; the passive sources' fields fit in what alignment left over.
 const _: () = assert!(core::mem::size_of::<PeerSlot>() == 704);
 // The hot fields: the lock and the record up to `left_out` in the first line, the rest up to

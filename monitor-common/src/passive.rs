@@ -269,7 +269,7 @@ mod tests {
     fn what_rfc_5880_discards_is_refused() {
         let good = encode_bfd(&control());
         let mut b = good;
-        b[0] = (2 << 5) | 0;
+        b[0] = 2 << 5; // version 2
         assert_eq!(decode_bfd(words(&b), 24), Err(BfdError::Version));
         let mut b = good;
         b[2] = 0;

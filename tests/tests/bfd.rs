@@ -159,7 +159,7 @@ fn the_agent_watches_a_real_bfd_session_passively_and_detects_its_peers_crash() 
 
     // Tracked: one peer for the session, keyed by the remote's address and discriminator,
     // with the timers it announces, once a few packets at the Up rate are in its window.
-    let discriminator = remote.local_discriminator as u32;
+    let discriminator = remote.local_discriminator;
     let (view, id) = up_at_100ms(&agent, &net.addr_b, discriminator);
     assert_eq!(view["source"], "bfd");
     assert!(
@@ -245,7 +245,7 @@ fn a_session_that_reports_down_raises_bfd_down_with_its_diagnostic() {
     let agent = AgentProcess::start(&net, &["--bfd"]);
     let mut bfd = BfdPair::on_netns_pair(&net);
     let (_, remote) = bfd.wait_up(Duration::from_secs(20));
-    let discriminator = remote.local_discriminator as u32;
+    let discriminator = remote.local_discriminator;
     // Up long enough for its window to be of the Up rate (100 ms) throughout.
     let view = wait_for(
         Duration::from_secs(10),
@@ -314,7 +314,7 @@ fn an_ipv6_session_is_watched_under_its_ipv6_address() {
     let agent = AgentProcess::start(&net, &["--bfd"]);
     let bfd = BfdPair::on_netns_pair_v6(&net);
     let (_, remote) = bfd.wait_up(Duration::from_secs(20));
-    let discriminator = remote.local_discriminator as u32;
+    let discriminator = remote.local_discriminator;
     let view = wait_for(Duration::from_secs(10), "the IPv6 session Up", || {
         session_seen(&agent, &net.addr6_b, discriminator)
             .filter(|p| p["bfd_state"] == "up" && p["samples"].as_u64() >= Some(5))
@@ -356,7 +356,7 @@ fn a_multihop_session_is_watched_like_a_single_hop_one() {
     );
     let (_, remote) = bfd.wait_up(Duration::from_secs(20));
     assert!(remote.multihop, "{remote:?}");
-    let (view, id) = up_at_100ms(&agent, &net.addr_b, remote.local_discriminator as u32);
+    let (view, id) = up_at_100ms(&agent, &net.addr_b, remote.local_discriminator);
     let mean = view["mean_ms"].as_f64().unwrap();
     assert!((70.0..=105.0).contains(&mean), "{view}");
     assert_eq!(agent.peer_ids(), vec![id]);

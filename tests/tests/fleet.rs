@@ -356,11 +356,10 @@ fn events_survive_the_loss_of_one_of_three_nats_nodes() {
     let leads = |n: &NatsServer| {
         n.log_text()
             .lines()
-            .filter(|l| {
+            .rfind(|l| {
                 l.contains("JetStream cluster new metadata leader")
                     || l.contains("Self is new JetStream cluster metadata leader")
             })
-            .last()
             .is_some_and(|l| l.contains("Self is new"))
     };
     let connected = usize::from(port - 4222);
@@ -813,7 +812,7 @@ fn fleet_figures() {
         || {
             let g = got.lock().unwrap();
             (g.iter().filter(|r| r.id >= FIRST).count() as u64 >= 3 * BURST)
-                .then(|| monitor::fleet::unix_ms())
+                .then(monitor::fleet::unix_ms)
         },
     );
     drop(burst);

@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup | build | test | demo`. One module per task; every task
+//! Project tasks: `cargo xtask setup | build | test | lint | demo | ...`. One module per task; every task
 //! runs whatever part of `setup` is missing first, so a fresh machine needs no hand steps.
 
 mod bench;
@@ -7,6 +7,7 @@ mod demo;
 mod frr;
 mod fuzz;
 mod lab;
+mod lint;
 mod setup;
 mod soak;
 mod test;
@@ -31,8 +32,10 @@ enum Task {
     Setup,
     /// Build the agent with its XDP program.
     Build(build::BuildArgs),
-    /// Run every test: unit, packet fixtures (BPF_PROG_TEST_RUN) and namespace integration.
+    /// Run every test: lints, unit, packet fixtures (BPF_PROG_TEST_RUN) and namespace integration.
     Test(test::TestArgs),
+    /// Check formatting (rustfmt) and lints (clippy, warnings as errors).
+    Lint,
     /// Watch heartbeats cross a veth pair between two namespaces, then stop a peer.
     Demo(demo::DemoArgs),
     /// 50,000 peers for 10 minutes with churn; checks detection, false suspicion, leaks.
@@ -50,6 +53,7 @@ fn main() -> anyhow::Result<()> {
         Task::Setup => setup::run(),
         Task::Build(args) => build::run(&args),
         Task::Test(args) => test::run(&args),
+        Task::Lint => lint::run(),
         Task::Demo(args) => demo::run(&args),
         Task::Bench(args) => bench::run(&args),
         Task::Fuzz(args) => fuzz::run(&args),

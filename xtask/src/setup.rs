@@ -1,5 +1,6 @@
 //! Makes a machine ready to build and test, idempotently; each step checks before it acts.
 //!
+//! 0. rustfmt and clippy on the stable toolchain, for `cargo xtask lint`.
 //! 1. A nightly toolchain with rust-src (the XDP program is built with `-Z build-std=core`).
 //! 2. bpf-linker, built against the nightly's own libLLVM (no packaged LLVM has the BPF
 //!    target here), installed under target/tools so nothing global is assumed.
@@ -23,6 +24,7 @@ pub fn run() -> Result<()> {
 
 /// What every other task calls first: cheap checks, work only where something is missing.
 pub fn ensure() -> Result<()> {
+    ensure_components(&["rustfmt", "clippy"])?;
     ensure_nightly()?;
     ensure_bpf_linker()?;
     ensure_cargo_fuzz()?;
@@ -46,6 +48,22 @@ pub fn ensure() -> Result<()> {
     // tests/tests/senders.rs: the example senders in C and Python (examples/).
     ensure_package("cc", &["--version"], "gcc")?;
     ensure_package("python3", &["--version"], "python3")
+}
+
+/// Components of the stable toolchain (rustup's minimal profile has neither rustfmt nor
+/// clippy).
+fn ensure_components(names: &[&str]) -> Result<()> {
+    let installed = output(rustup().args(["component", "list", "--installed"]))?;
+    for name in names {
+        if !installed
+            .lines()
+            .any(|l| l.starts_with(&format!("{name}-")))
+        {
+            println!("setup: adding {name} to the stable toolchain");
+            workspace::run(rustup().args(["component", "add", name]))?;
+        }
+    }
+    Ok(())
 }
 
 fn rustup() -> Command {

@@ -1,4 +1,4 @@
-//! Runs every test against the real kernel: unit tests, packet fixtures through
+//! Runs the lints, then every test against the real kernel: unit tests, packet fixtures through
 //! BPF_PROG_TEST_RUN, and end-to-end tests across network namespaces.
 
 use std::{
@@ -9,7 +9,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use clap::Args;
 
-use crate::{build, fuzz, setup, workspace};
+use crate::{build, fuzz, lint, setup, workspace};
 
 #[derive(Debug, Args)]
 pub struct TestArgs {
@@ -25,6 +25,10 @@ pub fn run(args: &TestArgs) -> Result<()> {
     setup::ensure()?;
     workspace::require_root("test")?;
     build::build(false)?;
+    // A test filter asks for some tests, not for a review of the tree.
+    if args.cargo_args.is_empty() {
+        lint::lint()?;
+    }
     let mut cmd = workspace::cargo();
     // Default members: every crate but the eBPF one, which only builds for the BPF target.
     cmd.arg("test")

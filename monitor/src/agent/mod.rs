@@ -39,7 +39,7 @@ use crate::{
     kernel::program,
     kernel::registry::{AdmitError, ForgetError, Registry},
     serving::event::Event,
-    serving::metrics::{self, AgentMetrics, KindLabel, OpLabel, PeerSeries, Scrape},
+    serving::metrics::{self, AgentMetrics, KindLabel, OpLabel, PeerSeries, Scrape, SelectedPeer},
     serving::peer_view::{PeerView, WindowDetail, ip_addr},
     serving::protocol::{
         AgentStats, KernelCounters, PeerError, PeerSource, Request, XdpRunStats, error_reply,
@@ -868,12 +868,18 @@ impl Agent {
             }
         };
         let mut shown: std::collections::HashSet<u64> = std::collections::HashSet::new();
-        let mut selected: Vec<(u64, f64, f64, f64)> = Vec::new();
+        let mut selected: Vec<SelectedPeer> = Vec::new();
+        let select = |p: &(f64, u64, f64, u8)| SelectedPeer {
+            id: p.1,
+            phi: p.0,
+            silence_s: p.2,
+            level: level_of(p.3),
+        };
         for id in &series.ids {
             if let Some(p) = found.get(id)
                 && shown.insert(p.1)
             {
-                selected.push((p.1, p.0, p.2, level_of(p.3)));
+                selected.push(select(p));
             }
         }
         if series.top > 0 && !all.is_empty() {
@@ -883,7 +889,7 @@ impl Agent {
             top.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
             for p in top.iter() {
                 if shown.insert(p.1) {
-                    selected.push((p.1, p.0, p.2, level_of(p.3)));
+                    selected.push(select(p));
                 }
             }
         }

@@ -35,7 +35,8 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Load the XDP program on an interface and serve the socket until SIGINT/SIGTERM.
-    Run(run::RunArgs),
+    // Boxed: its flags are most of the enum's size, and the other commands need not carry it.
+    Run(Box<run::RunArgs>),
     /// Detach a program left running by `monitor run --persist` and remove its pins.
     Detach(detach::DetachArgs),
     /// Send heartbeats to a monitor (run this on each peer).
@@ -111,7 +112,7 @@ pub fn with_config_file(argv: Vec<OsString>) -> Result<Vec<OsString>, String> {
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Run(args) => run::run(args),
+        Command::Run(args) => run::run(*args),
         Command::Send(args) => send::send(args),
         Command::Detach(args) => detach::detach(args),
         Command::Query(args) => query::query(args),

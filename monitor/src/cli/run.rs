@@ -262,7 +262,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 let matches =
                     <super::Cli as clap::CommandFactory>::command().try_get_matches_from(argv)?;
                 match <super::Cli as clap::FromArgMatches>::from_arg_matches(&matches)?.command {
-                    super::Command::Run(args) => agent_config(args),
+                    super::Command::Run(args) => agent_config(*args),
                     _ => anyhow::bail!("the command line is no longer `monitor run`"),
                 }
             }),

@@ -1030,7 +1030,7 @@ mod tests {
             model,
             window: [8, 32, 128][case % 3],
             min_std_ms: [0.0, 5.0, 50.0][case % 3],
-            pause_ms: if case % 5 == 0 { 30.0 } else { 0.0 },
+            pause_ms: if case.is_multiple_of(5) { 30.0 } else { 0.0 },
             ..DetectorParams::DEFAULT
         }
     }

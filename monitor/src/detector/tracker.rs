@@ -115,7 +115,7 @@ impl DetectorConfig {
         exact_ms: f64,
     ) -> Option<LazyFloor> {
         let want = estimate.mean_ms + (exact_ms - estimate.mean_ms) / 2.0;
-        if !(exact_ms > estimate.mean_ms) || !want.is_finite() {
+        if !want.is_finite() || exact_ms <= estimate.mean_ms {
             return None;
         }
         let most = (record.samples / 4).min(LAZY_HEARTBEATS as u32) as u64;
@@ -568,6 +568,10 @@ impl PeerTracker {
     /// A refresh: the slot's `record` (and `ring` where the model needs it). A new heartbeat
     /// ends any suspicion and makes a new estimate; then any level whose deadline has passed
     /// is raised.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "watch and lazy live in separate dense arrays the sweep scans"
+    )]
     pub fn observe(
         &mut self,
         record: &PeerRecord,

@@ -270,7 +270,7 @@ async fn drain(mut events: broadcast::Receiver<Event>, shared: Arc<Shared>) {
                 }
                 Err(_) => {}
             }
-            if queue.items.len() % BATCH == 0 {
+            if queue.items.len().is_multiple_of(BATCH) {
                 shared.wake.notify_one();
             }
         }
@@ -424,7 +424,7 @@ impl Sender {
     /// Publishes the oldest queued batch; `Ok(false)` when nothing is queued.
     async fn publish_next(&mut self) -> Result<bool, FleetError> {
         // Copy the batch out (the drainer keeps pushing); remove it once acknowledged.
-        let batch: Vec<(u64, Vec<u8>, Option<(u64, Option<Verdict>)>)> = {
+        let batch: Vec<(u64, Vec<u8>, Option<VerdictChange>)> = {
             let queue = self.shared.queue();
             if queue.items.is_empty() {
                 return Ok(false);
@@ -468,10 +468,10 @@ impl Sender {
                     .await
                     .map_err(|e| FleetError::js("publishing an event", e))?,
             );
-            if let Some((id, verdict)) = change {
-                if verdicts.insert(id, verdict).is_none() {
-                    order.push(id);
-                }
+            if let Some((id, verdict)) = change
+                && verdicts.insert(id, verdict).is_none()
+            {
+                order.push(id);
             }
         }
         let mut kv_ops = Vec::with_capacity(order.len());
@@ -573,10 +573,10 @@ impl Sender {
                     continue;
                 }
                 match Key::parse(&entry.key) {
-                    Ok(Key::Verdict { peer, observer }) if observer == self.observer => {
-                        if !current.contains_key(&peer) {
-                            stale.insert(peer);
-                        }
+                    Ok(Key::Verdict { peer, observer })
+                        if observer == self.observer && !current.contains_key(&peer) =>
+                    {
+                        stale.insert(peer);
                     }
                     _ => {}
                 }
@@ -617,8 +617,11 @@ impl Sender {
     }
 }
 
+/// A peer's new verdict (`None`: no longer down in this monitor's view).
+type VerdictChange = (u64, Option<Verdict>);
+
 /// How an event changes this observer's verdict on a peer: `Some((id, None))` removes it.
-fn verdict_change(event: &Event) -> Option<(u64, Option<Verdict>)> {
+fn verdict_change(event: &Event) -> Option<VerdictChange> {
     match event {
         Event::Suspect(s) => Some((
             s.id,

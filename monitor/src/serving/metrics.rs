@@ -114,9 +114,18 @@ pub struct Scrape {
     pub peers_at: Vec<u64>,
     /// For each of `PHI_BUCKETS`, peers whose phi is at most it.
     pub phi_le: Vec<u64>,
-    /// (id, phi, silence in seconds, highest level crossed or 0) of the selected peers.
-    pub selected: Vec<(u64, f64, f64, f64)>,
+    pub selected: Vec<SelectedPeer>,
     pub socket_clients: u64,
+}
+
+/// One of the peers `--metrics-peers` selects, as a scrape shows it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SelectedPeer {
+    pub id: u64,
+    pub phi: f64,
+    pub silence_s: f64,
+    /// The highest level crossed since last heard, or 0.
+    pub level: f64,
 }
 
 /// Reads a scrape from the agent; the agent implements it.
@@ -433,11 +442,11 @@ impl<S: Source> Collector for AgentCollector<S> {
         }
 
         if !scrape.selected.is_empty() {
-            let ids = |f: &dyn Fn(&(u64, f64, f64, f64)) -> f64| {
+            let ids = |f: &dyn Fn(&SelectedPeer) -> f64| {
                 scrape
                     .selected
                     .iter()
-                    .map(|p| (p.0.to_string(), ConstGauge::new(f(p))))
+                    .map(|p| (p.id.to_string(), ConstGauge::new(f(p))))
                     .collect::<Vec<_>>()
             };
             family(
@@ -446,7 +455,7 @@ impl<S: Source> Collector for AgentCollector<S> {
                 "phi of a selected peer",
                 None,
                 "peer",
-                ids(&|p| p.1),
+                ids(&|p| p.phi),
             )?;
             family(
                 e,
@@ -454,7 +463,7 @@ impl<S: Source> Collector for AgentCollector<S> {
                 "Time since a selected peer was last heard",
                 Some(&Unit::Seconds),
                 "peer",
-                ids(&|p| p.2),
+                ids(&|p| p.silence_s),
             )?;
             family(
                 e,
@@ -462,7 +471,7 @@ impl<S: Source> Collector for AgentCollector<S> {
                 "Highest level a selected peer has crossed since last heard (0: none)",
                 None,
                 "peer",
-                ids(&|p| p.3),
+                ids(&|p| p.level),
             )?;
         }
         Ok(())
@@ -628,7 +637,16 @@ mod tests {
                 levels: vec![1.0, 3.0, 8.0],
                 peers_at: vec![2, 1, 0, 1],
                 phi_le: vec![2, 2, 3, 3, 3, 3, 3, 4, 4],
-                selected: series.ids.iter().map(|&id| (id, 17.5, 2.5, 8.0)).collect(),
+                selected: series
+                    .ids
+                    .iter()
+                    .map(|&id| SelectedPeer {
+                        id,
+                        phi: 17.5,
+                        silence_s: 2.5,
+                        level: 8.0,
+                    })
+                    .collect(),
                 socket_clients: 1,
             }
         }
