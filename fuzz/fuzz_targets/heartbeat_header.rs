@@ -20,7 +20,11 @@ fuzz_target!(|data: &[u8]| {
                 None => Ok(()),
             }
         });
-        assert_eq!(parsed.is_ok(), kernel.is_ok(), "userspace and kernel rules disagree");
+        assert_eq!(
+            parsed.is_ok(),
+            kernel.is_ok(),
+            "userspace and kernel rules disagree"
+        );
     }
     if let Ok(header) = parsed {
         assert_eq!(data.len(), HEADER_LEN);

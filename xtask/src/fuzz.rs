@@ -1,5 +1,6 @@
-//! Fuzzing with cargo-fuzz (libFuzzer): the heartbeat parser (checked against the kernel's
-//! field-wise rules) and the socket request parser. The committed seeds in fuzz/corpus/<target>
+//! Fuzzing with cargo-fuzz (libFuzzer), of everything that reads input from outside: the
+//! heartbeat parser (checked against the kernel's field-wise rules), the socket request
+//! parser, the fleet's reader of what other monitors write to NATS, and the trace parser. The committed seeds in fuzz/corpus/<target>
 //! are only read: a run writes what it finds to its working corpus, target/fuzz-corpus/<target>
 //! (libFuzzer writes new inputs to the first corpus directory it is given), so the tree is left
 //! as found and later runs start from everything earlier ones found. To grow the seeds, merge
@@ -13,7 +14,12 @@ use clap::Args;
 
 use crate::{setup, workspace};
 
-pub const TARGETS: [&str; 2] = ["heartbeat_header", "socket_request"];
+pub const TARGETS: [&str; 4] = [
+    "heartbeat_header",
+    "socket_request",
+    "fleet_bucket",
+    "trace_file",
+];
 
 #[derive(Debug, Args)]
 pub struct FuzzArgs {
