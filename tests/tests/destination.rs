@@ -1,7 +1,7 @@
 //! The destination check on the real kernel: heartbeats addressed to another host cross the
 //! monitor's interface (as on a router) and are passed, not recorded; an address added to the
 //! interface later is followed; `--listen-addr` replaces the interface's addresses, and `any`
-//! turns the check off.
+//! turns the check off; SIGHUP changes the list live.
 //!
 //! The sender reaches an address the monitor does not have through a permanent neighbour
 //! entry pointing at the monitor's MAC, so the frames arrive on the monitor's interface
@@ -182,4 +182,69 @@ fn listen_addr_any_records_every_destination() {
         (heartbeats(&agent, 5) >= 10).then_some(())
     });
     assert_eq!(not_local(&agent), 0);
+}
+
+#[test]
+fn sighup_changes_the_listen_addresses_live() {
+    require_root();
+    let pair = NetnsPair::named(44, ["hbdra", "hbdrb"], ["hbdqa", "hbdqb"]);
+    let dir = TempDir::new("hbdpeers");
+    let file = dir.0.join("monitor.toml");
+    let other = other_v4(&pair);
+    let write = |text: &str| std::fs::write(&file, text).unwrap();
+    write(&format!("listen-addr = [\"{other}\"]\n"));
+    let agent = AgentProcess::start(
+        &pair,
+        &[
+            "--config",
+            file.to_str().unwrap(),
+            "--peers",
+            &dir.peers_file([1, 2]),
+        ],
+    );
+    route_through_monitor(&pair, &other);
+    let _to_interface = send_to(&pair, &pair.addr_a, 1);
+    let _to_other = send_to(&pair, &other, 2);
+    let reloads =
+        |agent: &AgentProcess| agent.ask(json!({"op": "stats"}))["stats"]["config_reloads"].clone();
+    let hup = |agent: &AgentProcess| {
+        // SAFETY: signalling our own child by pid.
+        unsafe { libc::kill(agent.pid() as i32, libc::SIGHUP) };
+    };
+    wait_for(
+        Duration::from_secs(10),
+        "the listed address recorded",
+        || (heartbeats(&agent, 2) >= 10 && not_local(&agent) >= 10).then_some(()),
+    );
+    assert_eq!(heartbeats(&agent, 1), 0, "{}", kernel(&agent));
+
+    // No list: the interface's own addresses, followed, from now on; the other one passes.
+    write("# listen-addr: the interface's addresses\n");
+    hup(&agent);
+    wait_for(
+        Duration::from_secs(5),
+        "the interface's address recorded",
+        || (heartbeats(&agent, 1) >= 5).then_some(()),
+    );
+    assert_eq!(reloads(&agent), json!(1));
+    let recorded = heartbeats(&agent, 2);
+    let before = not_local(&agent);
+    wait_for(Duration::from_secs(5), "the other address passed", || {
+        (not_local(&agent) >= before + 20).then_some(())
+    });
+    assert!(heartbeats(&agent, 2) <= recorded + 1, "{}", kernel(&agent));
+
+    // `any` would turn the check off, which only a restart does: nothing changes.
+    write("listen-addr = [\"any\"]\n");
+    hup(&agent);
+    wait_for(Duration::from_secs(5), "the second reload", || {
+        (reloads(&agent) == json!(2)).then_some(())
+    });
+    let recorded = heartbeats(&agent, 2);
+    let before = not_local(&agent);
+    wait_for(Duration::from_secs(5), "still passed", || {
+        (not_local(&agent) >= before + 20).then_some(())
+    });
+    assert!(heartbeats(&agent, 2) <= recorded + 1, "{}", kernel(&agent));
+    assert!(heartbeats(&agent, 1) >= 5);
 }

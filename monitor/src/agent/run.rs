@@ -31,6 +31,7 @@ use crate::{
         tracker::DetectorConfig,
     },
     kernel::clock::monotonic_ns,
+    kernel::destination::{DestinationError, Destinations},
     kernel::kernel_log,
     kernel::keyring::KeyRing,
     kernel::loaded::LoadedProgram,
@@ -107,15 +108,25 @@ impl std::fmt::Debug for Reload {
 }
 
 /// What a SIGHUP changed, applied to the running agent: levels, admission, per-peer metric
-/// series and the auth key change live; anything else is named in a log line and waits for
-/// a restart. Returns the configuration now in effect.
+/// series, the destination addresses and the auth key change live; anything else is named in
+/// a log line and waits for a restart. Returns the configuration now in effect.
 fn apply_reload(
     agent: &Agent,
     current: &AgentConfig,
     new: AgentConfig,
     series: &std::sync::RwLock<metrics::PeerSeries>,
+    destinations: &mut Destinations,
 ) -> AgentConfig {
     let mut effective = current.clone();
+    // Whether the kernel checks destinations at all is fixed at load: to or from `any` waits.
+    let mut listen_fixed = false;
+    if new.listen != current.listen {
+        match destinations.set(&new.listen) {
+            Ok(()) => effective.listen = new.listen.clone(),
+            Err(DestinationError::CheckFixed) => listen_fixed = true,
+            Err(e) => log::error!("SIGHUP: listen-addr: {e}; keeping the current destinations"),
+        }
+    }
     if new.levels != current.levels {
         log::info!("SIGHUP: levels {} -> {}", current.levels, new.levels);
         agent.set_levels(new.levels.clone());
@@ -155,7 +166,7 @@ fn apply_reload(
         "pass-heartbeats",
         new.pass_heartbeats == current.pass_heartbeats,
     );
-    check("listen-addr", new.listen == current.listen);
+    check("listen-addr (to or from any)", !listen_fixed);
     check("bfd", new.passive.bfd == current.passive.bfd);
     check(
         "udp-port",
@@ -364,8 +375,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         Some(dir) if pinning::has_state(dir) => adopt(dir, &expected, &xdp, &config)?,
         _ => load_and_attach(&config, &xdp, expected)?,
     };
-    // Fills LOCAL_ADDRS and follows the interface's addresses until the agent stops.
-    let _destinations = crate::kernel::destination::start(
+    // Fills LOCAL_ADDRS and follows the interface's addresses until the agent stops (owned by
+    // the SIGHUP task, which changes it).
+    let destinations = crate::kernel::destination::start(
         &config.iface,
         &config.listen,
         kernel.ebpf.as_mut(),
@@ -491,12 +503,14 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         let mut current = config.clone();
         async move {
             let mut hup = hup;
+            let mut destinations = destinations;
             loop {
                 hup.recv().await;
                 if let Some(reload) = &current.reload {
                     match (reload.read)() {
                         Ok(new) => {
-                            current = apply_reload(&agent, &current, new, &series);
+                            current =
+                                apply_reload(&agent, &current, new, &series, &mut destinations);
                             agent.reloads.fetch_add(1, Ordering::Relaxed);
                         }
                         Err(e) => {

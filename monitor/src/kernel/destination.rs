@@ -21,7 +21,7 @@ use std::{
     path::Path,
     str::FromStr,
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
     thread::JoinHandle,
@@ -147,6 +147,10 @@ pub enum DestinationError {
     Interface { iface: String, source: io::Error },
     #[error("{0} destination addresses; LOCAL_ADDRS holds at most {LOCAL_ADDRS_CAPACITY}")]
     TooMany(usize),
+    #[error(
+        "whether destinations are checked (`any` or not) is fixed when the program is loaded: a restart applies it"
+    )]
+    CheckFixed,
 }
 
 /// The LOCAL_ADDRS map and its first few addresses in LOCAL_FAST, from userspace.
@@ -282,19 +286,30 @@ pub fn interface_addrs(iface: &str) -> io::Result<BTreeSet<IpAddr>> {
 
 /// Keeps LOCAL_ADDRS in step with the configuration while alive: for [`Listen::Interface`] a
 /// thread re-reads the interface's addresses on each announced change and every [`RESYNC`]
-/// (every [`REFRESH`] if changes cannot be subscribed). Dropping it stops the thread (within
-/// [`REFRESH`]); the map keeps what it last held.
+/// (every [`REFRESH`] if changes cannot be subscribed). [`Destinations::set`] changes the
+/// configuration live (SIGHUP). Dropping it stops the thread (within [`REFRESH`]); the map
+/// keeps what it last held.
 pub struct Destinations {
+    iface: String,
+    listen: Listen,
+    /// Shared with the following thread; whoever writes holds the lock, and the thread
+    /// checks under it that it has not been stopped, so a stopped thread never writes.
+    map: Arc<Mutex<LocalAddrs>>,
+    follower: Option<Follower>,
+}
+
+/// The thread that follows the interface's addresses.
+struct Follower {
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    thread: JoinHandle<()>,
 }
 
 impl Drop for Destinations {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            thread.thread().unpark();
-            let _ = thread.join();
+        if let Some(follower) = self.follower.take() {
+            follower.stop.store(true, Ordering::Relaxed);
+            follower.thread.thread().unpark();
+            let _ = follower.thread.join();
         }
     }
 }
@@ -307,95 +322,149 @@ pub fn start(
     ebpf: Option<&mut Ebpf>,
     pinned: Option<&Path>,
 ) -> Result<Destinations, DestinationError> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let idle = || Destinations {
-        stop: stop.clone(),
-        thread: None,
-    };
-    let mut map = match (ebpf, pinned) {
+    let map = match (ebpf, pinned) {
         (Some(ebpf), _) => LocalAddrs::take(ebpf)?,
         (None, Some(dir)) => LocalAddrs::open_pinned(dir)?,
         (None, None) => return Err(DestinationError::MissingMap),
     };
-    match listen {
-        Listen::Any => {
-            log::info!("heartbeats accepted at every destination address (--listen-addr any)");
-            Ok(idle())
-        }
-        Listen::Addrs(addrs) => {
-            map.set(addrs)?;
-            log::info!("heartbeats accepted at {}", show(addrs));
-            Ok(idle())
-        }
-        Listen::Interface => {
-            let read = |iface: &str| {
-                interface_addrs(iface).map_err(|source| DestinationError::Interface {
-                    iface: iface.into(),
-                    source,
-                })
-            };
-            let mut current = read(iface)?;
-            map.set(&current)?;
-            log::info!(
-                "heartbeats accepted at the addresses of {iface}: {} (followed as they change)",
-                show(&current)
-            );
-            let stopped = stop.clone();
-            let iface = iface.to_string();
-            let changes = AddressChanges::subscribe()
-                .map_err(|e| log::warn!("rtnetlink address notifications: {e}; polling only"))
-                .ok();
-            let thread = std::thread::Builder::new()
-                .name("destinations".into())
-                .spawn(move || {
-                    let mut read_at = std::time::Instant::now();
-                    while !stopped.load(Ordering::Relaxed) {
-                        let announced = match &changes {
-                            Some(changes) => changes.wait(REFRESH),
-                            None => {
-                                std::thread::park_timeout(REFRESH);
-                                true
-                            }
-                        };
-                        if stopped.load(Ordering::Relaxed) {
-                            break;
-                        }
-                        if !announced && read_at.elapsed() < RESYNC {
-                            continue;
-                        }
-                        read_at = std::time::Instant::now();
-                        let next = match read(&iface) {
-                            Ok(next) => next,
-                            Err(e) => {
-                                log::warn!("{e}");
-                                continue;
-                            }
-                        };
-                        if next == current {
-                            continue;
-                        }
-                        match map.set(&next) {
-                            Ok(()) => {
-                                log::info!(
-                                    "addresses of {iface} changed: heartbeats accepted at {}",
-                                    show(&next)
-                                );
-                                current = next;
-                            }
-                            Err(e) => log::warn!("updating {LOCAL_ADDRS_MAP}: {e}"),
-                        }
-                    }
-                })
-                .map_err(|source| DestinationError::Interface {
-                    iface: "(thread)".into(),
-                    source,
-                })?;
-            Ok(Destinations {
-                stop,
-                thread: Some(thread),
-            })
-        }
+    let mut destinations = Destinations {
+        iface: iface.to_string(),
+        listen: listen.clone(),
+        map: Arc::new(Mutex::new(map)),
+        follower: None,
+    };
+    destinations.apply(listen)?;
+    Ok(destinations)
+}
+
+impl Destinations {
+    /// The configuration in effect.
+    pub fn listen(&self) -> &Listen {
+        &self.listen
     }
+
+    /// Changes what is accepted, live: a list for another list, for the interface's addresses,
+    /// or the other way round. Whether the kernel checks at all is fixed when the program is
+    /// loaded, so a change to or from `any` is refused ([`DestinationError::CheckFixed`]); so
+    /// is one whose addresses cannot be read or written, and then nothing changes.
+    pub fn set(&mut self, listen: &Listen) -> Result<(), DestinationError> {
+        if (*listen == Listen::Any) != (self.listen == Listen::Any) {
+            return Err(DestinationError::CheckFixed);
+        }
+        self.apply(listen)?;
+        self.listen = listen.clone();
+        Ok(())
+    }
+
+    fn apply(&mut self, listen: &Listen) -> Result<(), DestinationError> {
+        let iface = self.iface.clone();
+        // Subscribed before the first read, so no change falls between the two. Read before
+        // anything changes: an interface that cannot be read changes nothing.
+        let (wanted, changes) = match listen {
+            Listen::Any => (None, None),
+            Listen::Addrs(addrs) => (Some(addrs.clone()), None),
+            Listen::Interface => {
+                let changes = AddressChanges::subscribe()
+                    .map_err(|e| log::warn!("rtnetlink address notifications: {e}; polling only"))
+                    .ok();
+                (Some(read_interface(&iface)?), changes)
+            }
+        };
+        {
+            let mut map = self.map.lock().expect("destinations lock");
+            if let Some(addrs) = &wanted {
+                map.set(addrs)?;
+            }
+            // Under the lock: the old thread, if any, writes nothing after this.
+            if let Some(old) = self.follower.take() {
+                old.stop.store(true, Ordering::Relaxed);
+                old.thread.thread().unpark();
+            }
+        }
+        match (listen, wanted) {
+            (Listen::Interface, Some(current)) => {
+                log::info!(
+                    "heartbeats accepted at the addresses of {iface}: {} (followed as they change)",
+                    show(&current)
+                );
+                let stop = Arc::new(AtomicBool::new(false));
+                let thread = follow(iface, current, self.map.clone(), stop.clone(), changes)?;
+                self.follower = Some(Follower { stop, thread });
+            }
+            (_, Some(addrs)) => log::info!("heartbeats accepted at {}", show(&addrs)),
+            (_, None) => {
+                log::info!("heartbeats accepted at every destination address (--listen-addr any)")
+            }
+        }
+        Ok(())
+    }
+}
+
+fn read_interface(iface: &str) -> Result<BTreeSet<IpAddr>, DestinationError> {
+    interface_addrs(iface).map_err(|source| DestinationError::Interface {
+        iface: iface.into(),
+        source,
+    })
+}
+
+/// The thread that re-reads the addresses of `iface` and writes them to the map when they
+/// changed, until `stop`.
+fn follow(
+    iface: String,
+    mut current: BTreeSet<IpAddr>,
+    map: Arc<Mutex<LocalAddrs>>,
+    stop: Arc<AtomicBool>,
+    changes: Option<AddressChanges>,
+) -> Result<JoinHandle<()>, DestinationError> {
+    std::thread::Builder::new()
+        .name("destinations".into())
+        .spawn(move || {
+            let mut read_at = std::time::Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                let announced = match &changes {
+                    Some(changes) => changes.wait(REFRESH),
+                    None => {
+                        std::thread::park_timeout(REFRESH);
+                        true
+                    }
+                };
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                if !announced && read_at.elapsed() < RESYNC {
+                    continue;
+                }
+                read_at = std::time::Instant::now();
+                let next = match read_interface(&iface) {
+                    Ok(next) => next,
+                    Err(e) => {
+                        log::warn!("{e}");
+                        continue;
+                    }
+                };
+                if next == current {
+                    continue;
+                }
+                let mut map = map.lock().expect("destinations lock");
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                match map.set(&next) {
+                    Ok(()) => {
+                        log::info!(
+                            "addresses of {iface} changed: heartbeats accepted at {}",
+                            show(&next)
+                        );
+                        current = next;
+                    }
+                    Err(e) => log::warn!("updating {LOCAL_ADDRS_MAP}: {e}"),
+                }
+            }
+        })
+        .map_err(|source| DestinationError::Interface {
+            iface: "(thread)".into(),
+            source,
+        })
 }
 
 /// A NETLINK_ROUTE socket subscribed to IPv4 and IPv6 address changes (RTMGRP_*_IFADDR):
