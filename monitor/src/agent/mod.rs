@@ -669,7 +669,10 @@ impl Agent {
         let mut admission = self.admission.lock().expect("admission lock");
         let passive = report.source != SOURCE_HEARTBEAT;
         if admission.decide(source, passive, Instant::now()) == Verdict::Refuse {
-            log::debug!("not admitting peer {id} from {source:?}: admission policy");
+            log::debug!(
+                "not admitting peer {id} from {}: admission policy",
+                shown(source)
+            );
             return;
         }
         match self.admit_as(id, report.source) {
@@ -681,7 +684,8 @@ impl Agent {
                 );
                 if report.source == SOURCE_BFD {
                     log::info!(
-                        "watching BFD session {id:#x} from {source:?} (discriminator {}, {})",
+                        "watching BFD session {id:#x} from {} (discriminator {}, {})",
+                        shown(source),
                         report.discriminator,
                         bfd_state_name(report.bfd_state)
                     );
@@ -1024,4 +1028,9 @@ impl From<program::RunStats> for XdpRunStats {
             run_time_ns: r.run_time_ns,
         }
     }
+}
+
+/// An address for a log line: a report may carry none.
+fn shown(addr: Option<std::net::IpAddr>) -> String {
+    addr.map_or_else(|| "an unknown address".into(), |a| a.to_string())
 }
