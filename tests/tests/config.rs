@@ -1,6 +1,7 @@
 //! `monitor run --config FILE` on the real agent: settings come from the file, flags override
 //! it, a bad file stops the start with the file, line and key named, and SIGHUP applies what
-//! can change live (levels, per-peer metric series) and keeps the rest.
+//! can change live (levels, the detector but for its window rules, per-peer metric series) and
+//! keeps the rest.
 
 use std::{process::Command, time::Duration};
 
@@ -136,4 +137,70 @@ fn sighup_applies_new_levels_and_keeps_what_needs_a_restart() {
     });
     assert_eq!(stats(&agent)["levels"], json!([1.0, 3.0, 8.0]));
     assert_eq!(stats(&agent)["config_reloads"], json!(1));
+}
+
+#[test]
+fn sighup_changes_the_detector_live_but_not_its_window_rules() {
+    require_root();
+    let pair = NetnsPair::new(42);
+    let dir = TempDir::new("hbmcfg");
+    let file = dir.0.join("monitor.toml");
+    let write = |text: &str| std::fs::write(&file, text).unwrap();
+    // A timeout nobody reaches: a stopped peer stays below every level.
+    write("model = \"fixed\"\ntimeout-ms = 100000\n");
+    let agent = AgentProcess::start(
+        &pair,
+        &[
+            "--config",
+            file.to_str().unwrap(),
+            "--peers",
+            &dir.peers_file([1, 2]),
+        ],
+    );
+    let stats = |agent: &AgentProcess| agent.ask(json!({"op": "stats"}))["stats"].clone();
+    let peer =
+        |agent: &AgentProcess, id: u64| agent.ask(json!({"op": "peer", "id": id}))["peer"].clone();
+    let _steady = spawn(sender(&pair, 1, "20ms", &[]));
+    let mut dying = spawn(sender(&pair, 2, "20ms", &[]));
+    wait_for(Duration::from_secs(10), "peer 2 heard", || {
+        (peer(&agent, 2)["heartbeats"].as_u64()? > 20).then_some(())
+    });
+    let mut events = agent.subscribe();
+    events
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let _ = dying.0.kill();
+    let _ = dying.0.wait();
+    wait_for(Duration::from_secs(10), "peer 2 silent for 1.5 s", || {
+        (peer(&agent, 2)["silence_ms"].as_f64()? > 1500.0).then_some(())
+    });
+    assert_eq!(peer(&agent, 2)["level"], Value::Null);
+
+    // A 1 s timeout, live: peer 2 is past it, so every level is raised now, lowest first.
+    write("model = \"fixed\"\ntimeout-ms = 1000\n");
+    // SAFETY: signalling our own child by pid.
+    unsafe { libc::kill(agent.pid() as i32, libc::SIGHUP) };
+    for level in [1.0, 3.0, 8.0] {
+        let line = events.read_line().expect("an event within 10 s");
+        let e: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(
+            (&e["event"], &e["id"], &e["level"]),
+            (&json!("suspect"), &json!(2), &json!(level)),
+            "{e}"
+        );
+        assert!(e["silence_ms"].as_f64().unwrap() > 1500.0, "{e}");
+    }
+    assert_eq!(peer(&agent, 2)["level"], json!(8.0));
+    assert_eq!(peer(&agent, 1)["level"], Value::Null);
+    assert_eq!(stats(&agent)["config_reloads"], json!(1));
+
+    // The window is the kernel's rule: it waits for a restart, and the rest stays as it is.
+    write("model = \"fixed\"\ntimeout-ms = 1000\nwindow = 64\n");
+    unsafe { libc::kill(agent.pid() as i32, libc::SIGHUP) };
+    wait_for(Duration::from_secs(5), "the second reload", || {
+        (stats(&agent)["config_reloads"] == json!(2)).then_some(())
+    });
+    assert_eq!(stats(&agent)["window"], json!(128));
+    assert_eq!(stats(&agent)["model"], json!("fixed"));
+    assert_eq!(peer(&agent, 2)["level"], json!(8.0));
 }

@@ -11,7 +11,7 @@ use std::{
     os::fd::{AsFd, OwnedFd},
     sync::{
         Arc, Mutex, RwLock,
-        atomic::{AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -58,11 +58,12 @@ pub struct Agent {
     registry: RwLock<Registry>,
     /// Sweep state, indexed by slot.
     trackers: Mutex<Trackers>,
-    /// Replaced whole when SIGHUP changes the levels (`set_levels`), always while the
-    /// trackers are locked, so each chunk of a sweep sees one config for all its peers.
+    /// Replaced whole when SIGHUP changes the levels or the detector (`set_detector`), always
+    /// while the trackers are locked, so each chunk of a sweep sees one config for all its
+    /// peers.
     detector: RwLock<Arc<DetectorConfig>>,
-    /// Whether the model reads the window's intervals (fixed for the agent's life).
-    needs_ring: bool,
+    /// Whether the model reads the window's intervals (changes with the detector).
+    needs_ring: AtomicBool,
     counters: PerCpuArray<MapData, Counters>,
     events: broadcast::Sender<Event>,
     iface: String,
@@ -171,7 +172,7 @@ impl Agent {
             table: parts.table,
             registry: RwLock::new(parts.registry),
             trackers: Mutex::new(Trackers::new(capacity)),
-            needs_ring: parts.detector.params.needs_ring(),
+            needs_ring: AtomicBool::new(parts.detector.params.needs_ring()),
             detector: RwLock::new(Arc::new(parts.detector)),
             counters: parts.counters,
             events,
@@ -206,17 +207,26 @@ impl Agent {
         self.detector.read().expect("detector lock").clone()
     }
 
-    /// Replaces the levels (SIGHUP). Each peer keeps the levels it is past; a new level it
-    /// is already past is raised as an event now, as it would have been had it been set
-    /// all along; a level that went away is simply gone.
-    pub fn set_levels(&self, levels: Levels) {
+    /// Replaces the levels and the detector's parameters (SIGHUP), which must keep the window
+    /// rules (`DetectorParams::window_config`): those are the kernel's, fixed at load. Each
+    /// peer's estimate is made again from its slot under the new parameters; a level it is
+    /// now past and was not before is raised as an event, as it would have been had the new
+    /// detector been set all along; a level it is no longer past (gone, or now above its phi)
+    /// is simply gone until it is heard again.
+    pub fn set_detector(&self, params: DetectorParams, levels: Levels) {
         let mut trackers = self.trackers.lock().expect("trackers lock");
         let old = self.detector();
         let params = DetectorParams {
             threshold: levels.highest(),
-            ..old.params.clone()
+            ..params
         };
+        debug_assert_eq!(params.window_config(), old.params.window_config());
         let new = Arc::new(DetectorConfig::new(params, levels));
+        // The slots are read with their windows where either detector reads them: news is
+        // taken under the old one, the estimate made under the new one.
+        let needs_ring = new.params.needs_ring();
+        self.needs_ring
+            .store(needs_ring || old.params.needs_ring(), Ordering::Relaxed);
         *self.detector.write().expect("detector lock") = new.clone();
         let time = SweepTime {
             now_ns: monotonic_ns(),
@@ -228,14 +238,16 @@ impl Agent {
         for (slot, t) in peers.iter_mut().enumerate() {
             let Some(t) = t else { continue };
             let (watch, lazy) = (&mut watch[slot], &mut lazy[slot]);
-            // The estimate the new levels are judged by is the slot's current one.
-            if let Some((record, ring)) = self.read(slot as u32)
-                && record.peer_id == t.peer_id
-            {
-                t.observe(&record, &ring, watch, lazy, &old, time, &mut emit);
-            }
-            t.relevel(watch, lazy, &old, &new, time, &mut emit);
+            let read = self
+                .read_for_client(slot as u32)
+                .ok()
+                .filter(|(record, _)| record.peer_id == t.peer_id);
+            let slot = read
+                .as_ref()
+                .map(|(record, ring)| (record, ring.as_slice()));
+            t.redetect(slot, watch, lazy, &old, &new, time, &mut emit);
         }
+        self.needs_ring.store(needs_ring, Ordering::Relaxed);
         drop(trackers);
     }
 
@@ -286,7 +298,7 @@ impl Agent {
     /// A slot's record and, for the models that need them, its window's intervals: one
     /// consistent copy of the slot for those, the record alone (and no intervals) for the rest.
     fn read(&self, slot: u32) -> Option<(PeerRecord, Vec<u32>)> {
-        if self.needs_ring {
+        if self.needs_ring.load(Ordering::Relaxed) {
             self.table.snapshot(slot)
         } else {
             Some((self.table.record(slot)?, Vec::new()))
@@ -296,7 +308,7 @@ impl Agent {
     /// [`Self::read`] for a client's request: a slot that keeps changing is retried for a
     /// while, then reported busy (never as an unknown peer).
     fn read_for_client(&self, slot: u32) -> Result<(PeerRecord, Vec<u32>), Busy> {
-        if self.needs_ring {
+        if self.needs_ring.load(Ordering::Relaxed) {
             self.table.snapshot_patiently(slot)
         } else {
             Ok((self.table.record_patiently(slot)?, Vec::new()))
@@ -435,7 +447,7 @@ impl Agent {
             let trackers = self.trackers.lock().expect("trackers lock");
             // At or above the first level, a peer whose dense state says it is below that
             // level is passed over without its tracker (under half the bytes a peer costs
-            // otherwise). The levels are read under the trackers lock, which `set_levels`
+            // otherwise). The levels are read under the trackers lock, which `set_detector`
             // holds while it re-levels: the floors and the first level always agree.
             let above_first = self
                 .detector()
@@ -724,7 +736,7 @@ impl Agent {
         for start in (0..used).step_by(SWEEP_CHUNK) {
             let end = (start + SWEEP_CHUNK).min(used);
             let mut trackers = self.trackers.lock().expect("trackers lock");
-            // Under the trackers lock: the levels cannot change during a chunk (`set_levels`
+            // Under the trackers lock: the levels cannot change during a chunk (`set_detector`
             // takes it to re-level every peer).
             let detector = self.detector();
             let Trackers { watch, lazy, peers } = &mut *trackers;

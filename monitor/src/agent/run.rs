@@ -28,6 +28,7 @@ use crate::{
     detector::{
         levels::Levels,
         model::{DetectorParams, Model},
+        spec,
         tracker::DetectorConfig,
     },
     kernel::clock::monotonic_ns,
@@ -107,9 +108,18 @@ impl std::fmt::Debug for Reload {
     }
 }
 
-/// What a SIGHUP changed, applied to the running agent: levels, admission, per-peer metric
-/// series, the destination addresses and the auth key change live; anything else is named in
-/// a log line and waits for a restart. Returns the configuration now in effect.
+/// What a SIGHUP changed, applied to the running agent: levels, the detector's parameters
+/// (but for its window rules), admission, per-peer metric series, the destination addresses
+/// and the auth key change live; anything else is named in a log line and waits for a
+/// restart. Returns the configuration now in effect.
+/// The parameters but for the threshold, which follows the levels.
+fn without_threshold(params: &DetectorParams) -> DetectorParams {
+    DetectorParams {
+        threshold: 0.0,
+        ..params.clone()
+    }
+}
+
 fn apply_reload(
     agent: &Agent,
     current: &AgentConfig,
@@ -127,11 +137,31 @@ fn apply_reload(
             Err(e) => log::error!("SIGHUP: listen-addr: {e}; keeping the current destinations"),
         }
     }
-    if new.levels != current.levels {
-        log::info!("SIGHUP: levels {} -> {}", current.levels, new.levels);
-        agent.set_levels(new.levels.clone());
+    // The detector's parameters change live where the kernel's window rules stay the same
+    // (window, max-interval-ms, outage-factor, and whether the model's window skips gaps).
+    let params_changed = without_threshold(&new.detector) != without_threshold(&current.detector);
+    let rules_kept = new.detector.window_config() == current.detector.window_config();
+    let params_live = params_changed && rules_kept;
+    if new.levels != current.levels || params_live {
+        if new.levels != current.levels {
+            log::info!("SIGHUP: levels {} -> {}", current.levels, new.levels);
+        }
+        let params = if params_live {
+            log::info!(
+                "SIGHUP: detector {} -> {}",
+                spec::format_spec(&current.detector),
+                spec::format_spec(&new.detector)
+            );
+            new.detector.clone()
+        } else {
+            current.detector.clone()
+        };
+        agent.set_detector(params.clone(), new.levels.clone());
         effective.levels = new.levels.clone();
-        effective.detector.threshold = new.levels.highest();
+        effective.detector = DetectorParams {
+            threshold: new.levels.highest(),
+            ..params
+        };
     }
     if new.admission != current.admission {
         log::info!("SIGHUP: admission policy changed");
@@ -180,16 +210,9 @@ fn apply_reload(
             current.unknown_reports_per_sec
         );
     }
-    let detector_same = DetectorParams {
-        threshold: 0.0,
-        ..new.detector.clone()
-    } == DetectorParams {
-        threshold: 0.0,
-        ..current.detector.clone()
-    };
     check(
-        "detector (model, window and the other detector flags)",
-        detector_same,
+        "the detector's window rules (window, max-interval-ms, outage-factor, or a model whose window skips gaps for one that does not)",
+        !params_changed || rules_kept,
     );
     check(
         "sweep-interval",

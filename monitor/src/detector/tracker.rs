@@ -653,6 +653,37 @@ impl PeerTracker {
         }
     }
 
+    /// The detector changed from `old` to `new` (SIGHUP; the same window rules, so the slot's
+    /// window is one both read): news in the slot is taken under `old`, then the estimate is
+    /// made again from the slot under `new` and the peer re-levelled (`relevel`). Without
+    /// `record` (its slot could not be read) the estimate stays until the next read.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "watch and lazy live in separate dense arrays the sweep scans"
+    )]
+    pub fn redetect(
+        &mut self,
+        slot: Option<(&PeerRecord, &[u32])>,
+        watch: &mut Watch,
+        lazy: &mut Lazy,
+        old: &DetectorConfig,
+        new: &DetectorConfig,
+        time: SweepTime,
+        emit: &mut impl FnMut(Transition),
+    ) {
+        if let Some((record, ring)) = slot {
+            self.observe(record, ring, watch, lazy, old, time, emit);
+            self.cold.estimate = new.estimate(record, ring);
+            // The floors and the first deadline from the new estimate; `relevel` then finds
+            // the levels the peer is past under `new`, against those it was past under `old`.
+            let crossed = self.crossed;
+            self.crossed = 0;
+            self.refreshed(record, new, watch, lazy);
+            self.crossed = crossed;
+        }
+        self.relevel(watch, lazy, old, new, time, emit);
+    }
+
     /// The levels changed from `old` to `new`: the peer is past the new levels whose
     /// deadlines have passed. A level it is past now and was not past before (a new level, or
     /// one that moved below its phi) is raised as an event, with the time it was crossed;
@@ -1043,6 +1074,89 @@ mod tests {
                 "{model:?}: {reads} slot reads for {heartbeats} heartbeats"
             );
         }
+    }
+
+    /// A detector set live (SIGHUP) raises, from then on, exactly what a tracker that had it
+    /// all along raises; at the switch it raises the levels the peer is now past and was not
+    /// before, and nothing else. For each model with floors, from the default to a lower
+    /// deviation floor, a pause and another first interval (the same window rules), switched
+    /// in the middle of a silence, where the two detectors disagree on the levels passed.
+    #[test]
+    fn a_detector_set_live_raises_what_it_would_have_raised_all_along() {
+        let mut raised_at_switches = 0;
+        for (model, old, xdp) in models_with_floors() {
+            let new = DetectorConfig::new(
+                DetectorParams {
+                    min_std_ms: 5.0,
+                    pause_ms: 20.0,
+                    first_interval_ms: 110.0,
+                    ..old.params.clone()
+                },
+                old.levels.clone(),
+            );
+            assert_eq!(new.params.window_config(), xdp);
+            let mut stream = Stream::new(13, xdp);
+            let mut live = Tracked::new(&stream.slot.record, &old);
+            let mut all_along = Tracked::new(&stream.slot.record, &new);
+            let (mut live_events, mut all_along_events) = (Vec::new(), Vec::new());
+            let mut switched = None;
+            for step in 1..=60_000u64 {
+                let now = step * 10 * MS;
+                stream.until(now);
+                let (record, word) = (&stream.slot.record, stream.word);
+                let time = at(now, now as f64 / 1e6, false);
+                let silent = now.saturating_sub(record.last_arrival_ns) >= 300 * MS;
+                if switched.is_none() && step >= 20_000 && silent {
+                    let (before, mut raised) = (live.t.crossed, Vec::new());
+                    live.t.redetect(
+                        Some((record, &[])),
+                        &mut live.watch,
+                        &mut live.lazy,
+                        &old,
+                        &new,
+                        time,
+                        &mut |e| raised.push(e),
+                    );
+                    // Only the levels past now and not before, lowest first.
+                    for (n, e) in raised.iter().enumerate() {
+                        let Transition::Suspect(s) = e else {
+                            panic!("{model:?}: {e:?} at the switch")
+                        };
+                        assert_eq!(s.level, new.levels.as_slice()[before as usize + n]);
+                    }
+                    raised_at_switches += raised.len();
+                    switched = Some(step);
+                }
+                let cfg = if switched.is_some() { &new } else { &old };
+                let sink = if switched.is_some() {
+                    &mut live_events
+                } else {
+                    &mut Vec::new()
+                };
+                if live.step(word, cfg, time, &mut |e| sink.push(e)) == SweepStep::Refresh {
+                    live.observe(record, &[], cfg, time, &mut |e| sink.push(e));
+                }
+                let sink = if switched.is_some() {
+                    &mut all_along_events
+                } else {
+                    &mut Vec::new()
+                };
+                if all_along.step(word, &new, time, &mut |e| sink.push(e)) == SweepStep::Refresh {
+                    all_along.observe(record, &[], &new, time, &mut |e| sink.push(e));
+                }
+                if switched == Some(step) {
+                    assert_eq!(
+                        live.t.crossed, all_along.t.crossed,
+                        "{model:?} at the switch"
+                    );
+                }
+            }
+            assert!(switched.is_some(), "{model:?}: no silence to switch in");
+            assert!(live_events.len() > 20, "{model:?}: events after the switch");
+            assert_eq!(live_events, all_along_events, "{model:?}");
+        }
+        // The switches fell where the detectors disagree: the new one was past more levels.
+        assert!(raised_at_switches > 0);
     }
 
     /// `suspects` passes over a peer when its dense state says phi is below the first level:
