@@ -108,10 +108,6 @@ impl std::fmt::Debug for Reload {
     }
 }
 
-/// What a SIGHUP changed, applied to the running agent: levels, the detector's parameters
-/// (but for its window rules), admission, per-peer metric series, the destination addresses
-/// and the auth key change live; anything else is named in a log line and waits for a
-/// restart. Returns the configuration now in effect.
 /// The parameters but for the threshold, which follows the levels.
 fn without_threshold(params: &DetectorParams) -> DetectorParams {
     DetectorParams {
@@ -120,6 +116,10 @@ fn without_threshold(params: &DetectorParams) -> DetectorParams {
     }
 }
 
+/// What a SIGHUP changed, applied to the running agent: levels, the detector's parameters
+/// (but for its window rules), admission, per-peer metric series, the destination addresses
+/// and the auth key change live; anything else is named in a log line and waits for a
+/// restart. Returns the configuration now in effect.
 fn apply_reload(
     agent: &Agent,
     current: &AgentConfig,
@@ -211,7 +211,7 @@ fn apply_reload(
         );
     }
     check(
-        "the detector's window rules (window, max-interval-ms, outage-factor, or a model whose window skips gaps for one that does not)",
+        "the detector, with its window rules (window, max-interval-ms, outage-factor, or a model whose window skips gaps for one whose window does not)",
         !params_changed || rules_kept,
     );
     check(

@@ -338,11 +338,6 @@ pub fn start(
 }
 
 impl Destinations {
-    /// The configuration in effect.
-    pub fn listen(&self) -> &Listen {
-        &self.listen
-    }
-
     /// Changes what is accepted, live: a list for another list, for the interface's addresses,
     /// or the other way round. Whether the kernel checks at all is fixed when the program is
     /// loaded, so a change to or from `any` is refused ([`DestinationError::CheckFixed`]); so
