@@ -214,6 +214,7 @@ impl Agent {
     /// detector been set all along; a level it is no longer past (gone, or now above its phi)
     /// is simply gone until it is heard again.
     pub fn set_detector(&self, params: DetectorParams, levels: Levels) {
+        let started = Instant::now();
         let mut trackers = self.trackers.lock().expect("trackers lock");
         let old = self.detector();
         let params = DetectorParams {
@@ -248,7 +249,13 @@ impl Agent {
             t.redetect(slot, watch, lazy, &old, &new, time, &mut emit);
         }
         self.needs_ring.store(needs_ring, Ordering::Relaxed);
+        let peers = peers.iter().flatten().count();
         drop(trackers);
+        // The sweep waited this long: it needs the trackers' lock.
+        log::info!(
+            "detector set: {peers} peers re-estimated and re-levelled in {:.1} ms",
+            started.elapsed().as_secs_f64() * 1e3
+        );
     }
 
     /// Counts a SIGHUP re-read of the key file (`stats`: `key_rotations`, `key_rotation_failures`).
