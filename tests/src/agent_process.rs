@@ -36,6 +36,14 @@ impl TempDir {
         std::fs::write(&path, format!("# test peers\n{text}")).expect("write peers file");
         path.display().to_string()
     }
+
+    /// Writes `text` as the `--config` file in this directory (again, to change it); returns
+    /// its path as an argument.
+    pub fn config_file(&self, text: &str) -> String {
+        let path = self.0.join("monitor.toml");
+        std::fs::write(&path, text).expect("write config file");
+        path.display().to_string()
+    }
 }
 
 impl Drop for TempDir {
@@ -181,6 +189,12 @@ impl AgentProcess {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// SIGHUP: the agent re-reads its `--config` file and its key file.
+    pub fn sighup(&self) {
+        // SAFETY: signalling our own child by pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGHUP) };
     }
 
     pub fn socket(&self) -> &Path {

@@ -65,18 +65,10 @@ fn sighup_applies_new_levels_and_keeps_what_needs_a_restart() {
     require_root();
     let pair = NetnsPair::new(41);
     let dir = TempDir::new("hbmcfg");
-    let file = dir.0.join("monitor.toml");
-    let write = |text: &str| std::fs::write(&file, text).unwrap();
-    write("levels = [1, 3]\nmetrics-addr = \"127.0.0.1:9464\"\nport = 18498\n");
-    let agent = AgentProcess::start(
-        &pair,
-        &[
-            "--config",
-            file.to_str().unwrap(),
-            "--peers",
-            &dir.peers_file([1, 2]),
-        ],
-    );
+    let write = |text: &str| dir.config_file(text);
+    let config = write("levels = [1, 3]\nmetrics-addr = \"127.0.0.1:9464\"\nport = 18498\n");
+    let peers = dir.peers_file([1, 2]);
+    let agent = AgentProcess::start(&pair, &["--config", &config, "--peers", &peers]);
     let stats = |agent: &AgentProcess| agent.ask(json!({"op": "stats"}))["stats"].clone();
     assert_eq!(stats(&agent)["levels"], json!([1.0, 3.0]));
     let _steady = spawn(sender(&pair, 1, "20ms", &[]));
@@ -106,8 +98,7 @@ fn sighup_applies_new_levels_and_keeps_what_needs_a_restart() {
     write(
         "levels = [1, 3, 8]\nmetrics-addr = \"127.0.0.1:9464\"\nmetrics-peer = [2]\nport = 7999\n",
     );
-    // SAFETY: signalling our own child by pid.
-    unsafe { libc::kill(agent.pid() as i32, libc::SIGHUP) };
+    agent.sighup();
     wait_for(Duration::from_secs(5), "the new levels", || {
         (stats(&agent)["levels"] == json!([1.0, 3.0, 8.0])).then_some(())
     });
@@ -131,7 +122,7 @@ fn sighup_applies_new_levels_and_keeps_what_needs_a_restart() {
 
     // A broken file on SIGHUP: refused, counted, and the agent keeps what it runs with.
     write("levels = [8, 3]\n");
-    unsafe { libc::kill(agent.pid() as i32, libc::SIGHUP) };
+    agent.sighup();
     wait_for(Duration::from_secs(5), "the refused reload", || {
         (stats(&agent)["config_reload_failures"] == json!(1)).then_some(())
     });
@@ -144,19 +135,11 @@ fn sighup_changes_the_detector_live_but_not_its_window_rules() {
     require_root();
     let pair = NetnsPair::new(42);
     let dir = TempDir::new("hbmcfg");
-    let file = dir.0.join("monitor.toml");
-    let write = |text: &str| std::fs::write(&file, text).unwrap();
+    let write = |text: &str| dir.config_file(text);
     // A timeout nobody reaches: a stopped peer stays below every level.
-    write("model = \"fixed\"\ntimeout-ms = 100000\n");
-    let agent = AgentProcess::start(
-        &pair,
-        &[
-            "--config",
-            file.to_str().unwrap(),
-            "--peers",
-            &dir.peers_file([1, 2]),
-        ],
-    );
+    let config = write("model = \"fixed\"\ntimeout-ms = 100000\n");
+    let peers = dir.peers_file([1, 2]);
+    let agent = AgentProcess::start(&pair, &["--config", &config, "--peers", &peers]);
     let stats = |agent: &AgentProcess| agent.ask(json!({"op": "stats"}))["stats"].clone();
     let peer =
         |agent: &AgentProcess, id: u64| agent.ask(json!({"op": "peer", "id": id}))["peer"].clone();
@@ -178,8 +161,7 @@ fn sighup_changes_the_detector_live_but_not_its_window_rules() {
 
     // A 1 s timeout, live: peer 2 is past it, so every level is raised now, lowest first.
     write("model = \"fixed\"\ntimeout-ms = 1000\n");
-    // SAFETY: signalling our own child by pid.
-    unsafe { libc::kill(agent.pid() as i32, libc::SIGHUP) };
+    agent.sighup();
     for level in [1.0, 3.0, 8.0] {
         let line = events.read_line().expect("an event within 10 s");
         let e: Value = serde_json::from_str(&line).unwrap();
@@ -196,7 +178,7 @@ fn sighup_changes_the_detector_live_but_not_its_window_rules() {
 
     // The window is the kernel's rule: it waits for a restart, and the rest stays as it is.
     write("model = \"fixed\"\ntimeout-ms = 1000\nwindow = 64\n");
-    unsafe { libc::kill(agent.pid() as i32, libc::SIGHUP) };
+    agent.sighup();
     wait_for(Duration::from_secs(5), "the second reload", || {
         (stats(&agent)["config_reloads"] == json!(2)).then_some(())
     });

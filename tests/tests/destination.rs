@@ -189,28 +189,16 @@ fn sighup_changes_the_listen_addresses_live() {
     require_root();
     let pair = NetnsPair::named(44, ["hbdra", "hbdrb"], ["hbdqa", "hbdqb"]);
     let dir = TempDir::new("hbdpeers");
-    let file = dir.0.join("monitor.toml");
     let other = other_v4(&pair);
-    let write = |text: &str| std::fs::write(&file, text).unwrap();
-    write(&format!("listen-addr = [\"{other}\"]\n"));
-    let agent = AgentProcess::start(
-        &pair,
-        &[
-            "--config",
-            file.to_str().unwrap(),
-            "--peers",
-            &dir.peers_file([1, 2]),
-        ],
-    );
+    let write = |text: &str| dir.config_file(text);
+    let config = write(&format!("listen-addr = [\"{other}\"]\n"));
+    let peers = dir.peers_file([1, 2]);
+    let agent = AgentProcess::start(&pair, &["--config", &config, "--peers", &peers]);
     route_through_monitor(&pair, &other);
     let _to_interface = send_to(&pair, &pair.addr_a, 1);
     let _to_other = send_to(&pair, &other, 2);
     let reloads =
         |agent: &AgentProcess| agent.ask(json!({"op": "stats"}))["stats"]["config_reloads"].clone();
-    let hup = |agent: &AgentProcess| {
-        // SAFETY: signalling our own child by pid.
-        unsafe { libc::kill(agent.pid() as i32, libc::SIGHUP) };
-    };
     wait_for(
         Duration::from_secs(10),
         "the listed address recorded",
@@ -220,7 +208,7 @@ fn sighup_changes_the_listen_addresses_live() {
 
     // No list: the interface's own addresses, followed, from now on; the other one passes.
     write("# listen-addr: the interface's addresses\n");
-    hup(&agent);
+    agent.sighup();
     wait_for(
         Duration::from_secs(5),
         "the interface's address recorded",
@@ -236,7 +224,7 @@ fn sighup_changes_the_listen_addresses_live() {
 
     // `any` would turn the check off, which only a restart does: nothing changes.
     write("listen-addr = [\"any\"]\n");
-    hup(&agent);
+    agent.sighup();
     wait_for(Duration::from_secs(5), "the second reload", || {
         (reloads(&agent) == json!(2)).then_some(())
     });

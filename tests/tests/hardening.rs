@@ -92,8 +92,7 @@ fn only_signed_heartbeats_count_and_keys_rotate_without_detaching() {
 
     // Rotate to B: both keys work during the grace period, only B after it.
     std::fs::write(&agent_key, format!("{KEY_B}\n")).unwrap();
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(agent.pid() as i32, libc::SIGHUP) };
+    agent.sighup();
     wait_key_reload(&agent, "key_rotations", 1);
     run_ok(sender(
         &pair,
@@ -150,7 +149,7 @@ fn only_signed_heartbeats_count_and_keys_rotate_without_detaching() {
 
     // A bad key file on reload changes nothing.
     std::fs::write(&agent_key, "garbage\n").unwrap();
-    unsafe { libc::kill(agent.pid() as i32, libc::SIGHUP) };
+    agent.sighup();
     wait_key_reload(&agent, "key_rotation_failures", 1);
     run_ok(sender(
         &pair,
