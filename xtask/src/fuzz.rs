@@ -1,10 +1,11 @@
 //! Fuzzing with cargo-fuzz (libFuzzer), of everything that reads input from outside: the
 //! heartbeat parser (checked against the kernel's field-wise rules), the socket request
-//! parser, the fleet's reader of what other monitors write to NATS, and the trace parser. The committed seeds in fuzz/corpus/<target>
-//! are only read: a run writes what it finds to its working corpus, target/fuzz-corpus/<target>
-//! (libFuzzer writes new inputs to the first corpus directory it is given), so the tree is left
-//! as found and later runs start from everything earlier ones found. To grow the seeds, merge
-//! the inputs that add coverage into them and commit:
+//! parser, the fleet's reader of what other monitors write to NATS, and the trace parser.
+//! The committed seeds in fuzz/corpus/<target> are only read: a run writes what it finds to
+//! its working corpus, target/fuzz-corpus/<target> (libFuzzer writes new inputs to the first
+//! corpus directory it is given), so the tree is left as found and later runs start from
+//! everything earlier ones found. To grow the seeds, merge the inputs that add coverage into
+//! them and commit:
 //! `cargo +nightly fuzz run TARGET fuzz/corpus/TARGET target/fuzz-corpus/TARGET -- -merge=1`.
 
 use std::fs;

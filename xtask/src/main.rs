@@ -1,5 +1,6 @@
-//! Project tasks: `cargo xtask setup | build | test | lint | demo | ...`. One module per task; every task
-//! runs whatever part of `setup` is missing first, so a fresh machine needs no hand steps.
+//! Project tasks: `cargo xtask setup | build | test | lint | demo | ...`. One module per task;
+//! every task runs whatever part of `setup` is missing first, so a fresh machine needs no hand
+//! steps.
 
 mod bench;
 mod build;
