@@ -1,7 +1,9 @@
 //! The example consumer (examples/python/hb_policy.py) against the real agent: started after a
 //! peer was convicted it acts on the suspect set, lowest level first; it then acts on events
 //! in order and once each, runs the recovery when the peer is heard again, and after the
-//! agent restarts it reconnects by itself and follows the new agent's events.
+//! agent restarts it reconnects by itself and follows the new agent's events. Stopped while
+//! the agent raises more events than a subscriber's buffer holds, it is told `lagged` and
+//! still acts on every peer exactly once.
 
 use std::{
     path::{Path, PathBuf},
@@ -11,9 +13,11 @@ use std::{
 
 use integration_tests::{
     agent_process::{AgentProcess, ChildGuard, TempDir, sender, spawn},
+    monitor_bin,
     netns::NetnsPair,
     require_root, wait_for,
 };
+use monitor_common::wire::DEFAULT_PORT;
 use serde_json::json;
 
 fn policy_script() -> PathBuf {
@@ -129,4 +133,128 @@ fn the_example_policy_acts_once_per_level_resyncs_and_reconnects() {
     assert_eq!(log.matches("not following").count(), 1, "{log}");
     // Every action once: nothing but the eight lines above.
     assert_eq!(read(&actions).lines().count(), 8, "{}", read(&actions));
+}
+
+/// `monitor loadgen` of `peers` peers from `first_id` at 1 Hz, from the pair's `b` side.
+fn loadgen(pair: &NetnsPair, first_id: u64, peers: u64) -> ChildGuard {
+    let mut cmd = NetnsPair::command_in(&pair.ns_b, &monitor_bin());
+    cmd.args([
+        "loadgen",
+        "--to",
+        &format!("{}:{DEFAULT_PORT}", pair.addr_a),
+    ])
+    .args([
+        "--first-id",
+        &first_id.to_string(),
+        "--peers",
+        &peers.to_string(),
+    ])
+    .args(["--rate", "1", "--duration", "300s"])
+    .stdin(Stdio::null())
+    .stdout(Stdio::null());
+    spawn(cmd)
+}
+
+/// The ids in the consumer's lines after `from` that start with `prefix`, each once (asserted).
+fn acted_on(out: &Path, from: usize, prefix: &str) -> Vec<u64> {
+    let text = read(out);
+    let mut ids: Vec<u64> = text[from.min(text.len())..]
+        .lines()
+        .filter_map(|l| l.strip_prefix(prefix))
+        .map(|rest| rest.split(' ').next().unwrap().parse().unwrap())
+        .collect();
+    let n = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), n, "a peer acted on twice: {prefix}");
+    ids
+}
+
+#[test]
+fn a_consumer_that_lagged_still_acts_on_every_peer_once() {
+    require_root();
+    // While the consumer is stopped: B's suspicions fill what the socket holds, A (convicted
+    // before) is heard again, and C's suspicions, more than a subscriber's buffer (65,536),
+    // push A's recoveries out of it. Only a resync can tell the consumer that A recovered.
+    const A: u64 = 1_000;
+    const B: u64 = 3_000;
+    const C: u64 = 23_000;
+    let pair = NetnsPair::named(46, ["hbpla", "hbplb"], ["hbplva", "hbplvb"]);
+    let dir = TempDir::new("hbpolicylag");
+    let out = dir.0.join("out");
+    // 1 Hz senders, and a first interval to match (no suspicion before a second heartbeat).
+    let agent = AgentProcess::start(&pair, &["--first-interval-ms", "1000"]);
+    let group_a = loadgen(&pair, 1, A);
+    let group_b = loadgen(&pair, A + 1, B);
+    let group_c = loadgen(&pair, A + B + 1, C);
+    let stats = || agent.ask(json!({"op": "stats"}))["stats"].clone();
+    let events = || stats()["events"].as_u64().unwrap();
+    let all = A + B + C;
+    wait_for(
+        Duration::from_secs(30),
+        "every peer admitted and heard twice",
+        || {
+            let s = stats();
+            (s["peers"] == json!(all) && s["kernel"]["heartbeats"].as_u64()? >= 2 * all)
+                .then_some(())
+        },
+    );
+
+    // Print-only actions: no command to wait for, one line an action.
+    let mut cmd = Command::new("python3");
+    cmd.arg(policy_script())
+        .args(["--socket", agent.socket().to_str().unwrap(), "--on", "8="])
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(Stdio::inherit());
+    let policy = spawn(cmd);
+    wait_for(Duration::from_secs(10), "the consumer following", || {
+        read(&out).contains("following ").then_some(())
+    });
+    // What it printed so far (a live peer late enough to reach 8 on a busy machine) is not
+    // part of what is checked.
+    let start = read(&out).len();
+    drop(group_a);
+    wait_for(Duration::from_secs(30), "A convicted and acted on", || {
+        (acted_on(&out, start, "suspect peer ").len() as u64 >= A).then_some(())
+    });
+
+    // SAFETY: signalling our own child by pid.
+    unsafe { libc::kill(policy.0.id() as i32, libc::SIGSTOP) };
+    let stopped = read(&out).len();
+    let before = events();
+    drop(group_b);
+    wait_for(Duration::from_secs(30), "B's suspicions published", || {
+        (events() >= before + 3 * B).then_some(())
+    });
+    let _group_a = loadgen(&pair, 1, A);
+    wait_for(Duration::from_secs(30), "A's recoveries published", || {
+        (events() >= before + 3 * B + A).then_some(())
+    });
+    drop(group_c);
+    wait_for(Duration::from_secs(30), "C's suspicions published", || {
+        (events() >= before + 3 * B + A + 3 * C).then_some(())
+    });
+    // SAFETY: as above.
+    unsafe { libc::kill(policy.0.id() as i32, libc::SIGCONT) };
+
+    // Every peer of A recovered and every peer of B and C acted on, each once.
+    wait_for(
+        Duration::from_secs(60),
+        "A recovered, B and C acted on",
+        || {
+            (acted_on(&out, stopped, "recover peer ").len() as u64 == A
+                && acted_on(&out, stopped, "suspect peer ").len() as u64 == B + C)
+                .then_some(())
+        },
+    );
+    assert!(read(&out).contains("lagged: "), "never told it lagged");
+    assert_eq!(
+        acted_on(&out, stopped, "recover peer "),
+        (1..=A).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        acted_on(&out, stopped, "suspect peer "),
+        (A + 1..=all).collect::<Vec<_>>()
+    );
 }
