@@ -118,7 +118,7 @@ pub struct Scrape {
     pub socket_clients: u64,
 }
 
-/// One of the peers `--metrics-peers` selects, as a scrape shows it.
+/// One of the peers `--metrics-peer` and `--metrics-top` select, as a scrape shows it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SelectedPeer {
     pub id: u64,
