@@ -11,7 +11,7 @@ use std::{
     os::fd::{AsFd, OwnedFd},
     sync::{
         Arc, Mutex, RwLock,
-        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -60,10 +60,8 @@ pub struct Agent {
     trackers: Mutex<Trackers>,
     /// Replaced whole when SIGHUP changes the levels or the detector (`set_detector`), always
     /// while the trackers are locked, so each chunk of a sweep sees one config for all its
-    /// peers.
+    /// peers. Its model says whether a read copies the window (`needs_ring`).
     detector: RwLock<Arc<DetectorConfig>>,
-    /// Whether the model reads the window's intervals (changes with the detector).
-    needs_ring: AtomicBool,
     counters: PerCpuArray<MapData, Counters>,
     events: broadcast::Sender<Event>,
     iface: String,
@@ -172,7 +170,6 @@ impl Agent {
             table: parts.table,
             registry: RwLock::new(parts.registry),
             trackers: Mutex::new(Trackers::new(capacity)),
-            needs_ring: AtomicBool::new(parts.detector.params.needs_ring()),
             detector: RwLock::new(Arc::new(parts.detector)),
             counters: parts.counters,
             events,
@@ -225,9 +222,7 @@ impl Agent {
         let new = Arc::new(DetectorConfig::new(params, levels));
         // The slots are read with their windows where either detector reads them: news is
         // taken under the old one, the estimate made under the new one.
-        let needs_ring = new.params.needs_ring();
-        self.needs_ring
-            .store(needs_ring || old.params.needs_ring(), Ordering::Relaxed);
+        let with_ring = new.params.needs_ring() || old.params.needs_ring();
         *self.detector.write().expect("detector lock") = new.clone();
         let time = SweepTime {
             now_ns: monotonic_ns(),
@@ -240,7 +235,7 @@ impl Agent {
             let Some(t) = t else { continue };
             let (watch, lazy) = (&mut watch[slot], &mut lazy[slot]);
             let read = self
-                .read_for_client(slot as u32)
+                .read_for_client(slot as u32, with_ring)
                 .ok()
                 .filter(|(record, _)| record.peer_id == t.peer_id);
             let slot = read
@@ -248,7 +243,6 @@ impl Agent {
                 .map(|(record, ring)| (record, ring.as_slice()));
             t.redetect(slot, watch, lazy, &old, &new, time, &mut emit);
         }
-        self.needs_ring.store(needs_ring, Ordering::Relaxed);
         let peers = peers.iter().flatten().count();
         drop(trackers);
         // The sweep waited this long: it needs the trackers' lock.
@@ -302,10 +296,11 @@ impl Agent {
         let _ = self.events.send(event);
     }
 
-    /// A slot's record and, for the models that need them, its window's intervals: one
-    /// consistent copy of the slot for those, the record alone (and no intervals) for the rest.
-    fn read(&self, slot: u32) -> Option<(PeerRecord, Vec<u32>)> {
-        if self.needs_ring.load(Ordering::Relaxed) {
+    /// A slot's record and, `with_ring` (for the models that need them,
+    /// `DetectorParams::needs_ring`), its window's intervals: one consistent copy of the slot
+    /// for those, the record alone (and no intervals) for the rest.
+    fn read(&self, slot: u32, with_ring: bool) -> Option<(PeerRecord, Vec<u32>)> {
+        if with_ring {
             self.table.snapshot(slot)
         } else {
             Some((self.table.record(slot)?, Vec::new()))
@@ -314,8 +309,8 @@ impl Agent {
 
     /// [`Self::read`] for a client's request: a slot that keeps changing is retried for a
     /// while, then reported busy (never as an unknown peer).
-    fn read_for_client(&self, slot: u32) -> Result<(PeerRecord, Vec<u32>), Busy> {
-        if self.needs_ring.load(Ordering::Relaxed) {
+    fn read_for_client(&self, slot: u32, with_ring: bool) -> Result<(PeerRecord, Vec<u32>), Busy> {
+        if with_ring {
             self.table.snapshot_patiently(slot)
         } else {
             Ok((self.table.record_patiently(slot)?, Vec::new()))
@@ -390,10 +385,12 @@ impl Agent {
             .expect("registry lock")
             .slot_of(id)
             .ok_or(PeerError::Unknown(id))?;
+        // The read and the view under one detector: its model says whether to copy the window.
+        let detector = self.detector();
         let (record, ring) = if window {
             self.table.snapshot_patiently(slot)
         } else {
-            self.read_for_client(slot)
+            self.read_for_client(slot, detector.params.needs_ring())
         }
         .map_err(|_| PeerError::Busy(id))?;
         if record.peer_id != id {
@@ -401,13 +398,7 @@ impl Agent {
             return Err(PeerError::Unknown(id));
         }
         let now = monotonic_ns();
-        let mut view = PeerView::new(
-            &record,
-            &ring,
-            now,
-            &self.detector(),
-            self.qos(slot, id, now),
-        );
+        let mut view = PeerView::new(&record, &ring, now, &detector, self.qos(slot, id, now));
         if window {
             view.window = Some(WindowDetail::new(&record, ring));
         }
@@ -490,7 +481,10 @@ impl Agent {
         };
         let mut suspects: Vec<(u32, PeerView)> = Vec::new();
         for (id, slot) in candidates {
-            let Some((record, ring)) = self.read(slot).filter(|(r, _)| r.peer_id == id) else {
+            let Some((record, ring)) = self
+                .read(slot, detector.params.needs_ring())
+                .filter(|(r, _)| r.peer_id == id)
+            else {
                 continue;
             };
             let estimate = detector.estimate(&record, &ring);
@@ -534,7 +528,7 @@ impl Agent {
             // A slot that stays busy through the retries fails the request (the client can
             // repeat it): leaving the peer out would read as "not watched".
             let (record, ring) = self
-                .read_for_client(slot)
+                .read_for_client(slot, detector.params.needs_ring())
                 .map_err(|_| PeerError::Busy(id))?;
             if record.peer_id != id || !wanted(&record) {
                 continue;
@@ -746,6 +740,7 @@ impl Agent {
             // Under the trackers lock: the levels cannot change during a chunk (`set_detector`
             // takes it to re-level every peer).
             let detector = self.detector();
+            let with_ring = detector.params.needs_ring();
             let Trackers { watch, lazy, peers } = &mut *trackers;
             let chunk = watch[start..end].iter_mut().zip(&words[start..end]);
             for (slot, (watch, word)) in (start..end).zip(chunk) {
@@ -772,7 +767,7 @@ impl Agent {
                         SweepStep::Refloored => refloors += 1,
                         SweepStep::Refresh => {
                             refreshes += 1;
-                            if let Some((record, ring)) = self.read(slot as u32)
+                            if let Some((record, ring)) = self.read(slot as u32, with_ring)
                                 && record.peer_id == id
                             {
                                 t.observe(&record, &ring, watch, lazy, &detector, time, &mut emit);
@@ -783,7 +778,7 @@ impl Agent {
                 }
                 // A peer this slot's tracker has not seen yet.
                 refreshes += 1;
-                let Some((record, ring)) = self.read(slot as u32) else {
+                let Some((record, ring)) = self.read(slot as u32, with_ring) else {
                     continue;
                 };
                 if record.peer_id != id {
