@@ -46,6 +46,10 @@ pub struct XdpConfig {
     /// UDP ports whose every datagram is a heartbeat of its (source address, source port) flow
     /// (`crate::passive`), recorded and passed on; 0 = unused.
     pub flow_ports: [u16; MAX_FLOW_PORTS],
+    /// CLOCK_TAI minus CLOCK_REALTIME in seconds when the program was loaded (set by the
+    /// loader): the kernel reads wall-clock time as TAI (`bpf_ktime_get_tai_ns`) and takes this
+    /// off to compare a sender's incarnation (its start time in Unix seconds) with now.
+    pub tai_offset_s: i32,
 }
 
 impl XdpConfig {
@@ -59,6 +63,7 @@ impl XdpConfig {
         outage_factor: 0,
         index_bits: 0,
         flow_ports: [0; MAX_FLOW_PORTS],
+        tai_offset_s: 0,
     };
 
     /// Whether any passive source is watched (`--bfd`, `--udp-port`): then heartbeat ids with

@@ -189,6 +189,12 @@ pub struct PeerRecord {
     pub outages: u32,
     /// Times a new incarnation (sender restart) was accepted, since admission.
     pub restarts: u32,
+    /// The highest incarnation accepted since admission: one above it is a restart whatever
+    /// its sequence number (it cannot be a replay of anything this slot heard).
+    pub highest_incarnation: u32,
+    /// The incarnation before the current one (0 before the first restart): with
+    /// authentication, never taken back by a restart that goes backwards (`crate::slot`).
+    pub previous_incarnation: u32,
     // Passive sources (`crate::passive`), cold too: set at admission, or written by BFD
     // packets only.
     /// [`crate::passive::SOURCE_HEARTBEAT`], `SOURCE_BFD` or `SOURCE_FLOW`: stamped by the agent
@@ -242,6 +248,8 @@ impl PeerRecord {
             burst_gaps: 0,
             outages: 0,
             restarts: 0,
+            highest_incarnation: 0,
+            previous_incarnation: 0,
             outage_run: 0,
             burst_left: 0,
             traced: 0,
@@ -283,7 +291,7 @@ const _: () = assert!(core::mem::offset_of!(UnknownPeerReport, src_addr) % 8 == 
 
 /// Version of everything a restarted agent reads from pinned maps: bump it whenever a map's
 /// layout or meaning changes, so an agent never misreads state pinned by another build.
-pub const LAYOUT_VERSION: u32 = 10;
+pub const LAYOUT_VERSION: u32 = 11;
 /// "HBMPIN\0\0".
 pub const META_MAGIC: u64 = u64::from_le_bytes(*b"HBMPIN\0\0");
 

@@ -6,9 +6,15 @@
 //! it against the kernel). Integers only, no loops, no calls: it must pass the BPF verifier.
 //!
 //! The rules, in order:
-//! 1. Classification by (incarnation, sequence): a first heartbeat or a higher incarnation
-//!    (the sender restarted) starts a new sequence; an older incarnation or a lower sequence
-//!    number is out of order; the same one a duplicate. Neither of the last two is an arrival.
+//! 1. Classification by (incarnation, sequence): a first heartbeat, or an incarnation above
+//!    every one the slot has seen, starts a new sequence (the sender restarted). So does a
+//!    *rebirth* ([`is_rebirth`]): a sender that restarted with an incarnation at or below the
+//!    ones seen (its clock stepped back, or an explicit one), recognised by its sequence
+//!    starting over; with authentication only when it is fresh by the receiver's clock and
+//!    not the slot's last two incarnations, so a recorded replay of an older epoch cannot
+//!    revive a dead peer (docs/security.md, "Restarts that go backwards"). Any other older
+//!    incarnation, or a lower sequence number, is out of order; the same one a duplicate.
+//!    Neither of the last two is an arrival.
 //! 2. An interval that spans a restart is not an inter-arrival time: not counted.
 //! 3. `max_interval_us` (Cassandra's absolute cap), if set: longer intervals are not counted.
 //! 4. With [`XDP_FLAG_GAPLESS_WINDOW`], an interval that spans lost heartbeats is not counted
@@ -29,8 +35,8 @@
 //! interval since it last read the slot entered the window.
 
 use crate::{
-    config::{XDP_FLAG_GAPLESS_WINDOW, XdpConfig},
-    maps::{MAX_INTERVAL_US, MAX_WINDOW, PeerSlot},
+    config::{XDP_FLAG_GAPLESS_WINDOW, XDP_FLAG_REQUIRE_AUTH, XdpConfig},
+    maps::{MAX_INTERVAL_US, MAX_WINDOW, PeerRecord, PeerSlot},
 };
 
 /// The outage rule applies once the window holds this many samples (a mean of fewer is noise).
@@ -45,6 +51,52 @@ pub const BURST_MEMORY: u8 = 16;
 pub const LOSS_MEMORY: u32 = 1024;
 
 const RING_MASK: u32 = (MAX_WINDOW as u32) - 1;
+
+/// A sequence number below this is a sender's sequence starting over (a sender counts from 0;
+/// the margin lets the first few heartbeats after a restart be lost).
+pub const RESTART_SEQ: u64 = 16;
+/// With authentication, an incarnation that went backwards is a restart only if it is within
+/// this many seconds of the receiver's wall clock: an incarnation is its sender's start time
+/// (Unix seconds), so a restarted sender's is about now, and a recorded epoch's is its age.
+pub const FRESH_SECS: u64 = 30;
+
+/// Whether `incarnation` is within [`FRESH_SECS`] of `wall_s` (Unix seconds).
+#[inline(always)]
+pub const fn fresh_incarnation(incarnation: u32, wall_s: u64) -> bool {
+    let inc = incarnation as u64;
+    if inc > wall_s {
+        inc - wall_s <= FRESH_SECS
+    } else {
+        wall_s - inc <= FRESH_SECS
+    }
+}
+
+/// Whether a heartbeat of another incarnation than the current one, but not above every one
+/// `record` has seen, is its sender restarting all the same (rule 1):
+/// - its sequence starts over (below [`RESTART_SEQ`]): a straggler of an older epoch carries
+///   that epoch's later numbers;
+/// - with [`XDP_FLAG_REQUIRE_AUTH`], also: not the incarnation before the current one, and
+///   `fresh` (the caller's [`fresh_incarnation`] by its wall clock). A replay of the epoch
+///   before, or of any epoch older than [`FRESH_SECS`], is refused; without the key nobody
+///   can make a new one. Without authentication anyone can forge any heartbeat, so refusing
+///   a restart would protect nothing.
+///
+/// A sender that reuses its current incarnation is not recognised as restarted (its early
+/// numbers look like a replay, or very late heartbeats): `monitor send` never reuses one.
+#[inline(always)]
+pub fn is_rebirth(
+    record: &PeerRecord,
+    seq: u64,
+    incarnation: u32,
+    fresh: bool,
+    config: &XdpConfig,
+) -> bool {
+    if seq >= RESTART_SEQ || incarnation == record.incarnation {
+        return false;
+    }
+    config.flags & XDP_FLAG_REQUIRE_AUTH == 0
+        || (fresh && incarnation != record.previous_incarnation)
+}
 
 /// What the slot made of a heartbeat.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +122,8 @@ impl Outcome {
 
 /// Records a heartbeat with sequence `seq` of `incarnation` that arrived at `now_ns` into
 /// `slot` (whose peer id the caller has checked). Source address and port are the caller's.
+/// A caller without a wall clock (replay, whose traces carry none) vouches for every
+/// incarnation's freshness: see [`arrive_at`].
 #[inline(always)]
 pub fn arrive(
     slot: &mut PeerSlot,
@@ -78,13 +132,30 @@ pub fn arrive(
     incarnation: u32,
     config: &XdpConfig,
 ) -> Outcome {
+    arrive_at(slot, now_ns, seq, incarnation, true, config)
+}
+
+/// [`arrive`], with `fresh`: whether `incarnation` is within [`FRESH_SECS`] of the caller's
+/// wall clock ([`fresh_incarnation`]), which only matters to an incarnation that went
+/// backwards under authentication ([`is_rebirth`]).
+#[inline(always)]
+pub fn arrive_at(
+    slot: &mut PeerSlot,
+    now_ns: u64,
+    seq: u64,
+    incarnation: u32,
+    fresh: bool,
+    config: &XdpConfig,
+) -> Outcome {
     let record = &mut slot.record;
     let first = record.heartbeats == 0;
-    let restarted = !first && incarnation > record.incarnation;
+    let restarted = !first
+        && ((incarnation != record.incarnation && incarnation > record.highest_incarnation)
+            || is_rebirth(record, seq, incarnation, fresh, config));
     let lost = if first || restarted {
         0
-    } else if incarnation < record.incarnation {
-        // A straggler or replay from an older epoch: that epoch's gaps are no longer tracked.
+    } else if incarnation != record.incarnation {
+        // A straggler or replay from another epoch: that epoch's gaps are no longer tracked.
         record.out_of_order += 1;
         return Outcome::OutOfOrder;
     } else if seq < record.last_seq {
@@ -128,7 +199,13 @@ pub fn arrive(
     record.heartbeats += 1;
     record.last_arrival_ns = now_ns;
     record.last_seq = seq;
-    record.incarnation = incarnation;
+    if incarnation != record.incarnation {
+        record.previous_incarnation = record.incarnation;
+        record.incarnation = incarnation;
+    }
+    if first || incarnation > record.highest_incarnation {
+        record.highest_incarnation = incarnation;
+    }
     Outcome::Accepted { lost }
 }
 
@@ -414,16 +491,17 @@ mod tests {
 
     #[test]
     fn a_replayed_old_heartbeat_fills_nothing() {
-        // 2 arrived; 4 and 5 did not.
-        let mut slot = after([1, 2, 3, 6]);
+        // 102 arrived; 104 and 105 did not.
+        let mut slot = after([101, 102, 103, 106]);
         assert_eq!(slot.record.lost, 2);
-        for seq in [1, 2, 3] {
+        for seq in [101, 102, 103] {
             assert_eq!(late(&mut slot, seq), Outcome::OutOfOrder);
         }
         assert_eq!(slot.record.lost, 2);
         assert_eq!(slot.record.out_of_order, 3);
-        // From an older incarnation, even a number that is missing in this one.
-        assert_eq!(arrive(&mut slot, 0, 4, 0, &config()), Outcome::OutOfOrder);
+        // From an older incarnation, even a number that is missing in this one. (A number
+        // below RESTART_SEQ would be a sender that restarted backwards: see the rebirth tests.)
+        assert_eq!(arrive(&mut slot, 0, 104, 0, &config()), Outcome::OutOfOrder);
         assert_eq!(slot.record.lost, 2);
     }
 
@@ -495,5 +573,84 @@ mod tests {
         assert_eq!(slot.record.missing, 0);
         late(&mut slot, 2);
         assert_eq!(slot.record.lost, 2);
+    }
+
+    fn authenticated() -> XdpConfig {
+        XdpConfig {
+            flags: XDP_FLAG_REQUIRE_AUTH,
+            ..config()
+        }
+    }
+
+    /// The outcome of each of `steps` (seq, incarnation, fresh), 10 ms apart, on a new slot.
+    fn run<const N: usize>(c: &XdpConfig, steps: &[(u64, u32, bool); N]) -> [Outcome; N] {
+        let mut slot = PeerSlot::admitted(7, 0);
+        core::array::from_fn(|i| {
+            let (seq, inc, fresh) = steps[i];
+            arrive_at(&mut slot, (i as u64 + 1) * 10 * MS, seq, inc, fresh, c)
+        })
+    }
+
+    const OK: Outcome = Outcome::Accepted { lost: 0 };
+    const LATE: Outcome = Outcome::OutOfOrder;
+
+    #[test]
+    fn a_sender_restarted_backwards_is_heard_again() {
+        // Incarnation 100, then the sender restarts as 50 (its clock stepped back, or an
+        // explicit flag): its sequence starts over, and it is a restart, without a key.
+        let steps = [(0, 100, true), (1, 100, true), (0, 50, false), (1, 50, false)];
+        assert_eq!(run(&config(), &steps), [OK, OK, OK, OK]);
+        // With the key, when the new incarnation is fresh by the receiver's clock.
+        let steps = [(0, 100, true), (1, 100, true), (0, 50, true), (1, 50, true)];
+        assert_eq!(run(&authenticated(), &steps), [OK, OK, OK, OK]);
+        // A few first heartbeats lost after the restart: still recognised.
+        let steps = [(7, 100, true), (RESTART_SEQ - 1, 50, true)];
+        assert_eq!(run(&authenticated(), &steps), [OK, OK]);
+    }
+
+    #[test]
+    fn a_straggler_of_an_older_epoch_is_still_out_of_order() {
+        // Its numbers are that epoch's later ones, with or without the key.
+        for c in [config(), authenticated()] {
+            let steps = [(40, 5, true), (0, 6, true), (41, 5, true), (RESTART_SEQ, 4, true)];
+            assert_eq!(run(&c, &steps), [OK, OK, LATE, LATE]);
+        }
+    }
+
+    #[test]
+    fn with_the_key_a_replayed_old_epoch_revives_nothing() {
+        let c = authenticated();
+        // A stale epoch (older than FRESH_SECS by the receiver's clock): refused.
+        let steps = [(0, 100, true), (1, 100, true), (0, 50, false), (1, 50, false)];
+        assert_eq!(run(&c, &steps), [OK, OK, LATE, LATE]);
+        // The epoch before the current one, however fresh: refused.
+        let steps = [(0, 100, true), (0, 200, true), (0, 100, true), (1, 100, true)];
+        assert_eq!(run(&c, &steps), [OK, OK, LATE, LATE]);
+        // The current epoch's first heartbeats again: duplicates and late ones, as ever.
+        let steps = [(0, 100, true), (1, 100, true), (0, 100, true), (1, 100, true)];
+        assert_eq!(run(&c, &steps), [OK, OK, LATE, Outcome::Duplicate]);
+    }
+
+    #[test]
+    fn after_a_step_back_the_epochs_above_it_are_not_new() {
+        // 1000 (a clock that was ahead), then 500 (corrected): 1000 again is no longer above
+        // every incarnation seen, so it must look like a restart, and with the key be fresh.
+        let c = authenticated();
+        let steps = [(0, 1000, true), (0, 500, true), (20, 1000, true), (0, 1000, false)];
+        assert_eq!(run(&c, &steps), [OK, OK, LATE, LATE]);
+        // Above every one seen: a restart, whatever the clock says.
+        let steps = [(0, 1000, true), (0, 500, true), (90, 1001, false)];
+        assert_eq!(run(&c, &steps), [OK, OK, OK]);
+    }
+
+    #[test]
+    fn freshness_is_symmetric_around_the_wall_clock() {
+        let now = 1_800_000_000;
+        for inc in [now, now - FRESH_SECS, now + FRESH_SECS] {
+            assert!(fresh_incarnation(inc as u32, now), "{inc}");
+        }
+        for inc in [now - FRESH_SECS - 1, now + FRESH_SECS + 1, 0] {
+            assert!(!fresh_incarnation(inc as u32, now), "{inc}");
+        }
     }
 }

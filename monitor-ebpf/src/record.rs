@@ -1,10 +1,11 @@
 //! Recording an accepted heartbeat into its peer slot.
 
-#[cfg(not(bpf_target_arch = "x86_64"))]
-use core::intrinsics::atomic_xadd;
-use core::intrinsics::{AtomicOrdering, atomic_cxchg};
+use core::intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xadd};
 
-use aya_ebpf::{EbpfContext, helpers::bpf_ktime_get_ns};
+use aya_ebpf::{
+    EbpfContext,
+    helpers::{bpf_ktime_get_ns, bpf_ktime_get_tai_ns},
+};
 use aya_log_ebpf::{debug, warn};
 use monitor_common::{
     auth::{KEY_CURRENT, KEY_PREVIOUS, siphash24_24},
@@ -36,18 +37,20 @@ pub fn record<C: EbpfContext>(
     };
     if config.flags & XDP_FLAG_REQUIRE_AUTH != 0 && !authentic(hb) {
         // Forged, replayed under another key, or unsigned: never an arrival, never reported.
+        // Counted per CPU, and against the peer with one atomic add on its slot's cold line,
+        // never under the slot's lock: a flood of forgeries carrying a victim's id, on every
+        // CPU, must not make the victim's own heartbeats meet a busy lock.
         counters.auth_failures += 1;
         warn!(
             ctx,
             "heartbeat of peer {} (seq {}) failed authentication: dropped", peer_id, hb.seq
         );
         if let Some(slot) = slot {
+            // SAFETY: in the map value. The id is read without the lock: a slot the agent is
+            // handing to another peer at this instant may count one failure that was not its.
             let slot = unsafe { &mut *slot };
-            if try_lock(&mut slot.lock) {
-                if slot.record.peer_id == peer_id {
-                    slot.record.auth_failures += 1;
-                }
-                unlock(&mut slot.lock);
+            if unsafe { core::ptr::read_volatile(&raw const slot.record.peer_id) } == peer_id {
+                count_auth_failure(&mut slot.record.auth_failures);
             }
         }
         return;
@@ -91,7 +94,11 @@ pub fn record<C: EbpfContext>(
         return;
     }
 
-    let outcome = slot::arrive(slot, now, hb.seq, hb.incarnation, config);
+    // Only an incarnation that went backwards under authentication asks for the wall clock.
+    let fresh = hb.incarnation == slot.record.incarnation
+        || config.flags & XDP_FLAG_REQUIRE_AUTH == 0
+        || slot::fresh_incarnation(hb.incarnation, wall_s(config));
+    let outcome = slot::arrive_at(slot, now, hb.seq, hb.incarnation, fresh, config);
     match outcome {
         Outcome::Duplicate => counters.duplicates += 1,
         Outcome::OutOfOrder => counters.out_of_order += 1,
@@ -166,6 +173,23 @@ pub fn record_passive(p: &Heartbeat, config: &XdpConfig, counters: &mut Counters
     unlock(&mut slot.lock);
     if traced {
         trace_arrival(p.peer_id, now, seq, incarnation, outcome, counters);
+    }
+}
+
+/// Unix time in seconds: the kernel's TAI clock less the TAI offset the loader measured.
+#[inline(always)]
+fn wall_s(config: &XdpConfig) -> u64 {
+    let tai = unsafe { bpf_ktime_get_tai_ns() } / NS_PER_SEC;
+    (tai as i64 - config.tai_offset_s as i64) as u64
+}
+
+/// One more authentication failure against a peer, without its slot's lock: an atomic add
+/// (the failures may come on every CPU at once).
+#[inline(always)]
+fn count_auth_failure(count: &mut u64) {
+    let count: *mut u64 = count;
+    unsafe {
+        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(count, 1);
     }
 }
 

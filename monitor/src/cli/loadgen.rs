@@ -70,7 +70,7 @@ pub fn loadgen(args: LoadgenArgs) -> anyhow::Result<ExitCode> {
         churn_period: args.churn_period,
         incarnation: args
             .incarnation
-            .unwrap_or_else(super::send::default_incarnation),
+            .unwrap_or_else(monitor::peer::sender::unix_time_incarnation),
         key: args
             .auth_key_file
             .as_deref()

@@ -4,7 +4,7 @@ use std::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::Duration,
 };
 
 use anyhow::Context;
@@ -30,21 +30,15 @@ pub struct SendArgs {
     /// Stop after this many heartbeats (default: until interrupted).
     #[arg(long)]
     count: Option<u64>,
-    /// Sender epoch; must grow across restarts (default: seconds since the Unix epoch).
+    /// Sender epoch (default: the start time in Unix seconds, claimed by waiting that second
+    /// out, so no two starts share one). Should grow across restarts; a lower one is taken for
+    /// a restart when its sequence starts over (with a key, only when it is within 30 s of
+    /// the monitor's clock).
     #[arg(long)]
     incarnation: Option<u32>,
     /// Sign heartbeats with the 128-bit key in this file (32 hex digits, mode 0600).
     #[arg(long)]
     auth_key_file: Option<std::path::PathBuf>,
-}
-
-/// Seconds since the Unix epoch: grows across restarts (more than a second apart).
-pub fn default_incarnation() -> u32 {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs();
-    u32::try_from(secs).unwrap_or(u32::MAX)
 }
 
 fn parse_id(text: &str) -> Result<u64, String> {
@@ -63,7 +57,9 @@ pub fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("--jitter must be smaller than --interval");
     }
     let to = super::resolve_target(&args.to)?;
-    let incarnation = args.incarnation.unwrap_or_else(default_incarnation);
+    let incarnation = args
+        .incarnation
+        .unwrap_or_else(sender::claim_incarnation);
     let config = SenderConfig {
         to,
         id: args.id,

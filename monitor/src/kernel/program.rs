@@ -195,6 +195,7 @@ fn load_object(
     // The index is sized for the capacity; the program is told its size in the same config.
     let config = XdpConfig {
         index_bits: index::bits_for(capacity),
+        tai_offset_s: crate::kernel::clock::tai_offset_s(),
         ..*config
     };
     let pinned: Vec<(&str, std::path::PathBuf)> = pins

@@ -98,13 +98,32 @@ impl SenderConfig {
 }
 
 /// Seconds since the Unix epoch as an incarnation: grows across restarts more than a second
-/// apart.
+/// apart (see [`claim_incarnation`] for restarts within one).
 pub fn unix_time_incarnation() -> u32 {
     let secs = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
         .as_secs();
     u32::try_from(secs).unwrap_or(u32::MAX)
+}
+
+/// The incarnation of a sender starting now: the current Unix second, returned once that
+/// second is over (at most a second's wait). So no later start on this host can get the same
+/// one, even a crash loop restarting within the second: a monitor takes a reused incarnation's
+/// first heartbeats for a replay. A clock stepped back gives a lower one, which the monitor
+/// takes for a restart (docs/security.md, "Restarts that go backwards").
+pub fn claim_incarnation() -> u32 {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let claimed = u32::try_from(now.as_secs()).unwrap_or(u32::MAX);
+    let into_second = Duration::from_nanos(u64::from(now.subsec_nanos()));
+    std::thread::sleep(Duration::from_secs(1).saturating_sub(into_second));
+    // A clock stepped back during the wait leaves the second unfinished: wait it out too.
+    while unix_time_incarnation() <= claimed && claimed != u32::MAX {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    claimed
 }
 
 /// The 32 bytes of one heartbeat, ready to send as a UDP payload; with a key, signed (auth
