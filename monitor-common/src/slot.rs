@@ -598,7 +598,12 @@ mod tests {
     fn a_sender_restarted_backwards_is_heard_again() {
         // Incarnation 100, then the sender restarts as 50 (its clock stepped back, or an
         // explicit flag): its sequence starts over, and it is a restart, without a key.
-        let steps = [(0, 100, true), (1, 100, true), (0, 50, false), (1, 50, false)];
+        let steps = [
+            (0, 100, true),
+            (1, 100, true),
+            (0, 50, false),
+            (1, 50, false),
+        ];
         assert_eq!(run(&config(), &steps), [OK, OK, OK, OK]);
         // With the key, when the new incarnation is fresh by the receiver's clock.
         let steps = [(0, 100, true), (1, 100, true), (0, 50, true), (1, 50, true)];
@@ -612,7 +617,12 @@ mod tests {
     fn a_straggler_of_an_older_epoch_is_still_out_of_order() {
         // Its numbers are that epoch's later ones, with or without the key.
         for c in [config(), authenticated()] {
-            let steps = [(40, 5, true), (0, 6, true), (41, 5, true), (RESTART_SEQ, 4, true)];
+            let steps = [
+                (40, 5, true),
+                (0, 6, true),
+                (41, 5, true),
+                (RESTART_SEQ, 4, true),
+            ];
             assert_eq!(run(&c, &steps), [OK, OK, LATE, LATE]);
         }
     }
@@ -621,13 +631,28 @@ mod tests {
     fn with_the_key_a_replayed_old_epoch_revives_nothing() {
         let c = authenticated();
         // A stale epoch (older than FRESH_SECS by the receiver's clock): refused.
-        let steps = [(0, 100, true), (1, 100, true), (0, 50, false), (1, 50, false)];
+        let steps = [
+            (0, 100, true),
+            (1, 100, true),
+            (0, 50, false),
+            (1, 50, false),
+        ];
         assert_eq!(run(&c, &steps), [OK, OK, LATE, LATE]);
         // The epoch before the current one, however fresh: refused.
-        let steps = [(0, 100, true), (0, 200, true), (0, 100, true), (1, 100, true)];
+        let steps = [
+            (0, 100, true),
+            (0, 200, true),
+            (0, 100, true),
+            (1, 100, true),
+        ];
         assert_eq!(run(&c, &steps), [OK, OK, LATE, LATE]);
         // The current epoch's first heartbeats again: duplicates and late ones, as ever.
-        let steps = [(0, 100, true), (1, 100, true), (0, 100, true), (1, 100, true)];
+        let steps = [
+            (0, 100, true),
+            (1, 100, true),
+            (0, 100, true),
+            (1, 100, true),
+        ];
         assert_eq!(run(&c, &steps), [OK, OK, LATE, Outcome::Duplicate]);
     }
 
@@ -636,7 +661,12 @@ mod tests {
         // 1000 (a clock that was ahead), then 500 (corrected): 1000 again is no longer above
         // every incarnation seen, so it must look like a restart, and with the key be fresh.
         let c = authenticated();
-        let steps = [(0, 1000, true), (0, 500, true), (20, 1000, true), (0, 1000, false)];
+        let steps = [
+            (0, 1000, true),
+            (0, 500, true),
+            (20, 1000, true),
+            (0, 1000, false),
+        ];
         assert_eq!(run(&c, &steps), [OK, OK, LATE, LATE]);
         // Above every one seen: a restart, whatever the clock says.
         let steps = [(0, 1000, true), (0, 500, true), (90, 1001, false)];

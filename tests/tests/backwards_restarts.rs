@@ -45,10 +45,14 @@ fn a_sender_restarted_with_a_lower_incarnation_is_heard_again() {
         &["--incarnation", "100", "--count", "30"],
     ));
     let _restarted = spawn(sender(&pair, 7, "20ms", &["--incarnation", "50"]));
-    let heard = wait_for(Duration::from_secs(10), "peer 7 heard in incarnation 50", || {
-        let p = peer(&agent, 7);
-        (p["incarnation"] == json!(50) && count(&p, "heartbeats") >= 40).then_some(p)
-    });
+    let heard = wait_for(
+        Duration::from_secs(10),
+        "peer 7 heard in incarnation 50",
+        || {
+            let p = peer(&agent, 7);
+            (p["incarnation"] == json!(50) && count(&p, "heartbeats") >= 40).then_some(p)
+        },
+    );
     assert_eq!(count(&heard, "out_of_order"), 0, "none refused: {heard}");
     assert_eq!(count(&heard, "restarts"), 1, "{heard}");
     assert!(heard["level"].is_null(), "not suspected: {heard}");
@@ -95,10 +99,14 @@ fn with_the_key_a_replayed_epoch_revives_nothing_and_a_real_restart_does() {
     // The clock is corrected and the sender restarts: its incarnation is now, lower than the
     // one before, and it is heard again.
     let live = spawn(signed(None, None));
-    let heard = wait_for(Duration::from_secs(10), "peer 7 heard after the step back", || {
-        let p = peer(&agent, 7);
-        (p["incarnation"].as_u64() < Some(ahead) && count(&p, "heartbeats") >= 50).then_some(p)
-    });
+    let heard = wait_for(
+        Duration::from_secs(10),
+        "peer 7 heard after the step back",
+        || {
+            let p = peer(&agent, 7);
+            (p["incarnation"].as_u64() < Some(ahead) && count(&p, "heartbeats") >= 50).then_some(p)
+        },
+    );
     assert_eq!(count(&heard, "out_of_order"), 0, "{heard}");
     assert_eq!(count(&heard, "restarts"), 2, "{heard}");
     // It dies, and is convicted.

@@ -130,3 +130,99 @@ fn pinned_state_of_another_layout_or_other_settings_is_refused() {
 
     assert!(detach(&pair, &pins_arg).status.success());
 }
+
+/// An agent SIGKILLed while it held a slot's lock (inside a slot reset) leaves the lock odd:
+/// the kernel then drops every heartbeat of that peer as `contended`, and the next agent used
+/// to spin on it. Adoption repairs such slots.
+#[test]
+fn a_slot_lock_left_odd_by_a_killed_agent_is_repaired_on_adoption() {
+    use aya::maps::PerCpuArray;
+    use monitor_common::maps::{COUNTERS_MAP, Counters, PEER_STATE_MAP, PeerSlot};
+    use std::os::fd::{AsFd, AsRawFd};
+    require_root();
+    let pair = NetnsPair::new(62);
+    let fs = Bpffs::mount();
+    let pins = fs.0.0.join("agent");
+    let pins_arg = pins.display().to_string();
+    let dir = TempDir::new("hbmpeers");
+    let peers = dir.peers_file([7]);
+    let capacity = 64u32;
+    let args = [
+        "--peers",
+        &peers,
+        "--pin-path",
+        &pins_arg,
+        "--capacity",
+        "64",
+    ];
+    let first = AgentProcess::start(&pair, &args);
+    let _send = spawn(sender(&pair, 7, "10ms", &["--incarnation", "1"]));
+    wait_for(Duration::from_secs(10), "heartbeats of peer 7", || {
+        let peer = first.ask(json!({"op": "peer", "id": 7}))["peer"].clone();
+        (peer["heartbeats"].as_u64() >= Some(20)).then_some(())
+    });
+    drop(first); // SIGKILL
+    // What a kill inside a slot reset leaves: every slot's lock odd.
+    let state = MapData::from_pin(pins.join(PEER_STATE_MAP)).unwrap();
+    let bytes = (capacity as usize * size_of::<PeerSlot>()).next_multiple_of(4096);
+    // SAFETY: a shared mapping of the pinned array, unmapped below; only lock words touched.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            state.fd().as_fd().as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(base, libc::MAP_FAILED);
+    for slot in 0..capacity as usize {
+        let lock = unsafe {
+            &*base
+                .cast::<u8>()
+                .add(slot * size_of::<PeerSlot>())
+                .cast::<std::sync::atomic::AtomicU64>()
+        };
+        lock.fetch_or(1, std::sync::atomic::Ordering::SeqCst);
+    }
+    unsafe { libc::munmap(base, bytes) };
+    // The attack holds: the kernel drops the live peer's heartbeats.
+    let counters = || {
+        let map = Map::from_map_data(MapData::from_pin(pins.join(COUNTERS_MAP)).unwrap()).unwrap();
+        let counters: PerCpuArray<MapData, Counters> = map.try_into().unwrap();
+        let per_cpu = counters.get(&0, 0).unwrap();
+        per_cpu.iter().map(|c| c.contended).sum::<u64>()
+    };
+    wait_for(
+        Duration::from_secs(5),
+        "heartbeats dropped as contended",
+        || (counters() >= 20).then_some(()),
+    );
+
+    let second = AgentProcess::start(&pair, &args);
+    let peer = |id: u64| second.ask(json!({"op": "peer", "id": id}))["peer"].clone();
+    let contended = || second.ask(json!({"op": "stats"}))["stats"]["kernel"]["contended"].clone();
+    // Repaired on adoption: its window starts again, and its heartbeats count.
+    let repaired = wait_for(Duration::from_secs(10), "peer 7 recorded again", || {
+        let p = peer(7);
+        (p["heartbeats"].as_u64() >= Some(20) && p["level"].is_null()).then_some(p)
+    });
+    let before = contended();
+    let more = repaired["heartbeats"].as_u64().unwrap() + 20;
+    wait_for(Duration::from_secs(10), "20 more heartbeats", || {
+        (peer(7)["heartbeats"].as_u64() >= Some(more)).then_some(())
+    });
+    assert_eq!(
+        contended(),
+        before,
+        "heartbeats still dropped after adoption"
+    );
+    assert!(second.stop().success());
+    let out = detach(&pair, &pins_arg);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -741,7 +741,10 @@ mod authentication {
     fn forgeries_on_another_cpu_never_make_a_signed_heartbeat_meet_a_busy_lock() {
         use std::sync::atomic::{AtomicBool, Ordering};
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        assert!(cpus >= 2, "the attack needs two CPUs, this machine has {cpus}");
+        assert!(
+            cpus >= 2,
+            "the attack needs two CPUs, this machine has {cpus}"
+        );
         let mut fx = fixture(&[PEER]);
         let forged = signed(PEER, 1_000_000, &AuthKey::from_bytes([0x33; 16]));
         const BATCHES: u64 = 64;
@@ -784,7 +787,10 @@ mod authentication {
         assert_eq!((c.heartbeats, c.auth_failures), (sent, forgeries), "{c:?}");
         let r = fx.record(PEER);
         assert_eq!((r.heartbeats, r.last_seq), (sent, sent));
-        assert_eq!(r.auth_failures, forgeries, "each forgery counted against the peer");
+        assert_eq!(
+            r.auth_failures, forgeries,
+            "each forgery counted against the peer"
+        );
         eprintln!("{forgeries} forgeries beside {sent} signed heartbeats: 0 contended");
     }
 

@@ -57,9 +57,7 @@ pub fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("--jitter must be smaller than --interval");
     }
     let to = super::resolve_target(&args.to)?;
-    let incarnation = args
-        .incarnation
-        .unwrap_or_else(sender::claim_incarnation);
+    let incarnation = args.incarnation.unwrap_or_else(sender::claim_incarnation);
     let config = SenderConfig {
         to,
         id: args.id,

@@ -263,11 +263,35 @@ impl PeerTable {
     }
 
     /// Runs `f` on the slot with its sequence counter held (odd), as the kernel's writers do.
+    /// A counter that stays odd at one value for [`STALE_LOCK`] was left so by a writer that
+    /// died holding it (only an agent can: the kernel's writers run to completion): it is
+    /// taken over rather than waited on for ever.
     fn locked<T>(&self, slot: u32, f: impl FnOnce(*mut PeerSlot) -> T) -> T {
         let lock = self.lock(slot);
         let mut current = lock.load(Ordering::Relaxed);
+        let mut odd_since: Option<(u64, std::time::Instant)> = None;
         loop {
             if current & 1 != 0 {
+                match odd_since {
+                    Some((value, since)) if value == current => {
+                        if since.elapsed() >= STALE_LOCK
+                            && lock
+                                .compare_exchange(
+                                    current,
+                                    current + 2,
+                                    Ordering::Acquire,
+                                    Ordering::Relaxed,
+                                )
+                                .is_ok()
+                        {
+                            log::warn!(
+                                "slot {slot}: its lock was held for {STALE_LOCK:?} by a writer that is gone; taken over"
+                            );
+                            break;
+                        }
+                    }
+                    _ => odd_since = Some((current, std::time::Instant::now())),
+                }
                 std::hint::spin_loop();
                 current = lock.load(Ordering::Relaxed);
                 continue;
@@ -286,7 +310,59 @@ impl PeerTable {
         lock.fetch_add(1, Ordering::Release);
         result
     }
+
+    /// Repairs the slots whose lock a dead agent left odd (SIGKILLed inside [`Self::reset`] or
+    /// [`Self::set_traced`] under `--persist`): the kernel counts every heartbeat of such a
+    /// slot as `contended` and drops it, for ever. Called when pinned state is adopted, before
+    /// anything else writes: a lock found odd, and odd at the same value [`STALE_LOCK`] later,
+    /// has no writer. Its record may be half written, so it is reset: to a peer admitted now
+    /// if the index still gives it an owner (`owner`), else to an empty slot. Returns the
+    /// repaired slots with their owners.
+    pub fn repair_stale_locks(
+        &self,
+        owner: impl Fn(u32) -> Option<u64>,
+        now_ns: u64,
+    ) -> Vec<(u32, Option<u64>)> {
+        let odd: Vec<(u32, u64)> = (0..self.capacity)
+            .map(|slot| (slot, self.lock(slot).load(Ordering::Acquire)))
+            .filter(|&(_, value)| value & 1 != 0)
+            .collect();
+        if odd.is_empty() {
+            return Vec::new();
+        }
+        std::thread::sleep(STALE_LOCK);
+        let mut repaired = Vec::new();
+        for (slot, value) in odd {
+            let lock = self.lock(slot);
+            // Taken over (odd, ours), the record rewritten, then released (even).
+            if lock
+                .compare_exchange(value, value + 2, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            let id = owner(slot);
+            let record =
+                PeerRecord::admitted(id.unwrap_or(0), if id.is_some() { now_ns } else { 0 });
+            // SAFETY: we hold the slot's lock; the fields written are plain integers.
+            unsafe {
+                let ptr = self.slot_ptr(slot);
+                std::ptr::write_volatile(&raw mut (*ptr).record, record);
+                std::ptr::write_volatile(&raw mut (*ptr).ring_us, [0; MAX_WINDOW]);
+            }
+            self.last_heard_words()[slot as usize]
+                .store(last_heard::of_record(&record), Ordering::Relaxed);
+            lock.fetch_add(1, Ordering::Release);
+            repaired.push((slot, id));
+        }
+        repaired
+    }
 }
+
+/// How long a slot's lock may stay odd at one value before it is taken for a dead writer's.
+/// The kernel's writers hold it for well under a microsecond and the agent's for one slot's
+/// reset, so 10 ms is thousands of times either.
+pub const STALE_LOCK: std::time::Duration = std::time::Duration::from_millis(10);
 
 impl Drop for PeerTable {
     fn drop(&mut self) {
@@ -340,5 +416,52 @@ mod tests {
         table.lock(1).fetch_add(1, Ordering::AcqRel);
         let (record, ring) = table.snapshot_patiently(1).expect("read after release");
         assert_eq!((record.peer_id, ring.len()), (7, 0));
+    }
+
+    #[test]
+    fn a_lock_left_odd_by_a_dead_writer_is_taken_over_not_waited_on() {
+        let table = anonymous(2);
+        table.reset(1, PeerRecord::admitted(7, 5));
+        // A writer died holding the slot.
+        table.lock(1).fetch_add(1, Ordering::AcqRel);
+        let started = std::time::Instant::now();
+        assert!(table.set_traced(1, 7, true));
+        assert!(started.elapsed() >= STALE_LOCK);
+        assert_eq!(table.lock(1).load(Ordering::Relaxed) & 1, 0, "released");
+        assert_eq!(table.record(1).map(|r| (r.peer_id, r.traced)), Some((7, 1)));
+    }
+
+    #[test]
+    fn adoption_repairs_the_slots_a_dead_agent_left_locked() {
+        let table = anonymous(4);
+        for (slot, id) in [(0, 10), (1, 11), (2, 12)] {
+            table.reset(slot, PeerRecord::admitted(id, 5));
+        }
+        assert!(
+            table.repair_stale_locks(|_| None, 0).is_empty(),
+            "nothing odd"
+        );
+        // Slot 1 (peer 11) and slot 3 (free) were left odd mid-write.
+        for slot in [1, 3] {
+            table.lock(slot).fetch_add(1, Ordering::AcqRel);
+        }
+        let owner = |slot| [Some(10), Some(11), Some(12), None][slot as usize];
+        let repaired = table.repair_stale_locks(owner, 99);
+        assert_eq!(repaired, [(1, Some(11)), (3, None)]);
+        for slot in 0..4 {
+            assert_eq!(
+                table.lock(slot).load(Ordering::Relaxed) & 1,
+                0,
+                "slot {slot}"
+            );
+        }
+        let r = table.record(1).expect("readable again");
+        assert_eq!((r.peer_id, r.last_arrival_ns, r.heartbeats), (11, 99, 0));
+        assert_eq!(table.record(3).map(|r| r.peer_id), Some(0));
+        assert_eq!(
+            table.record(0).map(|r| r.last_arrival_ns),
+            Some(5),
+            "untouched"
+        );
     }
 }

@@ -572,6 +572,20 @@ pub fn adopt(dir: &Path, expected: &PinnedMeta) -> Result<Adopted, PinError> {
         _ => return Err(aya_err(dir, "PEER_INDEX is not an array")),
     };
     let mut registry = Registry::adopt(index, meta.capacity);
+    // Before anything writes a slot: a dead agent's odd lock would drop its peer's heartbeats.
+    let repaired = table.repair_stale_locks(
+        |slot| registry.owner(slot),
+        crate::kernel::clock::monotonic_ns(),
+    );
+    let free = repaired.iter().filter(|(_, owner)| owner.is_none()).count();
+    for (slot, id) in repaired.iter().filter_map(|&(slot, id)| Some((slot, id?))) {
+        log::warn!(
+            "slot {slot} of peer {id} was left locked by the agent before (killed while writing it): reset, its window starts again"
+        );
+    }
+    if free > 0 {
+        log::warn!("{free} free slots were left locked by the agent before: reset");
+    }
     // The pinned program's sources: adoption has checked that they are this agent's.
     registry.reserve_derived_ids(monitor_common::config::passive_sources_on(
         meta.flags,
