@@ -4,6 +4,7 @@
 
 pub mod admission;
 mod notify;
+pub mod observer_faults;
 pub mod passive;
 mod run;
 
@@ -42,8 +43,8 @@ use crate::{
     serving::metrics::{self, AgentMetrics, KindLabel, OpLabel, PeerSeries, Scrape, SelectedPeer},
     serving::peer_view::{PeerView, WindowDetail, ip_addr},
     serving::protocol::{
-        AgentStats, KernelCounters, PeerError, PeerSource, Request, XdpRunStats, error_reply,
-        ok_reply,
+        AgentStats, KernelCounters, LinkStats, PeerError, PeerSource, Request, XdpRunStats,
+        error_reply, ok_reply,
     },
     serving::recording::{ARRIVAL_BUFFER, RecordingGuard, Recordings},
     serving::server::{Handler, Recording, Response},
@@ -96,6 +97,10 @@ pub struct Agent {
     /// The BFD sessions among the peers (`--bfd`), looked at every sweep for a reported Down.
     /// Found when the sweep first reads a slot, so admitted and adopted sessions alike.
     bfd_sessions: Mutex<Vec<passive::BfdSeen>>,
+    /// The interface's link as the sweep last saw it (`observer_faults::LinkWatch`).
+    link: Mutex<LinkStats>,
+    /// Lowest-level crossings of recent sweeps (`observer_faults::CorrelatedSilence`).
+    correlated: Mutex<observer_faults::CorrelatedSilence>,
 }
 
 /// The sweep's state of every slot, in three dense arrays indexed by slot: what every sweep
@@ -196,7 +201,25 @@ impl Agent {
             arrivals: broadcast::channel(ARRIVAL_BUFFER).0,
             recordings: Arc::default(),
             bfd_sessions: Mutex::new(Vec::new()),
+            link: Mutex::new(LinkStats {
+                up: true,
+                changes: 0,
+                holding: false,
+            }),
+            correlated: Mutex::default(),
         }
+    }
+
+    /// The monitored interface's name.
+    pub fn iface(&self) -> &str {
+        &self.iface
+    }
+
+    /// What the sweep's link watch says now, for `stats` and the metrics.
+    pub(crate) fn note_link(&self, link: &observer_faults::LinkWatch) {
+        let mut stats = self.link.lock().expect("link lock");
+        stats.up = link.is_up();
+        stats.changes = link.changes();
     }
 
     /// The detector configuration in effect (levels change on SIGHUP).
@@ -275,7 +298,7 @@ impl Agent {
         self.events.subscribe()
     }
 
-    fn publish(&self, event: Event) {
+    pub(crate) fn publish(&self, event: Event) {
         self.events_sent.fetch_add(1, Ordering::Relaxed);
         let kind = match &event {
             Event::Suspect(s) => {
@@ -290,6 +313,9 @@ impl Agent {
             Event::Forget { .. } => "forget",
             Event::BfdDown { .. } => "bfd_down",
             Event::Lagged { .. } => "lagged",
+            Event::LinkDown { .. } => "link_down",
+            Event::LinkUp { .. } => "link_up",
+            Event::CorrelatedSilence { .. } => "correlated_silence",
         };
         self.metrics.events.get_or_create(&KindLabel { kind }).inc();
         // No subscriber is not an error: the event simply has no audience.
@@ -377,6 +403,17 @@ impl Agent {
         trackers.of(slot, id).map(|t| t.qos(now))
     }
 
+    /// Whether new suspicions are held now (the link is down or just back, or a stall).
+    fn holding(&self) -> bool {
+        self.link.lock().expect("link lock").holding
+    }
+
+    /// The highest level raised for the peer so far (None: none), from its tracker.
+    fn raised(trackers: &Trackers, slot: u32, id: u64, levels: &Levels) -> Option<f64> {
+        let crossed = trackers.of(slot, id)?.crossed() as usize;
+        crossed.checked_sub(1).map(|i| levels.as_slice()[i])
+    }
+
     /// One peer; with `window`, its window's contents too (one consistent copy of the slot).
     pub fn peer(&self, id: u64, window: bool) -> Result<PeerView, PeerError> {
         let slot = self
@@ -399,6 +436,10 @@ impl Agent {
         }
         let now = monotonic_ns();
         let mut view = PeerView::new(&record, &ring, now, &detector, self.qos(slot, id, now));
+        if self.holding() {
+            let trackers = self.trackers.lock().expect("trackers lock");
+            view.hold(Self::raised(&trackers, slot, id, &detector.levels));
+        }
         if window {
             view.window = Some(WindowDetail::new(&record, ring));
         }
@@ -501,9 +542,17 @@ impl Agent {
             }
         }
         if !suspects.is_empty() {
+            let holding = self.holding();
             let trackers = self.trackers.lock().expect("trackers lock");
             for (slot, view) in &mut suspects {
                 view.qos = trackers.of(*slot, view.id).map(|t| t.qos(now));
+                if holding {
+                    view.hold(Self::raised(&trackers, *slot, view.id, &detector.levels));
+                }
+            }
+            // Held: a peer is a suspect only at a level raised before the hold.
+            if holding {
+                suspects.retain(|(_, v)| v.level.is_some_and(|level| level >= threshold));
             }
         }
         let mut suspects: Vec<PeerView> = suspects.into_iter().map(|(_, v)| v).collect();
@@ -536,9 +585,13 @@ impl Agent {
             peers.push((slot, PeerView::new(&record, &ring, now, &detector, None)));
         }
         {
+            let holding = self.holding();
             let trackers = self.trackers.lock().expect("trackers lock");
             for (slot, view) in &mut peers {
                 view.qos = trackers.of(*slot, view.id).map(|t| t.qos(now));
+                if holding {
+                    view.hold(Self::raised(&trackers, *slot, view.id, &detector.levels));
+                }
             }
         }
         let mut peers: Vec<PeerView> = peers.into_iter().map(|(_, v)| v).collect();
@@ -583,6 +636,7 @@ impl Agent {
             key_rotations: self.key_rotations.load(Ordering::Relaxed),
             key_rotation_failures: self.key_rotation_failures.load(Ordering::Relaxed),
             program: self.origin.clone(),
+            link: *self.link.lock().expect("link lock"),
         })
     }
 
@@ -728,7 +782,15 @@ impl Agent {
         };
         let registry = self.registry.read().expect("registry lock");
         self.stop_unwanted_tracing(&registry);
-        let mut emit = |t: Transition| self.publish(t.into());
+        self.link.lock().expect("link lock").holding = hold;
+        let lowest = self.detector().levels.as_slice()[0];
+        let mut lowest_crossed = 0u64;
+        let mut emit = |t: Transition| {
+            if matches!(&t, Transition::Suspect(s) if s.level == lowest) {
+                lowest_crossed += 1;
+            }
+            self.publish(t.into())
+        };
         let (mut refreshes, mut refloors) = (0u64, 0u64);
         let used = registry.slots_in_use() as usize;
         let words = &self.table.last_heard_words()[..used];
@@ -799,7 +861,23 @@ impl Agent {
         let expired = self.expired(&registry, &trackers, now_ns);
         drop(trackers);
         self.look_at_bfd_sessions(&registry);
+        let watched = registry.len() as u64;
         drop(registry);
+        let correlated = self.correlated.lock().expect("correlated lock").note(
+            lowest_crossed,
+            watched,
+            lowest,
+            now_ns,
+            time.wall_ms as u64,
+        );
+        if let Some(event) = correlated {
+            if let Event::CorrelatedSilence { peers, .. } = &event {
+                log::warn!(
+                    "{peers} of {watched} peers crossed level {lowest} within a second: a shared fault (this host, its link, a switch) is likelier than {peers} failures"
+                );
+            }
+            self.publish(event);
+        }
         self.refreshes.fetch_add(refreshes, Ordering::Relaxed);
         self.refloors.fetch_add(refloors, Ordering::Relaxed);
         for id in expired {

@@ -22,6 +22,7 @@ use crate::serving::protocol::ProgramOrigin;
 use super::{
     Agent, AgentParts,
     notify::{self, Notifier},
+    observer_faults::{LinkState, LinkWatch},
 };
 use crate::{
     agent::admission::{self, AdmissionPolicy},
@@ -82,6 +83,8 @@ pub struct AgentConfig {
     /// A sweep that comes this much later than the previous one means the agent itself was
     /// not scheduled; new suspicions are held for as long as the stall lasted.
     pub stall_bound: Duration,
+    /// New suspicions are held while the interface's link is down and for this long after.
+    pub link_grace: Duration,
     /// Serve Prometheus metrics on this address (`GET /metrics`).
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Peers that get series of their own in the metrics.
@@ -223,6 +226,7 @@ fn apply_reload(
     check("expire-after", new.expire_after == current.expire_after);
     check("pin-path", new.pin_path == current.pin_path);
     check("stall-bound", new.stall_bound == current.stall_bound);
+    check("link-grace", new.link_grace == current.link_grace);
     check("metrics-addr", new.metrics_addr == current.metrics_addr);
     for name in crate::fleet::FleetConfig::changed(&current.fleet, &new.fleet) {
         check(name, false);
@@ -252,6 +256,7 @@ impl Sweeper {
         agent: Arc<Agent>,
         interval: Duration,
         stall_bound: Duration,
+        link_grace: Duration,
         notifier: Notifier,
         ended: tokio::sync::oneshot::Sender<()>,
     ) -> Result<Self> {
@@ -261,7 +266,14 @@ impl Sweeper {
             .spawn(move || {
                 // Dropped when the thread ends, also by a panic: the agent then stops.
                 let _ended = ended;
-                sweep_loop(&agent, interval, stall_bound, notifier, &stopped);
+                sweep_loop(
+                    &agent,
+                    interval,
+                    stall_bound,
+                    link_grace,
+                    notifier,
+                    &stopped,
+                );
             })
             .context("starting the sweep thread")?;
         Ok(Self { stop, thread })
@@ -274,18 +286,29 @@ impl Sweeper {
 }
 
 /// Sweeps every `interval` until `stop` is dropped; detects its own stalls (Cassandra pauses
-/// convictions the same way). A tick that comes late is taken at once and the next one an
-/// interval after it.
+/// convictions the same way) and its interface's link going down (`observer_faults`), and
+/// holds new suspicions through either. A tick that comes late is taken at once and the next
+/// one an interval after it.
 fn sweep_loop(
     agent: &Agent,
     interval: Duration,
     stall_bound: Duration,
+    link_grace: Duration,
     mut notifier: Notifier,
     stop: &std::sync::mpsc::Receiver<()>,
 ) {
     let mut next = std::time::Instant::now() + interval;
     let mut last = monotonic_ns();
     let mut hold_until = 0u64;
+    let state = LinkState::read(agent.iface());
+    let mut link = LinkWatch::new(agent.iface(), link_grace, &state, last);
+    if let LinkState::Down(operstate) = &state {
+        log::warn!(
+            "{} is {operstate}: holding new suspicions until its link is up",
+            agent.iface()
+        );
+    }
+    agent.note_link(&link);
     loop {
         match stop.recv_timeout(next.saturating_duration_since(std::time::Instant::now())) {
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
@@ -310,7 +333,23 @@ fn sweep_loop(
                 gap as f64 / 1e6
             );
         }
-        agent.sweep(now, now < hold_until);
+        // One read of a sysfs file a sweep: a link change is seen within a sweep.
+        let state = LinkState::read(agent.iface());
+        if let Some(event) = link.observe(&state, now, super::wall_ms() as u64) {
+            match &state {
+                LinkState::Down(operstate) => log::warn!(
+                    "{} is {operstate}: holding new suspicions until its link is up",
+                    agent.iface()
+                ),
+                LinkState::Up => log::warn!(
+                    "{} is up again: new suspicions held for {link_grace:?} more",
+                    agent.iface()
+                ),
+            }
+            agent.note_link(&link);
+            agent.publish(event);
+        }
+        agent.sweep(now, now < hold_until || link.holding(now));
         last = monotonic_ns();
         // The watchdog hears from the sweep itself: a stalled sweep stops the pings.
         notifier.tick(agent);
@@ -564,6 +603,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         agent.clone(),
         config.sweep_interval,
         config.stall_bound,
+        config.link_grace,
         notifier,
         sweep_ended,
     )?;

@@ -192,6 +192,12 @@ pub struct RunArgs {
     /// as long as the stall lasted (its view of time cannot be trusted yet).
     #[arg(long, default_value = "1s", value_parser = parse_duration, help_heading = "Detector")]
     stall_bound: Duration,
+    /// While the interface's link is down (it lost carrier, or was set down), and for this
+    /// long after it came back, new suspicions are held: every peer falls silent at once and
+    /// none of them failed. A `link_down` and a `link_up` event say so. Longer than the longest
+    /// heartbeat interval among the peers, so each is heard again before its silence counts.
+    #[arg(long, default_value = "2s", value_parser = parse_duration, help_heading = "Detector")]
+    link_grace: Duration,
     /// Publish every event, the current verdict on every suspected peer and this monitor's
     /// liveness to a fleet on NATS JetStream at these server URLs (comma-separated, e.g.
     /// nats://10.0.0.5:4222,nats://10.0.0.6:4222); `monitor fleet` reads the fleet's view.
@@ -385,6 +391,7 @@ fn agent_config(args: RunArgs) -> anyhow::Result<AgentConfig> {
         socket_group: args.socket_group,
         expire_after: args.expire_after,
         stall_bound: args.stall_bound,
+        link_grace: args.link_grace,
         metrics_addr: args.metrics_addr,
         metrics_peers,
         reload: None,

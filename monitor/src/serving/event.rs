@@ -42,6 +42,35 @@ pub enum Event {
     Lagged {
         missed: u64,
     },
+    /// The monitored interface lost its link (`state`: its operstate, or "absent"): every
+    /// peer falls silent and none of them failed, so new suspicions are held until the link
+    /// is back and for `hold_ms` after (`link_up`).
+    #[serde(rename = "link_down")]
+    LinkDown {
+        iface: String,
+        state: String,
+        at: u64,
+    },
+    /// The link is back after `down_ms`; new suspicions stay held for `hold_ms` more.
+    #[serde(rename = "link_up")]
+    LinkUp {
+        iface: String,
+        down_ms: u64,
+        hold_ms: u64,
+        at: u64,
+    },
+    /// `peers` of the `watched` peers crossed the lowest level `level` within `window_ms`:
+    /// a fault shared by many (this host, its link, a switch) is likelier than many failures.
+    /// Raised once, again only after such crossings subsided. The suspicions themselves are
+    /// raised as usual.
+    #[serde(rename = "correlated_silence")]
+    CorrelatedSilence {
+        level: f64,
+        peers: u64,
+        watched: u64,
+        window_ms: u64,
+        at: u64,
+    },
 }
 
 impl From<Transition> for Event {

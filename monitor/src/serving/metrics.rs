@@ -420,6 +420,27 @@ impl<S: Source> Collector for AgentCollector<S> {
             )?;
             gauge(
                 e,
+                "link_up",
+                "Whether the monitored interface's link is up (1) or down (0)",
+                None,
+                i64::from(stats.link.up),
+            )?;
+            counter(
+                e,
+                "link_changes",
+                "Times the monitored interface's link went down or came up",
+                None,
+                stats.link.changes,
+            )?;
+            gauge(
+                e,
+                "suspicions_held",
+                "Whether new suspicions are held now (link down or just back, or the agent just stalled)",
+                None,
+                i64::from(stats.link.holding),
+            )?;
+            gauge(
+                e,
                 "event_subscribers",
                 "Socket clients subscribed to events",
                 None,
@@ -633,6 +654,7 @@ mod tests {
                     key_rotations: 0,
                     key_rotation_failures: 0,
                     program: Default::default(),
+                    link: Default::default(),
                 }),
                 levels: vec![1.0, 3.0, 8.0],
                 peers_at: vec![2, 1, 0, 1],

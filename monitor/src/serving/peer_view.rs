@@ -49,8 +49,14 @@ pub struct PeerView {
     /// model past its timeout) is written as the largest double, 1.7976931348623157e308.
     #[serde(serialize_with = "finite")]
     pub phi: f64,
-    /// Highest configured level phi has reached; null below the lowest.
+    /// Highest configured level phi has reached; null below the lowest. While `held`, at most
+    /// the level already raised when the hold began.
     pub level: Option<f64>,
+    /// Present (true) while the agent holds new suspicions: the monitored interface's link is
+    /// down or just back (`link_down`), or the agent itself just stalled. `phi` is the
+    /// silence's as ever; `level` does not rise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held: bool,
     pub last_seq: u64,
     pub lost: u64,
     pub duplicates: u64,
@@ -146,6 +152,7 @@ impl PeerView {
             silence_ms: now_ns.saturating_sub(record.last_arrival_ns) as f64 / 1e6,
             phi,
             level: detector.levels.reached(phi),
+            held: false,
             last_seq: record.last_seq,
             lost: record.lost,
             duplicates: record.duplicates,
@@ -156,6 +163,16 @@ impl PeerView {
             qos,
             window: None,
         }
+    }
+
+    /// The view while suspicions are held: its level no higher than `raised`, the highest
+    /// level raised for the peer before the hold (None: none).
+    pub fn hold(&mut self, raised: Option<f64>) {
+        self.held = true;
+        self.level = match (self.level, raised) {
+            (Some(level), Some(raised)) => Some(level.min(raised)),
+            _ => None,
+        };
     }
 }
 

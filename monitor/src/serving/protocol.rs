@@ -195,6 +195,29 @@ pub struct AgentStats {
     /// How the running XDP program came to run, and its tag.
     #[serde(default)]
     pub program: ProgramOrigin,
+    /// The monitored interface's link (docs/socket-protocol.md, `link_down`).
+    #[serde(default)]
+    pub link: LinkStats,
+}
+
+/// The monitored interface's link as the sweep sees it: whether it is up, how often it went
+/// down or up since the start, and whether new suspicions are held now (the link is down,
+/// within `--link-grace` of its return, or the agent itself just stalled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkStats {
+    pub up: bool,
+    pub changes: u64,
+    pub holding: bool,
+}
+
+impl Default for LinkStats {
+    fn default() -> Self {
+        Self {
+            up: true,
+            changes: 0,
+            holding: false,
+        }
+    }
 }
 
 /// How the agent came by the XDP program it runs (docs/operations.md, "Upgrades").

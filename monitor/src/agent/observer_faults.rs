@@ -1,0 +1,283 @@
+//! The observer's own faults, told apart from the peers': the monitored interface losing its
+//! link (every peer falls silent at once, and none of them failed), and a correlated silence
+//! (a large share of the peers crossing the lowest level together), which says the fault is
+//! more likely here or on a shared path than in each of them.
+
+use std::time::Duration;
+
+use crate::serving::event::Event;
+
+/// The interface's link as the kernel reports it (`/sys/class/net/IF/`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkState {
+    Up,
+    /// Not up, and why: "administratively down", "no carrier", another operstate the kernel
+    /// gave ("dormant", ...), or "absent" when the interface is gone.
+    Down(String),
+}
+
+impl LinkState {
+    /// Reads `iface`'s state: set down by an administrator (`flags` without IFF_UP), then its
+    /// carrier (`carrier`, which follows the driver at once, where `operstate` may lag it by up
+    /// to a second: the kernel's linkwatch batches changes), then `operstate` where the driver
+    /// reports no carrier.
+    pub fn read(iface: &str) -> Self {
+        let file = |name: &str| std::fs::read_to_string(format!("/sys/class/net/{iface}/{name}"));
+        let Ok(flags) = file("flags") else {
+            return LinkState::Down("absent".into());
+        };
+        let flags = u32::from_str_radix(flags.trim().trim_start_matches("0x"), 16).unwrap_or(1);
+        if flags & libc::IFF_UP as u32 == 0 {
+            return LinkState::Down("administratively down".into());
+        }
+        match file("carrier").as_deref().map(str::trim) {
+            Ok("1") => LinkState::Up,
+            Ok("0") => LinkState::Down("no carrier".into()),
+            _ => match file("operstate") {
+                Ok(text) => Self::parse(text.trim()),
+                Err(_) => LinkState::Down("absent".into()),
+            },
+        }
+    }
+
+    /// An `operstate`: "unknown" counts as up (drivers without carrier reporting, such as
+    /// loopback and tun, say so while they pass traffic).
+
+    pub fn parse(operstate: &str) -> Self {
+        match operstate {
+            "up" | "unknown" => LinkState::Up,
+            other => LinkState::Down(other.into()),
+        }
+    }
+}
+
+/// Follows the link from sweep to sweep: an event on each change, and whether new suspicions
+/// are held (while the link is down, and for `grace` after it came back, so peers have time
+/// to be heard again before their silence counts).
+#[derive(Debug)]
+pub struct LinkWatch {
+    iface: String,
+    grace_ns: u64,
+    up: bool,
+    down_since_ns: u64,
+    hold_until_ns: u64,
+    changes: u64,
+}
+
+impl LinkWatch {
+    /// A watch that starts from the state read now (no event for it: a link down at start is
+    /// logged by the caller).
+    pub fn new(iface: &str, grace: Duration, state: &LinkState, now_ns: u64) -> Self {
+        let up = *state == LinkState::Up;
+        Self {
+            iface: iface.into(),
+            grace_ns: grace.as_nanos() as u64,
+            up,
+            down_since_ns: if up { 0 } else { now_ns },
+            hold_until_ns: 0,
+            changes: 0,
+        }
+    }
+
+    /// The state read at `now_ns` (monotonic) and `wall_ms`: the event its change raises.
+    pub fn observe(&mut self, state: &LinkState, now_ns: u64, wall_ms: u64) -> Option<Event> {
+        match (self.up, state) {
+            (true, LinkState::Down(operstate)) => {
+                self.up = false;
+                self.changes += 1;
+                self.down_since_ns = now_ns;
+                Some(Event::LinkDown {
+                    iface: self.iface.clone(),
+                    state: operstate.clone(),
+                    at: wall_ms,
+                })
+            }
+            (false, LinkState::Up) => {
+                self.up = true;
+                self.changes += 1;
+                self.hold_until_ns = now_ns.saturating_add(self.grace_ns);
+                Some(Event::LinkUp {
+                    iface: self.iface.clone(),
+                    down_ms: now_ns.saturating_sub(self.down_since_ns) / 1_000_000,
+                    hold_ms: self.grace_ns / 1_000_000,
+                    at: wall_ms,
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether new suspicions are held at `now_ns`.
+    pub fn holding(&self, now_ns: u64) -> bool {
+        !self.up || now_ns < self.hold_until_ns
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.up
+    }
+
+    /// Link changes seen (down and up each count).
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
+}
+
+/// Lowest-level crossings of recent sweeps, against the number of peers watched: one
+/// `correlated_silence` event when at least [`Self::SHARE`] of the peers (and at least
+/// [`Self::MIN_PEERS`]) crossed within [`Self::WINDOW_NS`], and no other until the crossings
+/// of a window fall below half that again.
+#[derive(Debug, Default)]
+pub struct CorrelatedSilence {
+    window_start_ns: u64,
+    crossed: u64,
+    raised: bool,
+}
+
+impl CorrelatedSilence {
+    /// Crossings closer together than this count as together: heartbeats are not sent in step,
+    /// so a shared fault's crossings spread over about one interval.
+    pub const WINDOW_NS: u64 = 1_000_000_000;
+    /// The share of the watched peers.
+    pub const SHARE: f64 = 0.5;
+    /// Fewer peers than this crossing together say nothing about a shared cause.
+    pub const MIN_PEERS: u64 = 8;
+
+    /// `crossed` peers crossed the lowest level `level` in the sweep at `now_ns`, with
+    /// `watched` peers watched.
+    pub fn note(
+        &mut self,
+        crossed: u64,
+        watched: u64,
+        level: f64,
+        now_ns: u64,
+        wall_ms: u64,
+    ) -> Option<Event> {
+        if now_ns.saturating_sub(self.window_start_ns) >= Self::WINDOW_NS {
+            let threshold = self.threshold(watched);
+            if self.raised && self.crossed < threshold.div_ceil(2) {
+                self.raised = false;
+            }
+            self.window_start_ns = now_ns;
+            self.crossed = 0;
+        }
+        self.crossed += crossed;
+        let threshold = self.threshold(watched);
+        if self.raised || crossed == 0 || self.crossed < threshold {
+            return None;
+        }
+        self.raised = true;
+        Some(Event::CorrelatedSilence {
+            level,
+            peers: self.crossed,
+            watched,
+            window_ms: Self::WINDOW_NS / 1_000_000,
+            at: wall_ms,
+        })
+    }
+
+    fn threshold(&self, watched: u64) -> u64 {
+        ((watched as f64 * Self::SHARE).ceil() as u64).max(Self::MIN_PEERS)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn operstates_that_pass_traffic_are_up() {
+        assert_eq!(LinkState::parse("up"), LinkState::Up);
+        assert_eq!(LinkState::parse("unknown"), LinkState::Up);
+        for state in ["down", "lowerlayerdown", "dormant", "notpresent", "testing"] {
+            assert_eq!(LinkState::parse(state), LinkState::Down(state.into()));
+        }
+        assert_eq!(
+            LinkState::read("no-such-interface-here"),
+            LinkState::Down("absent".into())
+        );
+        assert_eq!(LinkState::read("lo"), LinkState::Up);
+        assert_eq!(
+            LinkState::read("../../../../etc"),
+            LinkState::Down("absent".into()),
+            "not a path to anything but an interface"
+        );
+    }
+
+    #[test]
+    fn a_link_down_holds_suspicions_until_the_grace_after_it_came_back() {
+        let down = LinkState::Down("lowerlayerdown".into());
+        let mut link = LinkWatch::new("eth0", Duration::from_secs(2), &LinkState::Up, 0);
+        assert!(!link.holding(S));
+        assert_eq!(link.observe(&LinkState::Up, S, 1000), None);
+        assert_eq!(
+            link.observe(&down, 10 * S, 10_000),
+            Some(Event::LinkDown {
+                iface: "eth0".into(),
+                state: "lowerlayerdown".into(),
+                at: 10_000
+            })
+        );
+        assert_eq!(link.observe(&down, 11 * S, 11_000), None, "once");
+        assert!(link.holding(20 * S));
+        assert_eq!(
+            link.observe(&LinkState::Up, 13 * S, 13_000),
+            Some(Event::LinkUp {
+                iface: "eth0".into(),
+                down_ms: 3000,
+                hold_ms: 2000,
+                at: 13_000
+            })
+        );
+        assert!(link.holding(14 * S), "within the grace");
+        assert!(!link.holding(15 * S), "after it");
+        assert_eq!(link.changes(), 2);
+        // Down at start: held from the start, and its return is an event.
+        let mut link = LinkWatch::new("eth0", Duration::ZERO, &down, 5 * S);
+        assert!(link.holding(6 * S));
+        assert!(matches!(
+            link.observe(&LinkState::Up, 7 * S, 0),
+            Some(Event::LinkUp { down_ms: 2000, .. })
+        ));
+        assert!(!link.holding(7 * S));
+    }
+
+    #[test]
+    fn a_correlated_silence_is_one_event_until_it_subsides() {
+        let mut c = CorrelatedSilence::default();
+        // 100 peers: 50 must cross within a second.
+        assert_eq!(c.note(20, 100, 1.0, 10 * S, 0), None);
+        assert_eq!(c.note(20, 100, 1.0, 10 * S + S / 2, 0), None);
+        let raised = c.note(15, 100, 1.0, 10 * S + S * 9 / 10, 7);
+        assert_eq!(
+            raised,
+            Some(Event::CorrelatedSilence {
+                level: 1.0,
+                peers: 55,
+                watched: 100,
+                window_ms: 1000,
+                at: 7
+            })
+        );
+        assert_eq!(c.note(30, 100, 1.0, 10 * S + S * 95 / 100, 0), None, "once");
+        // Still many in the next window: no second event.
+        assert_eq!(c.note(60, 100, 1.0, 12 * S, 0), None);
+        // A quiet window, then another burst: a new event.
+        assert_eq!(c.note(1, 100, 1.0, 14 * S, 0), None);
+        assert_eq!(c.note(0, 100, 1.0, 15 * S + 1, 0), None);
+        assert!(c.note(50, 100, 1.0, 15 * S + 2, 0).is_some());
+    }
+
+    #[test]
+    fn a_few_peers_crossing_together_are_not_correlated() {
+        let mut c = CorrelatedSilence::default();
+        // All 4 of 4 peers: below MIN_PEERS.
+        assert_eq!(c.note(4, 4, 1.0, S, 0), None);
+        // Spread over windows, 50 of 100 never within one second.
+        let mut c = CorrelatedSilence::default();
+        for k in 0..10 {
+            assert_eq!(c.note(10, 100, 1.0, k * 2 * S, 0), None);
+        }
+    }
+}

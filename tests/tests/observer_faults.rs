@@ -1,0 +1,130 @@
+//! The observer's own faults are not the peers': when the monitored interface loses its link,
+//! one `link_down` event, no suspicion while it is down or within `--link-grace` of its return,
+//! and a peer that really died meanwhile convicted after that as usual.
+
+use std::time::{Duration, Instant};
+
+use integration_tests::{
+    agent_process::{AgentProcess, TempDir, sender, spawn},
+    netns::{NetnsPair, ip},
+    require_root, wait_for,
+};
+use monitor::serving::client::Client;
+use serde_json::{Value, json};
+
+/// Reads events until `done` says so, or fails after `within`.
+fn events_until(
+    client: &mut Client,
+    within: Duration,
+    mut done: impl FnMut(&[Value]) -> bool,
+) -> Vec<Value> {
+    let deadline = Instant::now() + within;
+    let mut events = Vec::new();
+    while !done(&events) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "timed out; events so far: {events:#?}");
+        client.set_read_timeout(Some(left)).unwrap();
+        let line = client
+            .read_line()
+            .unwrap_or_else(|e| panic!("{e}; events so far: {events:#?}"));
+        events.push(serde_json::from_str(&line).unwrap());
+    }
+    events
+}
+
+fn is(event: &Value, kind: &str) -> bool {
+    event["event"] == json!(kind)
+}
+
+#[test]
+fn a_link_down_convicts_nobody_and_a_peer_that_died_meanwhile_is_convicted_after() {
+    require_root();
+    let pair = NetnsPair::new(170);
+    let dir = TempDir::new("hbmlink");
+    let agent = AgentProcess::start(
+        &pair,
+        &[
+            "--peers",
+            &dir.peers_file([1, 2]),
+            "--sweep-interval",
+            "10ms",
+            "--link-grace",
+            "1s",
+        ],
+    );
+    let mut watcher = agent.subscribe();
+    let dies = spawn(sender(&pair, 1, "20ms", &["--incarnation", "1"]));
+    let _lives = spawn(sender(&pair, 2, "20ms", &["--incarnation", "1"]));
+    let peer = |id: u64| agent.ask(json!({"op": "peer", "id": id}))["peer"].clone();
+    wait_for(Duration::from_secs(10), "both peers heard", || {
+        (peer(1)["heartbeats"].as_u64() >= Some(30) && peer(2)["heartbeats"].as_u64() >= Some(30))
+            .then_some(())
+    });
+
+    // The cable is pulled: the far end goes down, ours loses carrier.
+    ip(&["-n", &pair.ns_b, "link", "set", &pair.iface_b, "down"]);
+    let down = events_until(&mut watcher, Duration::from_secs(5), |e| {
+        e.iter().any(|e| is(e, "link_down"))
+    });
+    assert!(
+        !down.iter().any(|e| is(e, "suspect")),
+        "suspected before the link was seen down: {down:#?}"
+    );
+    // Peer 1 dies while the link is down; nobody can tell yet.
+    drop(dies);
+    // Long enough that both would be convicted: held, and said so.
+    let held = wait_for(
+        Duration::from_secs(10),
+        "a conviction's worth of silence",
+        || {
+            let p = peer(2);
+            (p["phi"].as_f64() > Some(20.0)).then_some(p)
+        },
+    );
+    assert!(
+        held["level"].is_null(),
+        "convicted while the link was down: {held}"
+    );
+    assert_eq!(held["held"], json!(true), "{held}");
+    let suspects = agent.ask(json!({"op": "suspects", "threshold": 1.0}));
+    assert_eq!(suspects["suspects"], json!([]), "held, so no suspect: {suspects}");
+    let stats = &agent.ask(json!({"op": "stats"}))["stats"];
+    assert_eq!(
+        stats["link"],
+        json!({"up": false, "changes": 1, "holding": true}),
+        "{stats}"
+    );
+
+    ip(&["-n", &pair.ns_b, "link", "set", &pair.iface_b, "up"]);
+    let after = events_until(&mut watcher, Duration::from_secs(15), |e| {
+        e.iter()
+            .any(|e| is(e, "suspect") && e["id"] == json!(1) && e["level"] == json!(8.0))
+    });
+    let link_up = after
+        .iter()
+        .find(|e| is(e, "link_up"))
+        .unwrap_or_else(|| panic!("no link_up: {after:#?}"));
+    assert_eq!(link_up["hold_ms"], json!(1000), "{link_up}");
+    let convicted = after.iter().find(|e| is(e, "suspect")).unwrap();
+    assert!(
+        convicted["at"].as_u64() >= Some(link_up["at"].as_u64().unwrap() + 1000 - 20),
+        "convicted within the grace: {convicted} after {link_up}"
+    );
+    let wrongly: Vec<&Value> = down
+        .iter()
+        .chain(&after)
+        .filter(|e| is(e, "suspect") && e["id"] == json!(2))
+        .collect();
+    assert!(
+        wrongly.is_empty(),
+        "the live peer was suspected: {wrongly:#?}"
+    );
+    let p2 = peer(2);
+    assert!(p2["level"].is_null(), "{p2}");
+    let stats = &agent.ask(json!({"op": "stats"}))["stats"];
+    assert_eq!(
+        stats["link"],
+        json!({"up": true, "changes": 2, "holding": false}),
+        "{stats}"
+    );
+}
