@@ -291,7 +291,8 @@ fn connections_over_a_cap_are_told_which_at_once_and_closed() {
     // Connections given back are taken again.
     drop(nobody);
     wait_for(Duration::from_secs(10), "a place given back", || {
-        agent.client().request(&json!({"op": "stats"})).ok()
+        let reply = agent.client().request(&json!({"op": "stats"})).ok()?;
+        (reply["ok"] == json!(true)).then_some(())
     });
     let (_, metrics) = get_in(&pair.ns_a, "127.0.0.1:9464", "/metrics", &[]).expect("metrics");
     for (reason, n) in [("uid_limit", 37), ("shared_limit", 5)] {
