@@ -170,7 +170,11 @@ fn attack(
         stats[stats.len() - 1],
     );
     assert!(p99(&peer) < 100.0, "root's peer p99 {:.1} ms", p99(&peer));
-    assert!(p99(&stats) < 100.0, "root's stats p99 {:.1} ms", p99(&stats));
+    assert!(
+        p99(&stats) < 100.0,
+        "root's stats p99 {:.1} ms",
+        p99(&stats)
+    );
     assert!(
         rss <= 2 * idle_rss,
         "the agent's RSS grew from {idle_rss} KiB to {rss} KiB"
@@ -279,7 +283,8 @@ fn connections_over_a_cap_are_told_which_at_once_and_closed() {
     }
     let mut over = UnixStream::connect(agent.socket()).expect("connect");
     let mut line = String::new();
-    over.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    over.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     BufReader::new(&over).read_line(&mut line).expect("read");
     assert_eq!(
         line,
@@ -348,10 +353,15 @@ fn idle_connections_are_closed_and_clients_that_never_read_are_cut_off() {
         ],
     );
     let mut events = agent.subscribe();
-    events.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    events
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
 
     let mut idle = agent.client();
-    assert_eq!(idle.request(&json!({"op": "stats"})).unwrap()["ok"], json!(true));
+    assert_eq!(
+        idle.request(&json!({"op": "stats"})).unwrap()["ok"],
+        json!(true)
+    );
     let asked = Instant::now();
     let said = idle.read_line().expect("a line before closing");
     let after = asked.elapsed();

@@ -982,13 +982,19 @@ impl Handler for Agent {
                 Err(e) => e.reply(),
             },
             Request::Peers { addr, source } => match self.peers_matching(addr, source) {
-                Ok(peers) => return Response::List(ListReply::new(json!({"ok": true}), "peers", peers)),
+                Ok(peers) => {
+                    return Response::List(ListReply::new(json!({"ok": true}), "peers", peers));
+                }
                 Err(e) => e.reply(),
             },
             Request::Suspects { threshold } => {
                 let threshold = threshold.unwrap_or_else(|| self.detector().levels.highest());
                 let envelope = json!({"ok": true, "threshold": threshold});
-                return Response::List(ListReply::new(envelope, "suspects", self.suspects(threshold)));
+                return Response::List(ListReply::new(
+                    envelope,
+                    "suspects",
+                    self.suspects(threshold),
+                ));
             }
             Request::Subscribe => {
                 return Response::Subscribe(

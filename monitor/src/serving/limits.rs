@@ -175,10 +175,7 @@ impl Caps {
     /// Connections held now: all, and those of uid `uid` (counted for unprivileged uids only).
     pub fn held(&self, uid: u32) -> (usize, usize) {
         let counts = self.counts.lock().expect("caps lock");
-        (
-            counts.total,
-            counts.per_uid.get(&uid).copied().unwrap_or(0),
-        )
+        (counts.total, counts.per_uid.get(&uid).copied().unwrap_or(0))
     }
 }
 
@@ -272,10 +269,7 @@ mod tests {
     fn privileged_uids_may_use_every_place() {
         let caps = caps(8, 1);
         let held: Vec<Held> = (0..8).map(|_| caps.take(0, true).unwrap()).collect();
-        assert_eq!(
-            caps.take(0, true).unwrap_err(),
-            Refusal::Total { limit: 8 }
-        );
+        assert_eq!(caps.take(0, true).unwrap_err(), Refusal::Total { limit: 8 });
         drop(held);
         assert_eq!(caps.held(0), (0, 0));
     }

@@ -370,7 +370,11 @@ async fn write_value(out: &mut WriteHalf<'_>, value: &Value, deadline: Instant) 
 
 /// A list reply, chunk by chunk; all of it by `deadline`, so a client that reads slowly pins it
 /// for the write timeout at most.
-async fn write_list(out: &mut WriteHalf<'_>, list: &ListReply, deadline: Instant) -> io::Result<()> {
+async fn write_list(
+    out: &mut WriteHalf<'_>,
+    list: &ListReply,
+    deadline: Instant,
+) -> io::Result<()> {
     let mut buf = Vec::new();
     let mut n = 0;
     loop {
@@ -609,11 +613,23 @@ mod tests {
     /// numbers, one line.
     #[test]
     fn a_list_reply_in_chunks_is_the_whole_reply_byte_for_byte() {
-        for n in [0, 1, 2, LIST_CHUNK - 1, LIST_CHUNK, LIST_CHUNK + 1, 3 * LIST_CHUNK + 7] {
+        for n in [
+            0,
+            1,
+            2,
+            LIST_CHUNK - 1,
+            LIST_CHUNK,
+            LIST_CHUNK + 1,
+            3 * LIST_CHUNK + 7,
+        ] {
             let peers: Vec<PeerView> = (1..=n as u64).map(peer).collect();
             let whole = format!("{}\n", ok_reply("peers", &peers));
             let list = ListReply::new(json!({"ok": true}), "peers", peers.clone());
-            assert_eq!(String::from_utf8(streamed(&list)).unwrap(), whole, "{n} peers");
+            assert_eq!(
+                String::from_utf8(streamed(&list)).unwrap(),
+                whole,
+                "{n} peers"
+            );
 
             for threshold in [3.0, 0.25, 8.0] {
                 let mut reply = ok_reply("suspects", &peers);
@@ -631,11 +647,7 @@ mod tests {
 
     #[test]
     fn a_chunk_holds_at_most_list_chunk_peers() {
-        let list = ListReply::new(
-            json!({"ok": true}),
-            "peers",
-            (1..=1000).map(peer).collect(),
-        );
+        let list = ListReply::new(json!({"ok": true}), "peers", (1..=1000).map(peer).collect());
         let mut sizes = Vec::new();
         let mut n = 0;
         loop {
@@ -649,7 +661,10 @@ mod tests {
         }
         assert_eq!(sizes.len(), 1000usize.div_ceil(LIST_CHUNK));
         let one = serde_json::to_vec(&peer(1)).unwrap().len();
-        assert!(sizes.iter().all(|&s| s <= (one + 8) * LIST_CHUNK), "{sizes:?}");
+        assert!(
+            sizes.iter().all(|&s| s <= (one + 8) * LIST_CHUNK),
+            "{sizes:?}"
+        );
     }
 
     #[test]
