@@ -520,7 +520,8 @@ fn requests_for_every_peer_do_not_hold_up_other_clients() {
     small.read_line(&mut line).expect("the one-peer answer");
     let reply: serde_json::Value = serde_json::from_str(&line).expect("JSON");
     assert_eq!(reply["peer"]["id"], json!(7), "{line}");
-    // Neither big answer has begun to arrive (each is built whole, then sent): nothing to read.
+    // Neither big answer has begun to arrive (its peers are collected whole before the first
+    // chunk is written): nothing to read.
     for mut stream in &big {
         stream.set_nonblocking(true).unwrap();
         let arrived = match std::io::Read::read(&mut stream, &mut [0u8; 1]) {

@@ -40,14 +40,16 @@ use crate::{
     kernel::program,
     kernel::registry::{AdmitError, ForgetError, Registry},
     serving::event::Event,
-    serving::metrics::{self, AgentMetrics, KindLabel, OpLabel, PeerSeries, Scrape, SelectedPeer},
+    serving::metrics::{
+        self, AgentMetrics, KindLabel, OpLabel, PeerSeries, ReasonLabel, Scrape, SelectedPeer,
+    },
     serving::peer_view::{PeerView, WindowDetail, ip_addr},
     serving::protocol::{
         AgentStats, KernelCounters, LinkStats, PeerError, PeerSource, Request, XdpRunStats,
         error_reply, ok_reply,
     },
     serving::recording::{ARRIVAL_BUFFER, RecordingGuard, Recordings},
-    serving::server::{Handler, Recording, Response},
+    serving::server::{Handler, ListReply, Recording, Response},
 };
 
 /// Events buffered per subscriber before a slow one is told it missed some.
@@ -1022,8 +1024,22 @@ impl Handler for Agent {
         }
     }
 
-    fn refused(&self) {
-        self.metrics.socket_refusals.inc();
+    fn refused(&self, why: crate::serving::limits::Refusal) {
+        self.metrics
+            .socket_refusals
+            .get_or_create(&ReasonLabel {
+                reason: why.reason(),
+            })
+            .inc();
+    }
+
+    fn cut_off(&self, why: crate::serving::limits::CutOff) {
+        self.metrics
+            .socket_cutoffs
+            .get_or_create(&ReasonLabel {
+                reason: why.reason(),
+            })
+            .inc();
     }
 
     fn answered(&self, op: &'static str, took: std::time::Duration) {
@@ -1044,14 +1060,19 @@ impl Handler for Agent {
                 Err(e) => e.reply(),
             },
             Request::Peers { addr, source } => match self.peers_matching(addr, source) {
-                Ok(peers) => ok_reply("peers", peers),
+                Ok(peers) => {
+                    return Response::List(ListReply::new(json!({"ok": true}), "peers", peers));
+                }
                 Err(e) => e.reply(),
             },
             Request::Suspects { threshold } => {
                 let threshold = threshold.unwrap_or_else(|| self.detector().levels.highest());
-                let mut reply = ok_reply("suspects", self.suspects(threshold));
-                reply["threshold"] = json!(threshold);
-                reply
+                let envelope = json!({"ok": true, "threshold": threshold});
+                return Response::List(ListReply::new(
+                    envelope,
+                    "suspects",
+                    self.suspects(threshold),
+                ));
             }
             Request::Subscribe => {
                 return Response::Subscribe(

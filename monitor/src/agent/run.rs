@@ -78,6 +78,8 @@ pub struct AgentConfig {
     pub expire_after: Option<Duration>,
     /// Group allowed to use the socket besides root and the agent's user.
     pub socket_group: Option<String>,
+    /// Caps on the socket's connections, its idle and write timeouts.
+    pub socket_limits: crate::serving::limits::Limits,
     /// Pin the program and maps here, and adopt what is pinned here at start.
     pub pin_path: Option<PathBuf>,
     /// A sweep that comes this much later than the previous one means the agent itself was
@@ -191,6 +193,10 @@ fn apply_reload(
     check("port", new.port == current.port);
     check("socket", new.socket == current.socket);
     check("socket-group", new.socket_group == current.socket_group);
+    check(
+        "socket-max-clients, socket-max-per-uid, socket-idle-timeout, socket-write-timeout",
+        new.socket_limits == current.socket_limits,
+    );
     check("peers", new.peers_file == current.peers_file);
     check("xdp-mode", new.mode == current.mode);
     check("hook", new.hook == current.hook);
@@ -404,6 +410,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         .map(access::group_id)
         .transpose()?;
     let (listener, _socket_guard) = server::bind(&config.socket, group)?;
+    server::make_room_for(config.socket_limits.max_clients);
     let metrics_listener = match config.metrics_addr {
         Some(addr) => Some(
             metrics::bind(addr)
@@ -610,7 +617,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     let outcome: Result<()> = async {
         tokio::select! {
         () = reload => {}
-        r = server::serve(listener, agent.clone(), policy) => r.context("serving the socket")?,
+        r = server::serve(listener, agent.clone(), policy, config.socket_limits) => r.context("serving the socket")?,
         r = reports => r.context("reading unknown-peer reports")?,
         r = arrivals => r.context("reading traced arrivals")?,
         r = serve_metrics => r.context("serving metrics")?,

@@ -16,6 +16,7 @@ use monitor::{
 
 use super::parse_duration;
 use monitor::detector::spec::parse_spec;
+use monitor::serving::limits;
 use monitor_common::{
     maps::{DEFAULT_CAPACITY, MAX_WINDOW},
     wire::DEFAULT_PORT,
@@ -56,6 +57,21 @@ pub struct RunArgs {
     /// socket is mode 0660.
     #[arg(long)]
     socket_group: Option<String>,
+    /// Socket connections served at once, all clients together. An eighth of them is kept
+    /// for root and the agent's user; a connection over a cap is told so at once and closed.
+    #[arg(long, value_name = "N", default_value_t = limits::DEFAULT_MAX_CLIENTS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    socket_max_clients: usize,
+    /// Socket connections each user other than root and the agent's may hold at once.
+    #[arg(long, value_name = "N", default_value_t = limits::DEFAULT_MAX_PER_UID, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    socket_max_per_uid: usize,
+    /// A socket connection that sends no request for this long is closed (subscriptions and
+    /// recordings are never idle).
+    #[arg(long, value_name = "D", default_value = "60s", value_parser = parse_duration)]
+    socket_idle_timeout: Duration,
+    /// A socket client that does not take a whole reply, or a batch of events, within this
+    /// long is cut off.
+    #[arg(long, value_name = "D", default_value = "10s", value_parser = parse_duration)]
+    socket_write_timeout: Duration,
     /// File listing peer ids to admit at start: one per line, decimal or 0x hex, # comments.
     #[arg(long)]
     peers: Option<PathBuf>,
@@ -304,6 +320,9 @@ fn agent_config(args: RunArgs) -> anyhow::Result<AgentConfig> {
     if args.sweep_interval.is_zero() {
         anyhow::bail!("--sweep-interval must be greater than zero");
     }
+    if args.socket_idle_timeout.is_zero() || args.socket_write_timeout.is_zero() {
+        anyhow::bail!("--socket-idle-timeout and --socket-write-timeout must be greater than zero");
+    }
     if args.stall_bound <= args.sweep_interval {
         anyhow::bail!("--stall-bound must be longer than --sweep-interval");
     }
@@ -389,6 +408,12 @@ fn agent_config(args: RunArgs) -> anyhow::Result<AgentConfig> {
         auth_grace: args.auth_grace,
         pin_path,
         socket_group: args.socket_group,
+        socket_limits: limits::Limits {
+            max_clients: args.socket_max_clients,
+            max_per_uid: args.socket_max_per_uid,
+            idle_timeout: args.socket_idle_timeout,
+            write_timeout: args.socket_write_timeout,
+        },
         expire_after: args.expire_after,
         stall_bound: args.stall_bound,
         link_grace: args.link_grace,

@@ -73,6 +73,12 @@ pub struct OpLabel {
     pub op: &'static str,
 }
 
+/// Why a socket client was refused or cut off (`Refusal::reason`, `CutOff::reason`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
 /// 10 us .. ~1.3 s: a `peer` is answered in tens of us, `suspects` of 50k peers in about 0.1 ms,
 /// `peers` of 50k in tens of ms.
 fn request_histogram() -> Histogram {
@@ -86,7 +92,8 @@ pub struct AgentMetrics {
     pub sweep_seconds: Histogram,
     pub event_latency_seconds: Histogram,
     pub events: Family<KindLabel, Counter>,
-    pub socket_refusals: Counter,
+    pub socket_refusals: Family<ReasonLabel, Counter>,
+    pub socket_cutoffs: Family<ReasonLabel, Counter>,
     pub request_seconds: Family<OpLabel, Histogram, fn() -> Histogram>,
 }
 
@@ -98,7 +105,8 @@ impl Default for AgentMetrics {
             // 100 us .. ~3.3 s: events are raised within one sweep (50 ms) of the crossing.
             event_latency_seconds: Histogram::new(exponential_buckets(1e-4, 2.0, 16)),
             events: Family::default(),
-            socket_refusals: Counter::default(),
+            socket_refusals: Family::default(),
+            socket_cutoffs: Family::default(),
             request_seconds: Family::new_with_constructor(request_histogram),
         }
     }
@@ -169,8 +177,13 @@ pub fn registry<S: Source>(agent: &Arc<S>, series: Arc<RwLock<PeerSeries>>) -> R
     );
     registry.register(
         "socket_refusals",
-        "Socket clients refused by the access policy (uid, gid)",
+        "Socket clients refused, by reason: the access policy (policy), or a cap on connections (uid_limit, shared_limit, total_limit)",
         m.socket_refusals.clone(),
+    );
+    registry.register(
+        "socket_cutoffs",
+        "Socket clients cut off, by reason: no request within the idle timeout (idle), a write not taken within the write timeout (write_timeout)",
+        m.socket_cutoffs.clone(),
     );
     registry.register_collector(Box::new(AgentCollector {
         agent: Arc::downgrade(agent),

@@ -4,6 +4,7 @@
 pub mod access;
 pub mod client;
 pub mod event;
+pub mod limits;
 pub mod metrics;
 pub mod peer_view;
 pub mod protocol;

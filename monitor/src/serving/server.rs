@@ -8,25 +8,29 @@ use std::{
 };
 
 use bytes::BytesMut;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use serde_json::Value;
 use tokio::{
-    net::{UnixListener, UnixStream},
-    sync::{Semaphore, broadcast},
+    io::AsyncWriteExt,
+    net::{
+        UnixListener, UnixStream,
+        unix::{ReadHalf, WriteHalf},
+    },
+    sync::broadcast,
+    time::Instant,
 };
-use tokio_util::codec::{Decoder, Encoder, Framed, LinesCodec, LinesCodecError};
+use tokio_util::codec::{Decoder, FramedRead, LinesCodec, LinesCodecError};
 
 use monitor_common::maps::ArrivalRecord;
 
 use crate::{
     serving::access::AccessPolicy,
     serving::event::Event,
+    serving::limits::{Caps, CutOff, Limits, Refusal},
+    serving::peer_view::PeerView,
     serving::protocol::{INVALID_OP, MAX_REQUEST_BYTES, Request, error_reply, parse_request},
     serving::recording::{ArrivalLine, RecordingGuard},
 };
-
-/// Clients served at once; more wait in the listen backlog.
-pub const MAX_CLIENTS: usize = 256;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BindError {
@@ -81,10 +85,69 @@ pub fn bind(path: &Path, group: Option<u32>) -> Result<(UnixListener, SocketGuar
 pub enum Response {
     /// One reply line.
     Reply(Value),
+    /// One reply line with a long list in it, made and written a chunk at a time.
+    List(ListReply),
     /// A reply line, then every event from this receiver for as long as the client stays.
     Subscribe(Value, broadcast::Receiver<Event>),
     /// A reply line, then the recording's arrivals until it ends or the client hangs up.
     Record(Value, Recording),
+}
+
+/// Peers written to the socket at a time in a list reply (about 100 KiB of JSON): what a
+/// client that does not read pins of its reply, besides the socket's own buffer.
+pub const LIST_CHUNK: usize = 256;
+
+/// A reply holding a list of peers (`peers`, `suspects`), serialized a chunk of `LIST_CHUNK`
+/// peers at a time as the socket drains, never built whole. Its bytes are exactly those of
+/// the reply with the list in it (`envelope` with `key` set to the peers), one line.
+pub struct ListReply {
+    /// The envelope's text up to the list, `[` included.
+    head: String,
+    peers: Vec<PeerView>,
+    /// From the list's `]` on.
+    tail: String,
+}
+
+impl ListReply {
+    pub fn new(mut envelope: Value, key: &str, peers: Vec<PeerView>) -> Self {
+        // The envelope is printed as it always was (keys in order) with a mark for the list,
+        // and cut at the mark: the head and tail are what surrounded the list before.
+        const MARK: &str = "\u{1}list\u{1}";
+        envelope[key] = Value::String(MARK.into());
+        let text = envelope.to_string();
+        let mark = serde_json::to_string(MARK).expect("a string serializes");
+        let (head, tail) = text
+            .split_once(&mark)
+            .expect("the mark is in the printed envelope");
+        Self {
+            head: format!("{head}["),
+            peers,
+            tail: format!("]{tail}"),
+        }
+    }
+
+    /// Appends chunk `n` of the line (`n` from 0 while it returns true) to `out`.
+    fn chunk(&self, n: usize, out: &mut Vec<u8>) -> io::Result<bool> {
+        let chunks = self.peers.len().div_ceil(LIST_CHUNK);
+        if n == 0 {
+            out.extend_from_slice(self.head.as_bytes());
+        }
+        let from = n * LIST_CHUNK;
+        for (i, peer) in self.peers.iter().enumerate().skip(from).take(LIST_CHUNK) {
+            if i > 0 {
+                out.push(b',');
+            }
+            // Through a Value, as the whole reply was: its keys come out in the same order.
+            let value = serde_json::to_value(peer).map_err(io::Error::other)?;
+            serde_json::to_writer(&mut *out, &value).map_err(io::Error::other)?;
+        }
+        let last = n + 1 >= chunks;
+        if last {
+            out.extend_from_slice(self.tail.as_bytes());
+            out.push(b'\n');
+        }
+        Ok(!last)
+    }
 }
 
 /// An open recording (see `recording`): whose arrivals, from where, until when.
@@ -103,27 +166,68 @@ pub trait Handler: Send + Sync + 'static {
     /// A client connected (`true`) or went away (`false`); for the metrics.
     fn client(&self, _connected: bool) {}
 
-    /// A client was refused by the access policy; for the metrics.
-    fn refused(&self) {}
+    /// A client was refused, by the access policy or a cap; for the metrics.
+    fn refused(&self, _why: Refusal) {}
+
+    /// A client was cut off: idle, or too slow to take what was written; for the metrics.
+    fn cut_off(&self, _why: CutOff) {}
 
     /// A request of `op` (`Request::op`, or `INVALID_OP`) was answered `took` after its line
     /// was read (for `subscribe` and `record`, the first reply); for the metrics.
     fn answered(&self, _op: &'static str, _took: std::time::Duration) {}
 }
 
-/// Accepts clients forever, each on its own task.
+/// Descriptors the agent needs besides its socket clients (maps, rings, the metrics server's
+/// connections, the fleet's).
+const FD_HEADROOM: u64 = 256;
+
+/// Raises the soft limit on open files towards the hard one, so `max_clients` connections fit;
+/// says so if they cannot.
+pub fn make_room_for(max_clients: usize) {
+    let want = max_clients as u64 + FD_HEADROOM;
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return;
+        }
+        if limit.rlim_cur < want {
+            let raised = libc::rlimit {
+                rlim_cur: want.min(limit.rlim_max),
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit = raised;
+            }
+        }
+    }
+    if limit.rlim_cur < want {
+        log::warn!(
+            "the agent may open {} files, fewer than the {want} that --socket-max-clients {max_clients} needs; \
+             raise the limit (LimitNOFILE=) or lower --socket-max-clients",
+            limit.rlim_cur
+        );
+    }
+}
+
+/// Refusals are logged at most this often (a flood of connections would flood the log).
+const REFUSAL_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Accepts clients forever, each on its own task. Accept never waits: a client over a cap
+/// (`Limits`) is answered with an error line at once and closed.
 pub async fn serve<H: Handler>(
     listener: UnixListener,
     handler: Arc<H>,
     policy: AccessPolicy,
+    limits: Limits,
 ) -> io::Result<()> {
-    let slots = Arc::new(Semaphore::new(MAX_CLIENTS));
+    let caps = Caps::new(limits);
+    let mut logged: Option<std::time::Instant> = None;
+    let mut unlogged = 0u64;
     loop {
-        let permit = slots
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("semaphore never closed");
         let (stream, _) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
@@ -133,26 +237,60 @@ pub async fn serve<H: Handler>(
                 continue;
             }
         };
-        let allowed = stream
-            .peer_cred()
-            .is_ok_and(|c| policy.allows(c.uid(), c.gid(), c.pid()));
+        let cred = stream.peer_cred().ok();
+        let uid = cred.map_or(u32::MAX, |c| c.uid());
+        let allowed = cred.is_some_and(|c| policy.allows(c.uid(), c.gid(), c.pid()));
+        let privileged = allowed && (uid == 0 || uid == policy.agent_uid);
+        let held = match caps.take(uid, privileged) {
+            Ok(held) => held,
+            Err(refusal) => {
+                handler.refused(refusal);
+                let message = if allowed {
+                    refusal.message(policy.agent_uid)
+                } else {
+                    denied(&policy)
+                };
+                unlogged += 1;
+                if logged.is_none_or(|at| at.elapsed() >= REFUSAL_LOG_EVERY) {
+                    log::warn!("refused {unlogged} socket client(s) of late; last: {message}");
+                    (logged, unlogged) = (Some(std::time::Instant::now()), 0);
+                }
+                // At once, without waiting: the socket's buffer is empty, the line fits.
+                let mut line = error_reply(message).to_string();
+                line.push('\n');
+                let _ = stream.try_write(line.as_bytes());
+                continue;
+            }
+        };
         if !allowed {
             log::warn!("refused a socket client: not {}", policy.describe());
-            handler.refused();
-            tokio::spawn(refuse(stream, policy));
-            drop(permit);
+            handler.refused(Refusal::Policy);
+            tokio::spawn(async move {
+                refuse(stream, policy).await;
+                drop(held);
+            });
             continue;
         }
         let handler = handler.clone();
         tokio::spawn(async move {
             handler.client(true);
-            if let Err(e) = serve_client(stream, &handler).await {
+            if let Err(e) = serve_client(stream, &handler, limits).await {
+                if e.kind() == io::ErrorKind::TimedOut {
+                    handler.cut_off(CutOff::WriteTimeout);
+                }
                 log::debug!("client: {e}");
             }
             handler.client(false);
-            drop(permit);
+            drop(held);
         });
     }
+}
+
+fn denied(policy: &AccessPolicy) -> String {
+    format!(
+        "permission denied: this socket serves {}",
+        policy.describe()
+    )
 }
 
 /// A request line, or why a line could not be one. Line-level problems are items, not stream
@@ -196,34 +334,91 @@ impl Decoder for RequestCodec {
     }
 }
 
-impl Encoder<String> for RequestCodec {
-    type Error = io::Error;
+/// Tells a client it may not ask, and hangs up. Its first request is read (for a second at
+/// most) before the answer, so the client is not cut off mid-write and sees why.
+async fn refuse(mut stream: UnixStream, policy: AccessPolicy) {
+    let (read, mut write) = stream.split();
+    let mut lines = FramedRead::with_capacity(read, RequestCodec::new(), READ_BUFFER);
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), lines.next()).await;
+    let deadline = Instant::now() + std::time::Duration::from_secs(1);
+    let _ = write_value(&mut write, &error_reply(denied(&policy)), deadline).await;
+}
 
-    fn encode(&mut self, line: String, buf: &mut BytesMut) -> io::Result<()> {
-        self.0.encode(line, buf).map_err(|e| match e {
-            LinesCodecError::Io(e) => e,
-            other => io::Error::other(other),
-        })
+/// A connection's read buffer to start with (it grows to the longest request, 64 KiB at most):
+/// small, so a thousand idle connections cost little.
+const READ_BUFFER: usize = 512;
+
+type Lines<'a> = FramedRead<ReadHalf<'a>, RequestCodec>;
+
+/// Writes all of `bytes` by `deadline`, else fails with `TimedOut` (the client is cut off).
+async fn write_by(out: &mut WriteHalf<'_>, bytes: &[u8], deadline: Instant) -> io::Result<()> {
+    match tokio::time::timeout_at(deadline, out.write_all(bytes)).await {
+        Ok(written) => written,
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "write timeout: the client does not read",
+        )),
     }
 }
 
-/// Tells a client it may not ask, and hangs up. Its first request is read (for a second at
-/// most) before the answer, so the client is not cut off mid-write and sees why.
-async fn refuse(stream: UnixStream, policy: AccessPolicy) {
-    let mut lines = Framed::new(stream, RequestCodec::new());
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), lines.next()).await;
-    let reply = error_reply(format!(
-        "permission denied: this socket serves {}",
-        policy.describe()
-    ));
-    let _ = lines.send(reply.to_string()).await;
+/// One JSON line, by `deadline`.
+async fn write_value(out: &mut WriteHalf<'_>, value: &Value, deadline: Instant) -> io::Result<()> {
+    let mut line = serde_json::to_vec(value).map_err(io::Error::other)?;
+    line.push(b'\n');
+    write_by(out, &line, deadline).await
 }
 
-type Lines = Framed<UnixStream, RequestCodec>;
+/// A list reply, chunk by chunk; all of it by `deadline`, so a client that reads slowly pins it
+/// for the write timeout at most.
+async fn write_list(
+    out: &mut WriteHalf<'_>,
+    list: &ListReply,
+    deadline: Instant,
+) -> io::Result<()> {
+    let mut buf = Vec::new();
+    let mut n = 0;
+    loop {
+        buf.clear();
+        let more = list.chunk(n, &mut buf)?;
+        write_by(out, &buf, deadline).await?;
+        if !more {
+            return Ok(());
+        }
+        n += 1;
+    }
+}
 
-async fn serve_client<H: Handler>(stream: UnixStream, handler: &Arc<H>) -> io::Result<()> {
-    let mut lines = Framed::new(stream, RequestCodec::new());
-    while let Some(line) = lines.next().await {
+/// How a duration is said in a message: whole seconds, else milliseconds.
+fn said(d: std::time::Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{} s", d.as_secs())
+    } else {
+        format!("{} ms", d.as_millis())
+    }
+}
+
+async fn serve_client<H: Handler>(
+    mut stream: UnixStream,
+    handler: &Arc<H>,
+    limits: Limits,
+) -> io::Result<()> {
+    let (read, mut out) = stream.split();
+    let mut lines = FramedRead::with_capacity(read, RequestCodec::new(), READ_BUFFER);
+    loop {
+        let line = match tokio::time::timeout(limits.idle_timeout, lines.next()).await {
+            Ok(Some(line)) => line,
+            Ok(None) => return Ok(()),
+            Err(_) => {
+                handler.cut_off(CutOff::Idle);
+                let message = format!(
+                    "idle: no request for {}, closing",
+                    said(limits.idle_timeout)
+                );
+                let deadline = Instant::now() + limits.write_timeout;
+                let _ = write_value(&mut out, &error_reply(message), deadline).await;
+                return Ok(());
+            }
+        };
         let read_at = std::time::Instant::now();
         let (op, response) = match line? {
             Ok(line) if line.trim().is_empty() => continue,
@@ -243,50 +438,65 @@ async fn serve_client<H: Handler>(stream: UnixStream, handler: &Arc<H>) -> io::R
             },
             Err(message) => (INVALID_OP, Response::Reply(error_reply(message))),
         };
+        let deadline = Instant::now() + limits.write_timeout;
         match response {
             Response::Reply(reply) => {
-                lines.send(reply.to_string()).await?;
+                write_value(&mut out, &reply, deadline).await?;
+                handler.answered(op, read_at.elapsed());
+            }
+            Response::List(list) => {
+                write_list(&mut out, &list, deadline).await?;
                 handler.answered(op, read_at.elapsed());
             }
             Response::Subscribe(reply, events) => {
-                lines.send(reply.to_string()).await?;
+                write_value(&mut out, &reply, deadline).await?;
                 handler.answered(op, read_at.elapsed());
-                return stream_events(lines, events).await;
+                return stream_events(lines, out, events, limits).await;
             }
             Response::Record(reply, recording) => {
-                lines.send(reply.to_string()).await?;
+                write_value(&mut out, &reply, deadline).await?;
                 handler.answered(op, read_at.elapsed());
-                return stream_arrivals(lines, recording).await;
+                return stream_arrivals(lines, out, recording, limits).await;
             }
         }
     }
-    Ok(())
 }
 
-/// Events written to a subscriber before its socket is flushed: the ones a sweep raised
-/// together (a mass failure raises thousands) leave in a few writes, not one each.
+/// Events written to a subscriber at once: the ones a sweep raised together (a mass failure
+/// raises thousands) leave in a few writes, not one each.
 const EVENT_BATCH: usize = 256;
 
+/// A subscriber's write buffer is let go rather than kept past this (a batch of long events).
+const KEPT_BUFFER: usize = 64 * 1024;
+
 /// Forwards events until the client hangs up. A subscriber that reads too slowly falls behind
-/// in the broadcast ring rather than slowing anyone down, and is told how many it missed.
-async fn stream_events(mut lines: Lines, mut events: broadcast::Receiver<Event>) -> io::Result<()> {
+/// in the broadcast ring rather than slowing anyone down, and is told how many it missed; one
+/// that does not take a batch within the write timeout is cut off.
+async fn stream_events(
+    mut lines: Lines<'_>,
+    mut out: WriteHalf<'_>,
+    mut events: broadcast::Receiver<Event>,
+    limits: Limits,
+) -> io::Result<()> {
+    let mut buf: Vec<u8> = Vec::new();
     loop {
         tokio::select! {
             event = events.recv() => {
                 let mut event = Some(event);
                 let mut batched = 0;
-                // This event, then whatever else is already waiting, flushed once.
+                let mut closed = false;
+                // This event, then whatever else is already waiting, written at once.
                 while let Some(next) = event.take() {
                     let next = match next {
                         Ok(event) => event,
                         Err(broadcast::error::RecvError::Lagged(missed)) => Event::Lagged { missed },
                         Err(broadcast::error::RecvError::Closed) => {
-                            lines.flush().await?;
-                            return Ok(());
+                            closed = true;
+                            break;
                         }
                     };
-                    let line = serde_json::to_string(&next).map_err(io::Error::other)?;
-                    lines.feed(line).await?;
+                    serde_json::to_writer(&mut buf, &next).map_err(io::Error::other)?;
+                    buf.push(b'\n');
                     batched += 1;
                     if batched < EVENT_BATCH {
                         event = match events.try_recv() {
@@ -301,14 +511,21 @@ async fn stream_events(mut lines: Lines, mut events: broadcast::Receiver<Event>)
                         };
                     }
                 }
-                lines.flush().await?;
+                write_by(&mut out, &buf, Instant::now() + limits.write_timeout).await?;
+                buf.clear();
+                if buf.capacity() > KEPT_BUFFER {
+                    buf = Vec::new();
+                }
+                if closed {
+                    return Ok(());
+                }
             }
             input = lines.next() => match input {
                 None => return Ok(()),
                 Some(Err(e)) => return Err(e),
                 Some(Ok(_)) => {
                     let reply = error_reply("this connection is subscribed: it only carries events");
-                    lines.send(reply.to_string()).await?;
+                    write_value(&mut out, &reply, Instant::now() + limits.write_timeout).await?;
                 }
             },
         }
@@ -316,7 +533,12 @@ async fn stream_events(mut lines: Lines, mut events: broadcast::Receiver<Event>)
 }
 
 /// Forwards a recording's arrivals until it ends (then a closing line) or the client hangs up.
-async fn stream_arrivals(mut lines: Lines, recording: Recording) -> io::Result<()> {
+async fn stream_arrivals(
+    mut lines: Lines<'_>,
+    mut out: WriteHalf<'_>,
+    recording: Recording,
+    limits: Limits,
+) -> io::Result<()> {
     let Recording {
         ids,
         mut arrivals,
@@ -331,13 +553,14 @@ async fn stream_arrivals(mut lines: Lines, recording: Recording) -> io::Result<(
         }
     };
     tokio::pin!(deadline);
+    let by = || Instant::now() + limits.write_timeout;
     loop {
         tokio::select! {
             () = &mut deadline => break,
             arrival = arrivals.recv() => match arrival {
                 Ok(a) if ids.contains(&a.peer_id) => {
                     let line = serde_json::json!({ "arrival": ArrivalLine::from_record(&a) });
-                    lines.send(line.to_string()).await?;
+                    write_value(&mut out, &line, by()).await?;
                     sent += 1;
                 }
                 Ok(_) => {}
@@ -349,12 +572,104 @@ async fn stream_arrivals(mut lines: Lines, recording: Recording) -> io::Result<(
                 Some(Err(e)) => return Err(e),
                 Some(Ok(_)) => {
                     let reply = error_reply("this connection is recording: it only carries arrivals");
-                    lines.send(reply.to_string()).await?;
+                    write_value(&mut out, &reply, by()).await?;
                 }
             },
         }
     }
     drop(guard);
     let done = serde_json::json!({ "done": true, "arrivals": sent, "missed": missed });
-    lines.send(done.to_string()).await
+    write_value(&mut out, &done, by()).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::serving::protocol::ok_reply;
+    use serde_json::json;
+
+    fn peer(id: u64) -> PeerView {
+        serde_json::from_value(json!({
+            "id": id, "source": "bfd", "addr": format!("10.0.0.{}:4784", id % 250),
+            "discriminator": 7, "bfd_state": "up", "incarnation": 3, "heartbeats": id * 10,
+            "samples": 5, "mean_ms": 50.25, "std_ms": null, "silence_ms": 1.5e-3,
+            "phi": f64::MAX, "level": 8.0, "last_seq": 9, "lost": 1, "duplicates": 0,
+            "out_of_order": 0, "auth_failures": 0, "outages": 2, "restarts": 0,
+            "qos": null,
+        }))
+        .expect("a peer view")
+    }
+
+    fn streamed(list: &ListReply) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut n = 0;
+        while list.chunk(n, &mut out).unwrap() {
+            n += 1;
+        }
+        out
+    }
+
+    /// The chunks make exactly the line the whole reply made: same keys, same order, same
+    /// numbers, one line.
+    #[test]
+    fn a_list_reply_in_chunks_is_the_whole_reply_byte_for_byte() {
+        for n in [
+            0,
+            1,
+            2,
+            LIST_CHUNK - 1,
+            LIST_CHUNK,
+            LIST_CHUNK + 1,
+            3 * LIST_CHUNK + 7,
+        ] {
+            let peers: Vec<PeerView> = (1..=n as u64).map(peer).collect();
+            let whole = format!("{}\n", ok_reply("peers", &peers));
+            let list = ListReply::new(json!({"ok": true}), "peers", peers.clone());
+            assert_eq!(
+                String::from_utf8(streamed(&list)).unwrap(),
+                whole,
+                "{n} peers"
+            );
+
+            for threshold in [3.0, 0.25, 8.0] {
+                let mut reply = ok_reply("suspects", &peers);
+                reply["threshold"] = json!(threshold);
+                let whole = format!("{reply}\n");
+                let list = ListReply::new(
+                    json!({"ok": true, "threshold": threshold}),
+                    "suspects",
+                    peers.clone(),
+                );
+                assert_eq!(String::from_utf8(streamed(&list)).unwrap(), whole);
+            }
+        }
+    }
+
+    #[test]
+    fn a_chunk_holds_at_most_list_chunk_peers() {
+        let list = ListReply::new(json!({"ok": true}), "peers", (1..=1000).map(peer).collect());
+        let mut sizes = Vec::new();
+        let mut n = 0;
+        loop {
+            let mut out = Vec::new();
+            let more = list.chunk(n, &mut out).unwrap();
+            sizes.push(out.len());
+            if !more {
+                break;
+            }
+            n += 1;
+        }
+        assert_eq!(sizes.len(), 1000usize.div_ceil(LIST_CHUNK));
+        let one = serde_json::to_vec(&peer(1)).unwrap().len();
+        assert!(
+            sizes.iter().all(|&s| s <= (one + 8) * LIST_CHUNK),
+            "{sizes:?}"
+        );
+    }
+
+    #[test]
+    fn durations_are_said_in_seconds_or_milliseconds() {
+        assert_eq!(said(std::time::Duration::from_secs(60)), "60 s");
+        assert_eq!(said(std::time::Duration::from_millis(300)), "300 ms");
+    }
 }
