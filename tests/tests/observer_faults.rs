@@ -87,7 +87,11 @@ fn a_link_down_convicts_nobody_and_a_peer_that_died_meanwhile_is_convicted_after
     );
     assert_eq!(held["held"], json!(true), "{held}");
     let suspects = agent.ask(json!({"op": "suspects", "threshold": 1.0}));
-    assert_eq!(suspects["suspects"], json!([]), "held, so no suspect: {suspects}");
+    assert_eq!(
+        suspects["suspects"],
+        json!([]),
+        "held, so no suspect: {suspects}"
+    );
     let stats = &agent.ask(json!({"op": "stats"}))["stats"];
     assert_eq!(
         stats["link"],

@@ -310,7 +310,7 @@ fn sweep_loop(
     let mut link = LinkWatch::new(agent.iface(), link_grace, &state, last);
     if let LinkState::Down(operstate) = &state {
         log::warn!(
-            "{} is {operstate}: holding new suspicions until its link is up",
+            "{}: link down ({operstate}); holding new suspicions until it is up",
             agent.iface()
         );
     }
@@ -344,11 +344,11 @@ fn sweep_loop(
         if let Some(event) = link.observe(&state, now, super::wall_ms() as u64) {
             match &state {
                 LinkState::Down(operstate) => log::warn!(
-                    "{} is {operstate}: holding new suspicions until its link is up",
+                    "{}: link down ({operstate}); holding new suspicions until it is up",
                     agent.iface()
                 ),
                 LinkState::Up => log::warn!(
-                    "{} is up again: new suspicions held for {link_grace:?} more",
+                    "{}: link up again; new suspicions held for {link_grace:?} more",
                     agent.iface()
                 ),
             }
@@ -530,9 +530,10 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         expire_after: config.expire_after,
     }));
 
+    // Admission takes the registry's write lock, which waits for a sweep: off the runtime.
     let reports = {
         let agent = agent.clone();
-        ring_reader::consume(unknown_reports, move |report| {
+        ring_reader::consume_on_thread(unknown_reports, move |report| {
             agent.on_unknown_peer(&report)
         })
     };
@@ -578,8 +579,18 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                 if let Some(reload) = &current.reload {
                     match (reload.read)() {
                         Ok(new) => {
-                            current =
-                                apply_reload(&agent, &current, new, &series, &mut destinations);
+                            // A detector change re-estimates every peer under the trackers'
+                            // lock (milliseconds at 50,000): off the runtime's workers.
+                            let (on, series) = (agent.clone(), series.clone());
+                            let old = current.clone();
+                            let applied = tokio::task::spawn_blocking(move || {
+                                let applied =
+                                    apply_reload(&on, &old, new, &series, &mut destinations);
+                                (applied, destinations)
+                            })
+                            .await
+                            .expect("the reload does not panic");
+                            (current, destinations) = applied;
                             agent.reloads.fetch_add(1, Ordering::Relaxed);
                         }
                         Err(e) => {

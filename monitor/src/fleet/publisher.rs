@@ -543,9 +543,13 @@ impl Sender {
             .copied()
             .unwrap_or(f64::MAX);
         let now = unix_ms();
-        let current: BTreeMap<u64, Verdict> = self
-            .agent
-            .suspects(lowest)
+        // A pass over every peer: off the runtime's workers, which keep the NATS connection's
+        // pings and the sockets going meanwhile.
+        let agent = self.agent.clone();
+        let suspects = tokio::task::spawn_blocking(move || agent.suspects(lowest))
+            .await
+            .map_err(|e| FleetError::js("reading the suspects", e))?;
+        let current: BTreeMap<u64, Verdict> = suspects
             .into_iter()
             .filter_map(|p| {
                 Some((

@@ -51,3 +51,57 @@ pub async fn consume<T: aya::Pod>(
         }
     }
 }
+
+/// How often a ring read on a thread of its own ([`consume_on_thread`]) looks whether it was
+/// told to stop while nothing arrived.
+const STOP_POLL_MS: i32 = 100;
+
+/// Delivers every record of `ring` to `on_record` on a blocking thread of its own, for as long
+/// as the returned future is not dropped (dropping it stops the thread within
+/// [`STOP_POLL_MS`]). For records whose handling takes locks that others hold for
+/// milliseconds (admitting a peer waits for a sweep of 50,000): on the async workers it
+/// would stall every socket client and the fleet's connection meanwhile.
+pub async fn consume_on_thread<T: aya::Pod + Send + 'static>(
+    mut ring: RingBuf<MapData>,
+    mut on_record: impl FnMut(T) + Send + 'static,
+) -> std::io::Result<()> {
+    use std::{
+        os::fd::AsRawFd,
+        sync::{
+            Arc,
+            atomic::{AtomicBool, Ordering},
+        },
+    };
+    struct StopOnDrop(Arc<AtomicBool>);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let _stop_on_drop = StopOnDrop(stop.clone());
+    let reader = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        let fd = ring.as_raw_fd();
+        while !stop.load(Ordering::Relaxed) {
+            while let Some(item) = ring.next() {
+                if let Some(record) = decode(&item) {
+                    on_record(record);
+                }
+            }
+            let mut pollfd = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd, for the ring's fd that `ring` keeps open.
+            if unsafe { libc::poll(&mut pollfd, 1, STOP_POLL_MS) } < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    });
+    reader.await.map_err(std::io::Error::other)?
+}

@@ -65,11 +65,6 @@ impl Request {
         }
     }
 
-    /// Whether answering it reads every peer (the server runs those off the async workers).
-    pub fn scans_every_peer(&self) -> bool {
-        matches!(self, Request::Peers { .. } | Request::Suspects { .. })
-    }
-
     /// `peers` with no filter.
     pub const ALL_PEERS: Request = Request::Peers {
         addr: None,

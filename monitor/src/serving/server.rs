@@ -423,9 +423,11 @@ async fn serve_client<H: Handler>(
         let (op, response) = match line? {
             Ok(line) if line.trim().is_empty() => continue,
             Ok(line) => match parse_request(&line) {
-                // A pass over every peer (milliseconds at 50,000) runs on a blocking thread,
-                // so the runtime's workers keep serving the other clients meanwhile.
-                Ok(request) if request.scans_every_peer() => {
+                // Every request is answered on a blocking thread: a pass over every peer takes
+                // milliseconds at 50,000, and even one peer's answer may wait for a lock the
+                // sweep, an admission or a detector change holds, or retry a busy slot. The
+                // runtime's two workers keep serving sockets, NATS and the rings meanwhile.
+                Ok(request) => {
                     let op = request.op();
                     let handler = handler.clone();
                     let response = tokio::task::spawn_blocking(move || handler.handle(request))
@@ -433,7 +435,6 @@ async fn serve_client<H: Handler>(
                         .map_err(io::Error::other)?;
                     (op, response)
                 }
-                Ok(request) => (request.op(), handler.handle(request)),
                 Err(message) => (INVALID_OP, Response::Reply(error_reply(message))),
             },
             Err(message) => (INVALID_OP, Response::Reply(error_reply(message))),
