@@ -380,7 +380,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         .as_deref()
         .map(read_key_file)
         .transpose()?;
-    let xdp = xdp_config(&config, key.is_some());
+    // The peer index's hash key, new for every load; adopted state keeps the one it was
+    // pinned with (`adopt`).
+    let xdp = XdpConfig {
+        index_key: crate::kernel::index_key::random()
+            .context("drawing the peer index's hash key (getrandom)")?,
+        ..xdp_config(&config, key.is_some())
+    };
     let expected = PinnedMeta {
         magic: META_MAGIC,
         layout_version: LAYOUT_VERSION,
@@ -392,6 +398,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         max_interval_us: xdp.max_interval_us,
         outage_factor: xdp.outage_factor,
         flow_ports: xdp.flow_ports,
+        index_key: xdp.index_key,
         ..PinnedMeta::default()
     };
     let mut kernel = match &config.pin_path {
@@ -624,6 +631,12 @@ fn adopt(
     config: &AgentConfig,
 ) -> Result<Kernel> {
     let a = pinning::adopt(dir, expected)?;
+    // The pinned program hashes ids with the key it was loaded with, and the pinned index is
+    // laid out by it: the registry (`pinning::adopt`) and any program of ours use it too.
+    let xdp = &XdpConfig {
+        index_key: a.meta.index_key,
+        ..*xdp
+    };
     // This build's program on the pinned maps, attached nowhere yet: its tag is what the link
     // would run if this build had loaded it.
     let mut ebpf = program::load_on_pins(xdp, config.capacity, config.kernel_log, dir)
