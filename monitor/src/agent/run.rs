@@ -164,8 +164,11 @@ fn apply_reload(
         };
     }
     if new.admission != current.admission {
-        log::info!("SIGHUP: admission policy changed");
         agent.set_admission(new.admission.clone());
+        log::info!(
+            "SIGHUP: admission policy changed: {}",
+            agent.admission_policy_line()
+        );
         effective.admission = new.admission.clone();
     }
     if new.metrics_peers != current.metrics_peers {
@@ -490,6 +493,24 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         admission: config.admission.clone(),
         expire_after: config.expire_after,
     }));
+
+    // The interface's networks, followed as its addresses change: who a first heartbeat is
+    // admitted from unless `--admit-from` says otherwise. Read before the first report.
+    let _networks = {
+        let agent = agent.clone();
+        let started = std::sync::atomic::AtomicBool::new(false);
+        crate::kernel::destination::follow_networks(&config.iface, move |nets| {
+            agent.set_connected_networks(nets.iter().copied().collect());
+            if started.swap(true, Ordering::Relaxed) {
+                log::info!(
+                    "addresses of {} changed: {}",
+                    agent.iface,
+                    agent.admission_policy_line()
+                );
+            }
+        })?
+    };
+    log::info!("{}", agent.admission_policy_line());
 
     let reports = {
         let agent = agent.clone();
