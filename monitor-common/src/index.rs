@@ -158,7 +158,9 @@ mod tests {
         let mut x = seed as u64 + 1;
         for b in &mut bytes {
             // A small LCG: distinct keys for distinct seeds, deterministic.
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             *b = (x >> 56) as u8;
         }
         IndexKey::from_bytes(bytes)
@@ -170,7 +172,10 @@ mod tests {
         assert_eq!(IndexKey::from_bytes([0xff; 16]).mul, u64::MAX);
         // Even given an even one directly, `home` makes it odd.
         let even = IndexKey { xor: 0, mul: 2 };
-        assert_eq!(home(1, 10, &even), home(1, 10, &IndexKey { xor: 0, mul: 3 }));
+        assert_eq!(
+            home(1, 10, &even),
+            home(1, 10, &IndexKey { xor: 0, mul: 3 })
+        );
     }
 
     /// Ids that share a home bucket under one key are spread under another: a set aimed at one

@@ -365,12 +365,10 @@ impl RefusalLog {
             .map(|(s, v)| (*s, *v))
             .unwrap_or((None, (0, Refusal::Full)));
         let why = match reason {
-            Refusal::PerSource => format!(
-                "it has its share of {per_source} peers already (--admit-per-source)"
-            ),
-            Refusal::OutsideRanges => {
-                "outside the admitted networks (--admit-from)".to_string()
+            Refusal::PerSource => {
+                format!("it has its share of {per_source} peers already (--admit-per-source)")
             }
+            Refusal::OutsideRanges => "outside the admitted networks (--admit-from)".to_string(),
             Refusal::RateLimited => "over --admit-rate".to_string(),
             Refusal::Full => "every slot is taken (--capacity)".to_string(),
             Refusal::Disabled => "auto-admission is off (--no-auto-admit)".to_string(),
@@ -386,7 +384,7 @@ impl RefusalLog {
             .collect::<Vec<_>>()
             .join(", ");
         let line = format!(
-            "not admitting {} unknown peers {since}: {from_it} from {} ({why}); by reason: {reasons}",
+            "not admitting {} unknown peer(s) {since}: {from_it} from {} ({why}); by reason: {reasons}",
             self.pending,
             source.map_or_else(|| "an unknown source".to_string(), |s| s.to_string()),
         );
@@ -753,7 +751,7 @@ mod policy_tests {
         a.decide(greedy, false, t0);
         // The first refusal is told at once.
         let line = a.refusal_line(t0).expect("a line");
-        assert!(line.contains("not admitting 1 unknown peers"), "{line}");
+        assert!(line.contains("not admitting 1 unknown peer(s)"), "{line}");
         assert!(line.contains("1 from 10.0.0.2"), "{line}");
         assert!(line.contains("per_source 1"), "{line}");
         assert!(line.contains("--admit-per-source"), "{line}");
@@ -768,7 +766,7 @@ mod policy_tests {
             .refusal_line(t0 + Duration::from_millis(1000))
             .expect("a line");
         assert!(
-            line.contains("not admitting 501 unknown peers in the last 1.0 s"),
+            line.contains("not admitting 501 unknown peer(s) in the last 1.0 s"),
             "{line}"
         );
         assert!(line.contains("500 from 10.0.0.2"), "{line}");
@@ -788,7 +786,10 @@ mod policy_tests {
         assert_eq!(parse(&["any"]), Ok(AdmitFrom::Any));
         assert_eq!(parse(&["ANY"]), Ok(AdmitFrom::Any));
         assert!(parse(&["any", "10.0.0.0/8"]).is_err());
-        assert_eq!(parse(&["10.1.2.3/8", "192.0.2.7"]), Ok(ranges(&["10.0.0.0/8", "192.0.2.7/32"])));
+        assert_eq!(
+            parse(&["10.1.2.3/8", "192.0.2.7"]),
+            Ok(ranges(&["10.0.0.0/8", "192.0.2.7/32"]))
+        );
         assert!("10.0.0".parse::<AdmitFromValue>().is_err());
     }
 
@@ -802,6 +803,9 @@ mod policy_tests {
         );
         assert!(p.describe("vb", &[]).contains("nowhere yet"));
         let any = policy(AdmitFrom::Any, 5, 0).describe("vb", &[]);
-        assert!(any.contains("any source") && any.contains("any number per source"), "{any}");
+        assert!(
+            any.contains("any source") && any.contains("any number per source"),
+            "{any}"
+        );
     }
 }

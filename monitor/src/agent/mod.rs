@@ -745,7 +745,9 @@ impl Agent {
     /// The admission policy in force, in one line (the start and SIGHUP log it).
     pub fn admission_policy_line(&self) -> String {
         let admission = self.admission.lock().expect("admission lock");
-        admission.policy().describe(&self.iface, admission.connected())
+        admission
+            .policy()
+            .describe(&self.iface, admission.connected())
     }
 
     /// Peers admitted on a first packet from `source` and still watched.

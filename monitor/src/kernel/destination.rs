@@ -708,10 +708,7 @@ mod tests {
     #[test]
     fn loopback_has_its_network() {
         let nets = interface_networks("lo").unwrap();
-        assert!(
-            nets.contains(&"127.0.0.0/8".parse().unwrap()),
-            "{nets:?}"
-        );
+        assert!(nets.contains(&"127.0.0.0/8".parse().unwrap()), "{nets:?}");
     }
 
     #[test]

@@ -13,11 +13,7 @@ pub fn random() -> io::Result<IndexKey> {
     while filled < bytes.len() {
         // SAFETY: writes at most the rest of `bytes`.
         let n = unsafe {
-            libc::getrandom(
-                bytes[filled..].as_mut_ptr().cast(),
-                bytes.len() - filled,
-                0,
-            )
+            libc::getrandom(bytes[filled..].as_mut_ptr().cast(), bytes.len() - filled, 0)
         };
         if n < 0 {
             let e = io::Error::last_os_error();

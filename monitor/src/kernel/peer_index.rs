@@ -272,7 +272,8 @@ mod tests {
     fn ids_aimed_at_the_fixed_hash_miss_under_a_random_key() {
         let fixed = PeerIndex::anonymous(1000);
         let aimed = colliding(&fixed, 64);
-        let mut keyed = PeerIndex::anonymous_keyed(1000, crate::kernel::index_key::random().unwrap());
+        let mut keyed =
+            PeerIndex::anonymous_keyed(1000, crate::kernel::index_key::random().unwrap());
         for (slot, &id) in aimed.iter().enumerate() {
             keyed.insert(id, slot as u32).unwrap();
         }

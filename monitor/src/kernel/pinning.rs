@@ -592,10 +592,8 @@ pub fn adopt(dir: &Path, expected: &PinnedMeta) -> Result<Adopted, PinError> {
         _ => return Err(aya_err(dir, "PEER_STATE or LAST_HEARD is not an array")),
     };
     let index = match open(dir, PEER_INDEX_MAP)? {
-        Map::Array(index) => {
-            PeerIndex::map(index.fd().as_fd(), meta.capacity, meta.index_key)
-                .map_err(|e| aya_err(dir, e))?
-        }
+        Map::Array(index) => PeerIndex::map(index.fd().as_fd(), meta.capacity, meta.index_key)
+            .map_err(|e| aya_err(dir, e))?,
         _ => return Err(aya_err(dir, "PEER_INDEX is not an array")),
     };
     let mut registry = Registry::adopt(index, meta.capacity);
