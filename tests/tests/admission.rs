@@ -275,3 +275,62 @@ fn a_watched_peer_is_never_pushed_out_by_a_flood() {
     );
     assert!(agent.peer_ids().contains(&900_000));
 }
+
+/// The index's hash key is drawn afresh at each load, kept with pinned state, and used by the
+/// agent that adopts it: peers admitted after a restart are found by the pinned program (so
+/// both sides hash alike), and a fresh load after `monitor detach` draws another key.
+#[test]
+fn the_index_key_is_per_load_and_kept_across_adoption() {
+    use aya::maps::{Array, Map, MapData};
+    use integration_tests::agent_process::{Bpffs, detach};
+    use monitor_common::{
+        index::IndexKey,
+        maps::{META_MAP, PinnedMeta},
+    };
+    require_root();
+    let pair = NetnsPair::new(33);
+    let fs = Bpffs::mount();
+    let pins = fs.0.0.join("agent");
+    let pins_arg = pins.display().to_string();
+    let pinned_key = || -> IndexKey {
+        let map = Map::from_map_data(MapData::from_pin(pins.join(META_MAP)).unwrap()).unwrap();
+        let meta: Array<MapData, PinnedMeta> = map.try_into().unwrap();
+        meta.get(&0, 0).unwrap().index_key
+    };
+    let heard = |agent: &AgentProcess, ids: std::ops::RangeInclusive<u64>| {
+        ids.clone()
+            .all(|id| heartbeats(agent, id).is_some_and(|n| n >= 2))
+    };
+
+    let agent = AgentProcess::start(&pair, &["--pin-path", &pins_arg]);
+    let first = pinned_key();
+    assert_ne!(first, IndexKey::FIXED);
+    assert_eq!(first.mul & 1, 1);
+    let _old = flood(&pair, 1, 50, "60s");
+    wait_for(Duration::from_secs(10), "50 peers heard", || {
+        heard(&agent, 1..=50).then_some(())
+    });
+    assert!(agent.stop().success());
+
+    // Adopted: the key stays, new peers go where the pinned program looks for them, and the
+    // old ones are still found (and can be forgotten).
+    let agent = AgentProcess::start(&pair, &["--pin-path", &pins_arg]);
+    assert_eq!(pinned_key(), first);
+    let _new = flood(&pair, 1001, 50, "60s");
+    wait_for(
+        Duration::from_secs(10),
+        "the new peers heard by the pinned program",
+        || heard(&agent, 1001..=1050).then_some(()),
+    );
+    assert!(heard(&agent, 1..=50));
+    agent.ask(json!({"op": "forget", "id": 7}));
+    assert_eq!(agent.peer_ids().len(), 99);
+    assert!(agent.stop().success());
+
+    // A fresh load draws another key.
+    assert!(detach(&pair, &pins_arg).status.success());
+    let agent = AgentProcess::start(&pair, &["--pin-path", &pins_arg]);
+    assert_ne!(pinned_key(), first);
+    drop(agent);
+    assert!(detach(&pair, &pins_arg).status.success());
+}
