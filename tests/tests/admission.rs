@@ -139,6 +139,7 @@ fn one_source_cannot_fill_the_table_and_a_real_peer_still_gets_in() {
                 && l.contains("--admit-per-source")),
         "{lines:#?}"
     );
+    println!("{policy}\n{}", lines.join("\n"));
     let elapsed = agent_uptime(&agent);
     assert!(
         lines.len() as f64 <= elapsed + 1.0,
@@ -333,4 +334,50 @@ fn the_index_key_is_per_load_and_kept_across_adoption() {
     assert_ne!(pinned_key(), first);
     drop(agent);
     assert!(detach(&pair, &pins_arg).status.success());
+}
+
+/// What the key costs the kernel: BPF_PROG_TEST_RUN of one heartbeat of an admitted peer, with
+/// the fixed (unkeyed) multiplier and with a random key, alternated and the best of several
+/// rounds each. Printed, not asserted (these machines are shared): the keyed hash is one more
+/// XOR and two loads from the program's read-only data.
+#[test]
+fn what_the_index_key_costs_per_packet() {
+    use aya::programs::{TestRun, TestRunOptions};
+    use integration_tests::packet::Packet;
+    use monitor::kernel::{clock::monotonic_ns, loaded::LoadedProgram, program};
+    use monitor_common::{config::XdpConfig, index::IndexKey};
+    require_root();
+    let ns = |key: IndexKey| {
+        let config = XdpConfig {
+            index_key: key,
+            ..XdpConfig::DEFAULT
+        };
+        let mut loaded = LoadedProgram::load(&config, 65_536).expect("load");
+        loaded
+            .maps
+            .registry
+            .admit(&loaded.maps.table, 7, monotonic_ns())
+            .expect("admit");
+        let packet = Packet::heartbeat_v4(7, 1).build();
+        let xdp = program::xdp_mut(&mut loaded.ebpf).expect("xdp");
+        let run = xdp
+            .test_run(TestRunOptions {
+                data_in: Some(&packet),
+                repeat: 200_000,
+                ..TestRunOptions::default()
+            })
+            .expect("BPF_PROG_TEST_RUN");
+        // The peer was found: its heartbeats are recorded, not reported as unknown.
+        let peer = loaded.maps.table.record(0).expect("slot 0");
+        assert!(peer.heartbeats > 0, "{peer:?}");
+        run.duration.as_nanos() as f64
+    };
+    let key = monitor::kernel::index_key::random().unwrap();
+    let (mut fixed, mut keyed) = (f64::MAX, f64::MAX);
+    for _ in 0..5 {
+        fixed = fixed.min(ns(IndexKey::FIXED));
+        keyed = keyed.min(ns(key));
+    }
+    println!("TEST_RUN ns per heartbeat: fixed multiplier {fixed:.1}, random key {keyed:.1}");
+    assert!(fixed > 0.0 && keyed > 0.0);
 }
