@@ -1,7 +1,7 @@
 //! Load-time configuration of the XDP program, written into its read-only data before the
 //! program is verified, so the verifier folds every field to a constant.
 
-use crate::{maps::MAX_WINDOW, passive::MAX_FLOW_PORTS, wire::DEFAULT_PORT};
+use crate::{index::IndexKey, maps::MAX_WINDOW, passive::MAX_FLOW_PORTS, wire::DEFAULT_PORT};
 
 /// Name of the global in the eBPF object.
 pub const CONFIG_SYMBOL: &str = "CONFIG";
@@ -50,6 +50,9 @@ pub struct XdpConfig {
     /// loader): the kernel reads wall-clock time as TAI (`bpf_ktime_get_tai_ns`) and takes this
     /// off to compare a sender's incarnation (its start time in Unix seconds) with now.
     pub tai_offset_s: i32,
+    /// The key of the peer index's hash (`crate::index::home`), drawn at random by the agent
+    /// when it loads the program, or the pinned state's when it adopts it.
+    pub index_key: IndexKey,
 }
 
 impl XdpConfig {
@@ -64,6 +67,7 @@ impl XdpConfig {
         index_bits: 0,
         flow_ports: [0; MAX_FLOW_PORTS],
         tai_offset_s: 0,
+        index_key: IndexKey::FIXED,
     };
 
     /// Whether any passive source is watched (`--bfd`, `--udp-port`): then heartbeat ids with
@@ -83,6 +87,10 @@ pub const fn passive_sources_on(flags: u32, flow_ports: &[u16; MAX_FLOW_PORTS]) 
         || flow_ports[2] != 0
         || flow_ports[3] != 0
 }
+
+// No implicit padding: the loader copies the whole struct into the program's data.
+const _: () = assert!(core::mem::size_of::<XdpConfig>() == 56);
+const _: () = assert!(core::mem::offset_of!(XdpConfig, index_key) == 40);
 
 // `has_passive_sources` (and the parser's port match) look at the ports one by one.
 const _: () = assert!(MAX_FLOW_PORTS == 4);

@@ -291,7 +291,7 @@ const _: () = assert!(core::mem::offset_of!(UnknownPeerReport, src_addr) % 8 == 
 
 /// Version of everything a restarted agent reads from pinned maps: bump it whenever a map's
 /// layout or meaning changes, so an agent never misreads state pinned by another build.
-pub const LAYOUT_VERSION: u32 = 11;
+pub const LAYOUT_VERSION: u32 = 12;
 /// "HBMPIN\0\0".
 pub const META_MAGIC: u64 = u64::from_le_bytes(*b"HBMPIN\0\0");
 
@@ -313,7 +313,12 @@ pub struct PinnedMeta {
     pub outage_factor: u32,
     /// `XdpConfig::flow_ports` of the build that pinned it.
     pub flow_ports: [u16; crate::passive::MAX_FLOW_PORTS],
+    /// The peer index's hash key the pinned program was loaded with (layout 12 on): an agent
+    /// adopting the state hashes with it, and loads any program of its own with it.
+    pub index_key: crate::index::IndexKey,
 }
+
+const _: () = assert!(core::mem::size_of::<PinnedMeta>() == 64);
 
 /// What the XDP program decided, counted per CPU (one lookup per packet, no atomics).
 #[repr(C)]

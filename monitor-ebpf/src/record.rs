@@ -209,7 +209,7 @@ fn store_last_heard(index: u32, record: &PeerRecord) {
 #[inline(always)]
 fn lookup(peer_id: u64, bits: u32) -> Option<u32> {
     let mask = (1u32 << bits) - 1;
-    let mut b = index::home(peer_id, bits);
+    let mut b = index::home(peer_id, bits, &crate::config().index_key);
     for _ in 0..index::PROBE_BUCKETS {
         let bucket = PEER_INDEX.get_ptr(b)?;
         for e in 0..index::BUCKET_ENTRIES {

@@ -119,14 +119,31 @@ impl AgentProcess {
 
     /// As `start`, running the `monitor` binary at `bin` (another build of it).
     pub fn start_bin(bin: &Path, pair: &NetnsPair, extra: &[&str]) -> Self {
+        Self::start_with(bin, pair, extra, "warn", Stdio::inherit())
+    }
+
+    /// As `start`, logging at info into the file at `log` (read it with `std::fs`).
+    pub fn start_logging(pair: &NetnsPair, extra: &[&str], log: &Path) -> Self {
+        let file = std::fs::File::create(log).expect("creating the agent's log file");
+        Self::start_with(&monitor_bin(), pair, extra, "info", file.into())
+    }
+
+    fn start_with(
+        bin: &Path,
+        pair: &NetnsPair,
+        extra: &[&str],
+        rust_log: &str,
+        stderr: Stdio,
+    ) -> Self {
         let dir = TempDir::new("hbmsock");
         let socket = dir.0.join("agent.sock");
         let mut cmd = NetnsPair::command_in(&pair.ns_a, bin);
         cmd.args(["run", "--iface", &pair.iface_a, "--socket"])
             .arg(&socket)
             .args(extra)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null());
+            .env("RUST_LOG", rust_log)
+            .stdin(Stdio::null())
+            .stderr(stderr);
         let child = cmd.spawn().expect("spawn monitor run");
         let mut agent = Self {
             child,

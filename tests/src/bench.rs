@@ -269,8 +269,9 @@ pub fn sweep_timings(peers: u32) -> SweepTimings {
         port: 0,
         admission: monitor::agent::admission::AdmissionPolicy {
             auto: false,
-            from: vec![],
+            from: monitor::agent::admission::AdmitFrom::Any,
             rate_per_sec: 1,
+            per_source: 0,
         },
         expire_after: None,
     });

@@ -591,7 +591,12 @@ fn a_burst_of_suspicions_is_published_and_consumed_whole() {
     let net = FleetNet::new(1);
     let _nats = NatsServer::start(&net.nats_ns, 4222);
     let o = &net.observers[0];
-    let observer = Observer::start(o, &format!("nats://{}:4222", o.nats_addr), &[]);
+    // 2000 peers from one loadgen address: the share per source is lifted.
+    let observer = Observer::start(
+        o,
+        &format!("nats://{}:4222", o.nats_addr),
+        &["--admit-per-source", "unlimited"],
+    );
     let events = net.watch(LOCAL, &["--events", "--from-start"]);
     // 2000 peers, then all of them silent at once.
     let loadgen = integration_tests::agent_process::spawn({
@@ -749,7 +754,13 @@ fn fleet_figures() {
     let observer = Observer::start(
         o,
         &format!("nats://{}:4222", o.nats_addr),
-        &["--first-interval-ms", "500"],
+        // 51,000 peers from one loadgen address: the share per source is lifted.
+        &[
+            "--first-interval-ms",
+            "500",
+            "--admit-per-source",
+            "unlimited",
+        ],
     );
     let to = format!("{}:{DEFAULT_PORT}", o.addr);
     let (got, stop) = follow(&net.nats_ns);

@@ -183,7 +183,16 @@ fn a_consumer_that_lagged_still_acts_on_every_peer_once() {
     let dir = TempDir::new("hbpolicylag");
     let out = dir.0.join("out");
     // 1 Hz senders, and a first interval to match (no suspicion before a second heartbeat).
-    let agent = AgentProcess::start(&pair, &["--first-interval-ms", "1000"]);
+    // 27,000 peers from one loadgen address: the share per source is lifted.
+    let agent = AgentProcess::start(
+        &pair,
+        &[
+            "--first-interval-ms",
+            "1000",
+            "--admit-per-source",
+            "unlimited",
+        ],
+    );
     let group_a = loadgen(&pair, 1, A);
     let group_b = loadgen(&pair, A + 1, B);
     let group_c = loadgen(&pair, A + B + 1, C);

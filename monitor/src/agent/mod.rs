@@ -28,7 +28,7 @@ use tokio::sync::broadcast;
 pub use self::passive::PassiveSources;
 pub use self::run::{AgentConfig, Reload, run};
 use crate::{
-    agent::admission::{Admission, AdmissionPolicy, Verdict},
+    agent::admission::{Admission, AdmissionPolicy, Refusal, Verdict},
     detector::{
         levels::Levels,
         model::DetectorParams,
@@ -709,10 +709,15 @@ impl Agent {
     }
 
     fn forget_because(&self, id: u64, reason: &str) -> Result<(), ForgetError> {
+        // Admission first, then the registry, as `on_unknown_peer` takes them: its source's
+        // share is given back in the same step as the slot.
+        let mut admission = self.admission.lock().expect("admission lock");
         let mut registry = self.registry.write().expect("registry lock");
         let slot = registry.forget(&self.table, id)?;
+        admission.forgotten(id);
         self.trackers.lock().expect("trackers lock").clear(slot);
         drop(registry);
+        drop(admission);
         self.publish(Event::Forget {
             id,
             reason: reason.into(),
@@ -737,16 +742,27 @@ impl Agent {
         let source = ip_addr(report.src_family, &report.src_addr);
         let mut admission = self.admission.lock().expect("admission lock");
         let passive = report.source != SOURCE_HEARTBEAT;
-        if admission.decide(source, passive, Instant::now()) == Verdict::Refuse {
+        let now = Instant::now();
+        if let Verdict::Refuse(reason) = admission.decide(source, passive, now) {
             log::debug!(
-                "not admitting peer {id} from {}: admission policy",
-                shown(source)
+                "not admitting peer {id} from {}: {}",
+                shown(source),
+                reason.name()
             );
+            if let Some(line) = admission.refusal_line(now) {
+                log::warn!("{line}");
+            }
             return;
         }
+        let refused = |admission: &mut Admission, reason: Refusal| {
+            admission.refused(reason, source);
+            if let Some(line) = admission.refusal_line(now) {
+                log::warn!("{line}");
+            }
+        };
         match self.admit_as(id, report.source) {
             Ok(slot) => {
-                admission.counters.admitted += 1;
+                admission.admitted(id, source);
                 log::debug!(
                     "admitted {} peer {id} (slot {slot}) on its first packet",
                     source_name(report.source)
@@ -761,11 +777,50 @@ impl Agent {
                 }
             }
             Err(AdmitError::Exists(_)) => {}
-            Err(e @ AdmitError::Full(_)) => {
-                admission.counters.full += 1;
+            Err(e) => {
                 log::debug!("not admitting peer {id}: {e}");
+                let reason = match e {
+                    AdmitError::Full(_) | AdmitError::Exists(_) => Refusal::Full,
+                    AdmitError::Index { .. } => Refusal::IndexFull,
+                    AdmitError::Reserved(_) => Refusal::Reserved,
+                };
+                refused(&mut admission, reason);
             }
-            Err(e) => log::warn!("not admitting peer {id}: {e}"),
+        }
+    }
+
+    /// The interface's networks changed (or were read at start): who `--admit-from`'s
+    /// default admits.
+    pub fn set_connected_networks(&self, networks: Vec<ipnet::IpNet>) {
+        self.admission
+            .lock()
+            .expect("admission lock")
+            .set_connected(networks);
+    }
+
+    /// The admission policy in force, in one line (the start and SIGHUP log it).
+    pub fn admission_policy_line(&self) -> String {
+        let admission = self.admission.lock().expect("admission lock");
+        admission
+            .policy()
+            .describe(&self.iface, admission.connected())
+    }
+
+    /// Peers admitted on a first packet from `source` and still watched.
+    pub fn admitted_from(&self, source: std::net::IpAddr) -> u32 {
+        self.admission
+            .lock()
+            .expect("admission lock")
+            .admitted_from(source)
+    }
+
+    /// Logs the refusals of the last second, if any are untold (the sweep calls it, so the
+    /// tail of a burst is told although no refusal follows it). Never waits for the lock.
+    fn tell_refusals(&self) {
+        if let Ok(mut admission) = self.admission.try_lock()
+            && let Some(line) = admission.refusal_line(Instant::now())
+        {
+            log::warn!("{line}");
         }
     }
 
@@ -888,6 +943,7 @@ impl Agent {
                 log::warn!("expiring peer {id}: {e}");
             }
         }
+        self.tell_refusals();
         self.sweeps.fetch_add(1, Ordering::Relaxed);
         self.metrics
             .sweep_seconds

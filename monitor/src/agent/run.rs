@@ -169,8 +169,11 @@ fn apply_reload(
         };
     }
     if new.admission != current.admission {
-        log::info!("SIGHUP: admission policy changed");
         agent.set_admission(new.admission.clone());
+        log::info!(
+            "SIGHUP: admission policy changed: {}",
+            agent.admission_policy_line()
+        );
         effective.admission = new.admission.clone();
     }
     if new.metrics_peers != current.metrics_peers {
@@ -426,7 +429,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         .as_deref()
         .map(read_key_file)
         .transpose()?;
-    let xdp = xdp_config(&config, key.is_some());
+    // The peer index's hash key, new for every load; adopted state keeps the one it was
+    // pinned with (`adopt`).
+    let xdp = XdpConfig {
+        index_key: crate::kernel::index_key::random()
+            .context("drawing the peer index's hash key (getrandom)")?,
+        ..xdp_config(&config, key.is_some())
+    };
     let expected = PinnedMeta {
         magic: META_MAGIC,
         layout_version: LAYOUT_VERSION,
@@ -438,6 +447,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         max_interval_us: xdp.max_interval_us,
         outage_factor: xdp.outage_factor,
         flow_ports: xdp.flow_ports,
+        index_key: xdp.index_key,
         ..PinnedMeta::default()
     };
     let mut kernel = match &config.pin_path {
@@ -529,6 +539,24 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         admission: config.admission.clone(),
         expire_after: config.expire_after,
     }));
+
+    // The interface's networks, followed as its addresses change: who a first heartbeat is
+    // admitted from unless `--admit-from` says otherwise. Read before the first report.
+    let _networks = {
+        let agent = agent.clone();
+        let started = std::sync::atomic::AtomicBool::new(false);
+        crate::kernel::destination::follow_networks(&config.iface, move |nets| {
+            agent.set_connected_networks(nets.iter().copied().collect());
+            if started.swap(true, Ordering::Relaxed) {
+                log::info!(
+                    "addresses of {} changed: {}",
+                    agent.iface,
+                    agent.admission_policy_line()
+                );
+            }
+        })?
+    };
+    log::info!("{}", agent.admission_policy_line());
 
     // Admission takes the registry's write lock, which waits for a sweep: off the runtime.
     let reports = {
@@ -682,6 +710,12 @@ fn adopt(
     config: &AgentConfig,
 ) -> Result<Kernel> {
     let a = pinning::adopt(dir, expected)?;
+    // The pinned program hashes ids with the key it was loaded with, and the pinned index is
+    // laid out by it: the registry (`pinning::adopt`) and any program of ours use it too.
+    let xdp = &XdpConfig {
+        index_key: a.meta.index_key,
+        ..*xdp
+    };
     // This build's program on the pinned maps, attached nowhere yet: its tag is what the link
     // would run if this build had loaded it.
     let mut ebpf = program::load_on_pins(xdp, config.capacity, config.kernel_log, dir)

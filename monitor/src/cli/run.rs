@@ -93,9 +93,17 @@ pub struct RunArgs {
     /// sessions and UDP flows, which no peers file can list, from --admit-from ranges only).
     #[arg(long)]
     no_auto_admit: bool,
-    /// Admit on a first heartbeat only from these source ranges (CIDR, comma-separated).
-    #[arg(long, value_delimiter = ',')]
-    admit_from: Vec<ipnet::IpNet>,
+    /// Admit on a first heartbeat only from these source ranges (CIDR, comma-separated), or
+    /// from anywhere (`any`). Default: the networks of the interface's own addresses
+    /// (10.211.5.1/24 admits 10.211.5.0/24; IPv6 and link-local alike), followed as they
+    /// change.
+    #[arg(long, value_name = "CIDR", value_delimiter = ',', value_parser = clap::value_parser!(monitor::agent::admission::AdmitFromValue))]
+    admit_from: Vec<monitor::agent::admission::AdmitFromValue>,
+    /// Peers admitted on a first heartbeat from one source address, at most, while they are
+    /// watched (forgotten or expired ones give their room back). `unlimited` (or 0) lifts it,
+    /// for benchmarks and hosts that run many peers behind one address.
+    #[arg(long, value_name = "N", default_value_t = monitor::agent::admission::DEFAULT_PER_SOURCE, value_parser = monitor::agent::admission::parse_per_source)]
+    admit_per_source: u32,
     /// Forget a peer silent for longer than this, with a `forget` event, so its slot is
     /// reused (default: never).
     #[arg(long, value_parser = parse_duration)]
@@ -393,8 +401,10 @@ fn agent_config(args: RunArgs) -> anyhow::Result<AgentConfig> {
         capacity: args.capacity,
         admission: AdmissionPolicy {
             auto: !args.no_auto_admit,
-            from: args.admit_from,
+            from: monitor::agent::admission::AdmitFrom::from_args(&args.admit_from)
+                .map_err(anyhow::Error::msg)?,
             rate_per_sec: args.admit_rate,
+            per_source: args.admit_per_source,
         },
         pass_heartbeats: args.pass_heartbeats,
         passive,

@@ -39,6 +39,10 @@ pub struct SendArgs {
     /// Sign heartbeats with the 128-bit key in this file (32 hex digits, mode 0600).
     #[arg(long)]
     auth_key_file: Option<std::path::PathBuf>,
+    /// Send from this source address (one of this host's), instead of the one the route to
+    /// --to picks: a second peer on a host with several addresses.
+    #[arg(long, value_name = "ADDR")]
+    from: Option<std::net::IpAddr>,
 }
 
 fn parse_id(text: &str) -> Result<u64, String> {
@@ -71,6 +75,7 @@ pub fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
             .as_deref()
             .map(monitor::peer::auth_key::read_key_file)
             .transpose()?,
+        from: args.from,
     };
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {

@@ -284,6 +284,134 @@ pub fn interface_addrs(iface: &str) -> io::Result<BTreeSet<IpAddr>> {
     Ok(out)
 }
 
+/// The networks of `iface`'s addresses (each address's prefix, the host bits cleared:
+/// 10.211.5.1/24 is 10.211.5.0/24), IPv4 and IPv6, link-local included: a packet from a
+/// link-local source came from the link itself, as much a neighbour as one from the /24.
+pub fn interface_networks(iface: &str) -> io::Result<BTreeSet<ipnet::IpNet>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head we free below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut out = BTreeSet::new();
+    let mut cursor = head;
+    while !cursor.is_null() {
+        // SAFETY: a node of the list getifaddrs returned, alive until freeifaddrs.
+        let entry = unsafe { &*cursor };
+        cursor = entry.ifa_next;
+        if entry.ifa_addr.is_null() || entry.ifa_netmask.is_null() || entry.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: a NUL-terminated name owned by the list.
+        let name = unsafe { CStr::from_ptr(entry.ifa_name) };
+        if name.to_bytes() != iface.as_bytes() {
+            continue;
+        }
+        // SAFETY: ifa_addr and ifa_netmask point at sockaddrs of the family ifa_addr says.
+        let net = match i32::from(unsafe { (*entry.ifa_addr).sa_family }) {
+            libc::AF_INET => {
+                let sin = unsafe { &*(entry.ifa_addr as *const libc::sockaddr_in) };
+                let mask = unsafe { &*(entry.ifa_netmask as *const libc::sockaddr_in) };
+                let addr = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+                let prefix = u32::from_be(mask.sin_addr.s_addr).leading_ones() as u8;
+                ipnet::Ipv4Net::new(addr, prefix).map(ipnet::IpNet::V4)
+            }
+            libc::AF_INET6 => {
+                let sin6 = unsafe { &*(entry.ifa_addr as *const libc::sockaddr_in6) };
+                let mask = unsafe { &*(entry.ifa_netmask as *const libc::sockaddr_in6) };
+                let addr = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+                let prefix = u128::from_be_bytes(mask.sin6_addr.s6_addr).leading_ones() as u8;
+                ipnet::Ipv6Net::new(addr, prefix).map(ipnet::IpNet::V6)
+            }
+            _ => continue,
+        };
+        if let Ok(net) = net {
+            out.insert(net.trunc());
+        }
+    }
+    // SAFETY: the list from getifaddrs above, freed once.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(out)
+}
+
+/// Follows the networks of an interface's addresses while alive (the default of
+/// `--admit-from`), as [`Destinations`] follows its addresses: re-read on each rtnetlink
+/// announcement and every [`RESYNC`]. Dropping it stops the thread (within [`REFRESH`]).
+pub struct NetworkFollower {
+    follower: Option<Follower>,
+}
+
+impl Drop for NetworkFollower {
+    fn drop(&mut self) {
+        if let Some(follower) = self.follower.take() {
+            follower.stop.store(true, Ordering::Relaxed);
+            follower.thread.thread().unpark();
+            let _ = follower.thread.join();
+        }
+    }
+}
+
+/// Reads the networks of `iface` and hands them to `changed`, then again each time they
+/// change, from a thread of its own, until the follower is dropped. Fails only if the
+/// interface's addresses cannot be read at all.
+pub fn follow_networks(
+    iface: &str,
+    changed: impl Fn(&BTreeSet<ipnet::IpNet>) + Send + 'static,
+) -> Result<NetworkFollower, DestinationError> {
+    let read = |iface: &str| {
+        interface_networks(iface).map_err(|source| DestinationError::Interface {
+            iface: iface.into(),
+            source,
+        })
+    };
+    // Subscribed before the first read, so no change falls between the two.
+    let changes = AddressChanges::subscribe()
+        .map_err(|e| log::warn!("rtnetlink address notifications: {e}; polling only"))
+        .ok();
+    let mut current = read(iface)?;
+    changed(&current);
+    let stop = Arc::new(AtomicBool::new(false));
+    let thread = {
+        let (iface, stop) = (iface.to_string(), stop.clone());
+        std::thread::Builder::new()
+            .name("networks".into())
+            .spawn(move || {
+                let mut read_at = std::time::Instant::now();
+                while !stop.load(Ordering::Relaxed) {
+                    let announced = match &changes {
+                        Some(changes) => changes.wait(REFRESH),
+                        None => {
+                            std::thread::park_timeout(REFRESH);
+                            true
+                        }
+                    };
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    if !announced && read_at.elapsed() < RESYNC {
+                        continue;
+                    }
+                    read_at = std::time::Instant::now();
+                    match read(&iface) {
+                        Ok(next) if next != current => {
+                            changed(&next);
+                            current = next;
+                        }
+                        Ok(_) => {}
+                        Err(e) => log::warn!("{e}"),
+                    }
+                }
+            })
+            .map_err(|source| DestinationError::Interface {
+                iface: "(thread)".into(),
+                source,
+            })?
+    };
+    Ok(NetworkFollower {
+        follower: Some(Follower { stop, thread }),
+    })
+}
+
 /// Keeps LOCAL_ADDRS in step with the configuration while alive: for [`Listen::Interface`] a
 /// thread re-reads the interface's addresses on each announced change and every [`RESYNC`]
 /// (every [`REFRESH`] if changes cannot be subscribed). [`Destinations::set`] changes the
@@ -575,6 +703,12 @@ mod tests {
             let addr: IpAddr = text.parse().unwrap();
             assert_eq!(from_key(local_addr_key(addr)), addr);
         }
+    }
+
+    #[test]
+    fn loopback_has_its_network() {
+        let nets = interface_networks("lo").unwrap();
+        assert!(nets.contains(&"127.0.0.0/8".parse().unwrap()), "{nets:?}");
     }
 
     #[test]

@@ -86,7 +86,9 @@ impl LoadedProgram {
             _ => return Err(LoadedError::MissingMap(PEER_STATE_MAP)),
         };
         let index = match ebpf.map(PEER_INDEX_MAP) {
-            Some(Map::Array(index)) => PeerIndex::map(index.fd().as_fd(), capacity)?,
+            Some(Map::Array(index)) => {
+                PeerIndex::map(index.fd().as_fd(), capacity, config.index_key)?
+            }
             _ => return Err(LoadedError::MissingMap(PEER_INDEX_MAP)),
         };
         let counters = take(&mut ebpf, COUNTERS_MAP, PerCpuArray::try_from)?;

@@ -6,6 +6,7 @@
 pub mod clock;
 pub mod counters;
 pub mod destination;
+pub mod index_key;
 pub mod kernel_log;
 pub mod keyring;
 pub mod loaded;

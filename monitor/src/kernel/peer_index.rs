@@ -10,7 +10,9 @@ use std::{
     sync::atomic::{AtomicU32, Ordering},
 };
 
-use monitor_common::index::{BUCKET_ENTRIES, IndexBucket, PROBE_BUCKETS, bits_for, home};
+use monitor_common::index::{
+    BUCKET_ENTRIES, IndexBucket, IndexKey, PROBE_BUCKETS, bits_for, home as keyed_home,
+};
 
 use crate::kernel::peer_table::{PeerTableError, map_array};
 
@@ -24,6 +26,8 @@ pub struct PeerIndex {
     base: NonNull<IndexBucket>,
     bits: u32,
     bytes: usize,
+    /// The hash key the kernel's program was loaded with (`XdpConfig::index_key`).
+    key: IndexKey,
 }
 
 // SAFETY: the mapping lives until drop; writes need `&mut self` (one writer), and the kernel's
@@ -32,19 +36,39 @@ unsafe impl Send for PeerIndex {}
 unsafe impl Sync for PeerIndex {}
 
 impl PeerIndex {
-    /// Maps the index of a program loaded for `capacity` slots.
-    pub fn map(fd: BorrowedFd<'_>, capacity: u32) -> Result<Self, PeerTableError> {
+    /// Maps the index of a program loaded for `capacity` slots with hash key `key`.
+    pub fn map(fd: BorrowedFd<'_>, capacity: u32, key: IndexKey) -> Result<Self, PeerTableError> {
         let bits = bits_for(capacity);
         let (base, bytes) = map_array::<IndexBucket>("peer index", fd, 1 << bits)?;
-        Ok(Self { base, bits, bytes })
+        Ok(Self {
+            base,
+            bits,
+            bytes,
+            key,
+        })
     }
 
     /// An index over anonymous memory (unit tests: the same code, no kernel).
     #[cfg(test)]
     pub(crate) fn anonymous(capacity: u32) -> Self {
+        Self::anonymous_keyed(capacity, IndexKey::FIXED)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn anonymous_keyed(capacity: u32, key: IndexKey) -> Self {
         let bits = bits_for(capacity);
         let (base, bytes) = crate::kernel::peer_table::anonymous_array(1 << bits);
-        Self { base, bits, bytes }
+        Self {
+            base,
+            bits,
+            bytes,
+            key,
+        }
+    }
+
+    /// The home bucket of `id`, as the kernel computes it.
+    fn home(&self, id: u64) -> u32 {
+        keyed_home(id, self.bits, &self.key)
     }
 
     fn mask(&self) -> u32 {
@@ -77,7 +101,7 @@ impl PeerIndex {
 
     /// Where `id` is: (bucket, entry, buckets probed before it).
     fn find(&self, id: u64) -> Option<(u32, usize, u32)> {
-        let mut b = home(id, self.bits);
+        let mut b = self.home(id);
         for k in 0..PROBE_BUCKETS {
             for e in 0..BUCKET_ENTRIES {
                 if self.slot_word(b, e).load(Ordering::Relaxed) != 0 && self.id(b, e) == id {
@@ -102,7 +126,7 @@ impl PeerIndex {
     /// Adds `id` -> `slot`; `id` must not be in the index (the registry checks).
     pub fn insert(&mut self, id: u64, slot: u32) -> Result<(), IndexFull> {
         debug_assert!(self.find(id).is_none(), "peer {id} is already indexed");
-        let start = home(id, self.bits);
+        let start = self.home(id);
         let mut b = start;
         for k in 0..PROBE_BUCKETS {
             if let Some(e) =
@@ -132,7 +156,7 @@ impl PeerIndex {
         };
         // The entry first, so no reader is sent on past a lowered count to an entry still live.
         self.slot_word(b, e).store(0, Ordering::Release);
-        let mut passed = home(id, self.bits);
+        let mut passed = self.home(id);
         for _ in 0..k {
             self.add_overflow(passed, -1);
             passed = (passed + 1) & self.mask();
@@ -168,9 +192,9 @@ mod tests {
 
     /// Ids chosen to share a home bucket, `n` of them.
     fn colliding(index: &PeerIndex, n: usize) -> Vec<u64> {
-        let target = home(1, index.bits);
+        let target = index.home(1);
         (1..)
-            .filter(|&id| home(id, index.bits) == target)
+            .filter(|&id| index.home(id) == target)
             .take(n)
             .collect()
     }
@@ -223,5 +247,35 @@ mod tests {
             assert_eq!(unsafe { (*index.bucket(b)).overflow }, 0, "bucket {b}");
         }
         assert!(index.entries().is_empty());
+    }
+
+    /// A full table (as many peers as slots, sequential ids) under random keys: every id
+    /// finds room within its probe, and the kernel's function finds each where it was put.
+    #[test]
+    fn a_full_table_fits_under_random_keys() {
+        for _ in 0..4 {
+            let key = crate::kernel::index_key::random().unwrap();
+            let mut index = PeerIndex::anonymous_keyed(65_536, key);
+            for id in 1..=65_536u64 {
+                index.insert(id, id as u32).unwrap();
+            }
+            for id in (1..=65_536u64).step_by(97) {
+                assert_eq!(index.get(id), Some(id as u32));
+                assert_eq!(index.home(id), keyed_home(id, index.bits, &key));
+            }
+        }
+    }
+
+    /// Ids that fill one probe under the fixed hash (what an attacker computes offline for an
+    /// unkeyed index) leave room for everyone under a random key.
+    #[test]
+    fn ids_aimed_at_the_fixed_hash_miss_under_a_random_key() {
+        let fixed = PeerIndex::anonymous(1000);
+        let aimed = colliding(&fixed, 64);
+        let mut keyed =
+            PeerIndex::anonymous_keyed(1000, crate::kernel::index_key::random().unwrap());
+        for (slot, &id) in aimed.iter().enumerate() {
+            keyed.insert(id, slot as u32).unwrap();
+        }
     }
 }

@@ -484,8 +484,34 @@ fn ports_text(ports: &[u16]) -> String {
     }
 }
 
+/// Refuses a META record of another size than this build's, naming the layout that wrote it
+/// where it can be read (layouts up to 11 had a 48-byte record, without the index key).
+fn refuse_other_meta_size(dir: &Path) -> Result<(), PinError> {
+    let size = pinned_layout(dir, META_MAP)?.value_size;
+    if size as usize == size_of::<PinnedMeta>() {
+        return Ok(());
+    }
+    let (found, slot) = if size == 48 {
+        let old: Array<MapData, [u8; 48]> = open(dir, META_MAP)?
+            .try_into()
+            .map_err(|e| aya_err(dir, e))?;
+        let bytes = old.get(&0, 0).map_err(|e| aya_err(dir, e))?;
+        let word = |at: usize| u32::from_ne_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+        (word(8), word(12))
+    } else {
+        (0, 0)
+    };
+    Err(PinError::Layout {
+        path: dir.into(),
+        found,
+        slot,
+        ours: size_of::<PeerSlot>(),
+    })
+}
+
 /// Opens pinned state after checking it is of this build's layout and of `expected`'s settings.
 pub fn adopt(dir: &Path, expected: &PinnedMeta) -> Result<Adopted, PinError> {
+    refuse_other_meta_size(dir)?;
     let meta_map: Array<MapData, PinnedMeta> = open(dir, META_MAP)?
         .try_into()
         .map_err(|e| aya_err(dir, e))?;
@@ -566,9 +592,8 @@ pub fn adopt(dir: &Path, expected: &PinnedMeta) -> Result<Adopted, PinError> {
         _ => return Err(aya_err(dir, "PEER_STATE or LAST_HEARD is not an array")),
     };
     let index = match open(dir, PEER_INDEX_MAP)? {
-        Map::Array(index) => {
-            PeerIndex::map(index.fd().as_fd(), meta.capacity).map_err(|e| aya_err(dir, e))?
-        }
+        Map::Array(index) => PeerIndex::map(index.fd().as_fd(), meta.capacity, meta.index_key)
+            .map_err(|e| aya_err(dir, e))?,
         _ => return Err(aya_err(dir, "PEER_INDEX is not an array")),
     };
     let mut registry = Registry::adopt(index, meta.capacity);

@@ -78,6 +78,8 @@ pub struct SenderConfig {
     pub first_seq: u64,
     /// Sign every heartbeat with this key.
     pub key: Option<AuthKey>,
+    /// Send from this source address (one of the host's), not the one the route picks.
+    pub from: Option<std::net::IpAddr>,
 }
 
 impl SenderConfig {
@@ -93,6 +95,7 @@ impl SenderConfig {
             incarnation: unix_time_incarnation(),
             first_seq: 0,
             key: None,
+            from: None,
         }
     }
 }
@@ -142,10 +145,10 @@ pub fn heartbeat(id: u64, incarnation: u32, seq: u64, key: Option<&AuthKey>) -> 
 /// were sent. Fails only if the socket cannot be set up; an error sending one heartbeat (no
 /// route yet, ICMP feedback) is logged and the next one goes out on time.
 pub fn run(config: &SenderConfig, mut keep_going: impl FnMut() -> bool) -> io::Result<u64> {
-    let bind: SocketAddr = if config.to.is_ipv4() {
-        "0.0.0.0:0".parse().expect("literal")
-    } else {
-        "[::]:0".parse().expect("literal")
+    let bind: SocketAddr = match config.from {
+        Some(ip) => SocketAddr::new(ip, 0),
+        None if config.to.is_ipv4() => "0.0.0.0:0".parse().expect("literal"),
+        None => "[::]:0".parse().expect("literal"),
     };
     let socket = UdpSocket::bind(bind)?;
     socket.connect(config.to)?;

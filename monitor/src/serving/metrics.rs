@@ -390,6 +390,9 @@ impl<S: Source> Collector for AgentCollector<S> {
                     ("outside_ranges", a.outside_ranges),
                     ("rate_limited", a.rate_limited),
                     ("full", a.full),
+                    ("per_source", a.per_source),
+                    ("index_full", a.index_full),
+                    ("reserved", a.reserved),
                 ]
                 .into_iter()
                 .map(|(v, n)| (v.to_string(), ConstCounter::new(n)))

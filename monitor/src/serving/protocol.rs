@@ -139,6 +139,15 @@ pub struct AdmissionCounters {
     pub outside_ranges: u64,
     pub rate_limited: u64,
     pub full: u64,
+    /// Refused because the source already had `--admit-per-source` peers admitted.
+    #[serde(default)]
+    pub per_source: u64,
+    /// Refused because the id's probe in the kernel's index was full.
+    #[serde(default)]
+    pub index_full: u64,
+    /// Heartbeat ids in the half of the id space that names passive peers (`--bfd`, `--udp-port`).
+    #[serde(default)]
+    pub reserved: u64,
 }
 
 /// Agent-level facts reported by `stats`.
