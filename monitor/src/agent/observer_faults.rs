@@ -42,7 +42,6 @@ impl LinkState {
 
     /// An `operstate`: "unknown" counts as up (drivers without carrier reporting, such as
     /// loopback and tun, say so while they pass traffic).
-
     pub fn parse(operstate: &str) -> Self {
         match operstate {
             "up" | "unknown" => LinkState::Up,
