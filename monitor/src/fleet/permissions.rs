@@ -81,7 +81,7 @@ impl Permissions {
                 .join(", ")
         };
         format!(
-            "permissions: {{\n  publish: {{ allow: [{}] }}\n  subscribe: {{ allow: [{}] }}\n}}",
+            "permissions: {{\n  publish: {{ allow: [{}] }},\n  subscribe: {{ allow: [{}] }}\n}}",
             list(&self.publish),
             list(&self.subscribe)
         )
