@@ -347,7 +347,10 @@ fn no_observer_can_forge_another_observers_verdicts() {
                 .user_config(&o.name, &format!("{}-secret", o.name)),
         );
     }
-    let config = format!("authorization {{\n  users = [\n    {}\n  ]\n}}\n", users.join("\n    "));
+    let config = format!(
+        "authorization {{\n  users = [\n    {}\n  ]\n}}\n",
+        users.join("\n    ")
+    );
     let mut nats = NatsServer::start_with_config(&net.nats_ns, 4222, &config);
     let reader = auth("reader");
     let reader: Vec<&str> = reader.iter().map(String::as_str).collect();
@@ -438,7 +441,9 @@ fn no_observer_can_forge_another_observers_verdicts() {
             .publish_raw_as(4222, as_a, subject, &[], &forged)
             .expect_err(subject);
         assert!(
-            refused.contains(&format!("Permissions Violation for Publish to \"{subject}\"")),
+            refused.contains(&format!(
+                "Permissions Violation for Publish to \"{subject}\""
+            )),
             "{subject}: {refused}"
         );
     }
@@ -453,7 +458,13 @@ fn no_observer_can_forge_another_observers_verdicts() {
     .expect("published (the bucket refuses it)");
     let as_reader = Some(("reader", "reader-secret"));
     let refused = net
-        .publish_raw_as(4222, as_reader, "$KV.heartbeat-verdicts.71.obs-b", &[], &forged)
+        .publish_raw_as(
+            4222,
+            as_reader,
+            "$KV.heartbeat-verdicts.71.obs-b",
+            &[],
+            &forged,
+        )
         .expect_err("a reader writes");
     assert!(refused.contains("Permissions Violation"), "{refused}");
 
@@ -488,8 +499,7 @@ fn no_observer_can_forge_another_observers_verdicts() {
     for line in log.lines().filter(|l| l.contains("Violation")) {
         assert!(
             (line.contains("\"obs-a\"") || line.contains("\"reader\""))
-                && (forgeries.iter().any(|s| line.contains(s))
-                    || line.contains("71.obs-b")),
+                && (forgeries.iter().any(|s| line.contains(s)) || line.contains("71.obs-b")),
             "a violation not of the test's forgeries: {line}"
         );
     }
@@ -905,9 +915,10 @@ fn follow(
             .build()
             .unwrap();
         rt.block_on(async move {
-            let fleet = monitor::fleet::consumer::Fleet::connect(&[LOCAL.to_string()], &Default::default())
-                .await
-                .expect("connect");
+            let fleet =
+                monitor::fleet::consumer::Fleet::connect(&[LOCAL.to_string()], &Default::default())
+                    .await
+                    .expect("connect");
             let mut reader = fleet.events(false).await.expect("follow");
             ready_tx.send(()).unwrap();
             while !halt.load(Ordering::Relaxed) {

@@ -62,7 +62,12 @@ enum FleetCommand {
     /// (it may write only its own events and keys) or for a reader; connects to nothing.
     Permissions {
         /// The observer's name (as its `monitor run --observer`).
-        #[arg(long, value_name = "NAME", conflicts_with = "reader", required_unless_present = "reader")]
+        #[arg(
+            long,
+            value_name = "NAME",
+            conflicts_with = "reader",
+            required_unless_present = "reader"
+        )]
         observer: Option<String>,
         /// A reader's permissions (`monitor fleet query` and `watch`): it writes nothing.
         #[arg(long)]
@@ -163,7 +168,8 @@ async fn run(args: FleetArgs) -> Result<ExitCode, FleetError> {
             return Ok(ExitCode::SUCCESS);
         }
         FleetCommand::Init { replicas } => {
-            let (stream, bucket) = monitor::fleet::init(&args.nats, &auth, (*replicas).into()).await?;
+            let (stream, bucket) =
+                monitor::fleet::init(&args.nats, &auth, (*replicas).into()).await?;
             let word = |i: Init| match i {
                 Init::Created => "created",
                 Init::Updated => "updated (rollups no longer allowed)",

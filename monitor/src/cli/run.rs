@@ -211,10 +211,20 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE", requires = "nats", help_heading = "Fleet")]
     nats_creds: Option<PathBuf>,
     /// NATS user for --nats (with --nats-password-file; docs/fleet.md "Security").
-    #[arg(long, value_name = "NAME", requires = "nats_password_file", help_heading = "Fleet")]
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "nats_password_file",
+        help_heading = "Fleet"
+    )]
     nats_user: Option<String>,
     /// File holding the --nats-user's password; readable by its owner only (chmod 600).
-    #[arg(long, value_name = "FILE", requires = "nats_user", help_heading = "Fleet")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "nats_user",
+        help_heading = "Fleet"
+    )]
     nats_password_file: Option<PathBuf>,
     /// Replicas of the event stream and the verdict bucket when this monitor creates them
     /// (3 on a 3-node JetStream cluster; existing ones are used as they are).

@@ -119,7 +119,9 @@ pub enum FleetError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("NATS password file {path} is accessible to group or others (mode {mode:04o}); chmod 600 it")]
+    #[error(
+        "NATS password file {path} is accessible to group or others (mode {mode:04o}); chmod 600 it"
+    )]
     PasswordMode { path: PathBuf, mode: u32 },
     #[error("connecting to NATS at {urls}: {reason}")]
     Connect { urls: String, reason: String },
@@ -305,7 +307,9 @@ pub async fn init(
     validate_urls(urls)?;
     let client = tokio::time::timeout(
         Duration::from_secs(5),
-        options(auth, "monitor fleet init").await?.connect(urls.to_vec()),
+        options(auth, "monitor fleet init")
+            .await?
+            .connect(urls.to_vec()),
     )
     .await
     .map_err(|_| "no server answered within 5 s".to_string())
@@ -410,4 +414,48 @@ fn datetime_ms(t: async_nats::jetstream::message::Info<'_>) -> f64 {
 pub fn default_observer() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     wire::observer_from_hostname(host.trim())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_password_file_must_be_private_and_one_newline_is_dropped() {
+        let dir = std::env::temp_dir().join(format!("hbm-pw-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("pw");
+        std::fs::write(&path, "s3cret\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(read_password_file(&path).unwrap(), "s3cret");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let e = read_password_file(&path).unwrap_err().to_string();
+        assert!(e.contains("mode 0640") && !e.contains("s3cret"), "{e}");
+        std::fs::write(&path, "\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(read_password_file(&path).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn credentials_combine_one_way_only() {
+        let user = NatsAuth {
+            user: Some("obs-a".into()),
+            password_file: Some("/p".into()),
+            ..Default::default()
+        };
+        assert!(user.validate().is_ok());
+        assert!(NatsAuth::default().validate().is_ok());
+        let both = NatsAuth {
+            creds: Some("/c".into()),
+            ..user.clone()
+        };
+        assert!(both.validate().is_err());
+        let half = NatsAuth {
+            password_file: None,
+            ..user
+        };
+        assert!(half.validate().is_err());
+    }
 }

@@ -169,44 +169,44 @@ async fn run(
     let callback_shared = shared.clone();
     let ever_connected = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let options = options(&config.auth, &format!("monitor {}", config.observer))
-    .await?
-    .retry_on_initial_connect()
-    .event_callback(move |event| {
-        let shared = callback_shared.clone();
-        let tx = connected_tx.clone();
-        let ever = ever_connected.clone();
-        async move {
-            match event {
-                async_nats::Event::Connected => {
-                    log::info!("fleet: connected to NATS");
-                    tx.send_replace(true);
-                    // The first connection's resync is the one asked for at start.
-                    if ever.swap(true, Ordering::Relaxed) {
-                        shared.queue().resync = Some("reconnect");
-                        shared.wake.notify_one();
+        .await?
+        .retry_on_initial_connect()
+        .event_callback(move |event| {
+            let shared = callback_shared.clone();
+            let tx = connected_tx.clone();
+            let ever = ever_connected.clone();
+            async move {
+                match event {
+                    async_nats::Event::Connected => {
+                        log::info!("fleet: connected to NATS");
+                        tx.send_replace(true);
+                        // The first connection's resync is the one asked for at start.
+                        if ever.swap(true, Ordering::Relaxed) {
+                            shared.queue().resync = Some("reconnect");
+                            shared.wake.notify_one();
+                        }
                     }
-                }
-                async_nats::Event::Disconnected => {
-                    log::warn!("fleet: disconnected from NATS; buffering events");
-                    tx.send_replace(false);
-                }
-                async_nats::Event::ServerError(e) => {
-                    let text = e.to_string();
-                    let now = Instant::now();
-                    let mut last = shared.server_error.lock().expect("server error lock");
-                    // The same refusal comes with every retry: said once every 10 s.
-                    let repeated = last.as_ref().is_some_and(|(t, m)| {
-                        *m == text && now.duration_since(*t) < Duration::from_secs(10)
-                    });
-                    if !repeated {
-                        log::warn!("fleet: the NATS server says: {text}");
-                        *last = Some((now, text));
+                    async_nats::Event::Disconnected => {
+                        log::warn!("fleet: disconnected from NATS; buffering events");
+                        tx.send_replace(false);
                     }
+                    async_nats::Event::ServerError(e) => {
+                        let text = e.to_string();
+                        let now = Instant::now();
+                        let mut last = shared.server_error.lock().expect("server error lock");
+                        // The same refusal comes with every retry: said once every 10 s.
+                        let repeated = last.as_ref().is_some_and(|(t, m)| {
+                            *m == text && now.duration_since(*t) < Duration::from_secs(10)
+                        });
+                        if !repeated {
+                            log::warn!("fleet: the NATS server says: {text}");
+                            *last = Some((now, text));
+                        }
+                    }
+                    other => log::info!("fleet: NATS {other}"),
                 }
-                other => log::info!("fleet: NATS {other}"),
             }
-        }
-    });
+        });
     let client = options
         .connect(config.urls.clone())
         .await
