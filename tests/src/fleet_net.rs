@@ -134,8 +134,14 @@ impl FleetNet {
 
     /// `monitor fleet --nats URLS ARGS...` in the NATS namespace: its stdout, parsed as JSON.
     pub fn fleet(&self, urls: &str, args: &[&str]) -> Value {
+        self.fleet_as(urls, &[], args)
+    }
+
+    /// [`FleetNet::fleet`] with credentials (`--nats-user ... --nats-password-file ...`).
+    pub fn fleet_as(&self, urls: &str, auth: &[&str], args: &[&str]) -> Value {
         let out = Self::command_in(&self.nats_ns, &monitor_bin())
             .args(["fleet", "--nats", urls])
+            .args(auth)
             .args(args)
             .arg("--json")
             .env("RUST_LOG", "error")
@@ -153,8 +159,15 @@ impl FleetNet {
 
     /// A long-running `monitor fleet ... watch` whose JSON lines are collected.
     pub fn watch(&self, urls: &str, args: &[&str]) -> LineCollector {
+        self.watch_as(urls, &[], args)
+    }
+
+    /// [`FleetNet::watch`] with credentials.
+    pub fn watch_as(&self, urls: &str, auth: &[&str], args: &[&str]) -> LineCollector {
         let mut cmd = Self::command_in(&self.nats_ns, &monitor_bin());
-        cmd.args(["fleet", "--nats", urls, "watch", "--json"])
+        cmd.args(["fleet", "--nats", urls])
+            .args(auth)
+            .args(["watch", "--json"])
             .args(args)
             .env("RUST_LOG", "error")
             .stdin(Stdio::null())
@@ -200,9 +213,29 @@ impl FleetNet {
     /// enters the NATS namespace (for bad input: JetStream stores what lands on its
     /// subjects, parsed or not).
     pub fn publish_raw(&self, port: u16, subject: &str, payload: &[u8]) {
+        if let Err(e) = self.publish_raw_as(port, None, subject, &[], payload) {
+            panic!("{e}");
+        }
+    }
+
+    /// [`FleetNet::publish_raw`] as a user (`(user, password)`) with `headers`: `Err` with the
+    /// server's `-ERR` line (a permissions violation) when it refuses.
+    pub fn publish_raw_as(
+        &self,
+        port: u16,
+        user: Option<(&str, &str)>,
+        subject: &str,
+        headers: &[(&str, &str)],
+        payload: &[u8],
+    ) -> Result<(), String> {
         let ns = self.nats_ns.clone();
         let subject = subject.to_string();
         let payload = payload.to_vec();
+        let user = user.map(|(u, p)| (u.to_string(), p.to_string()));
+        let headers: Vec<(String, String)> = headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         std::thread::spawn(move || {
             enter_netns(&ns);
             let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
@@ -211,26 +244,48 @@ impl FleetNet {
             let mut info = String::new();
             reader.read_line(&mut info).unwrap();
             assert!(info.starts_with("INFO"), "{info}");
-            write!(
-                s,
-                "CONNECT {{\"verbose\":false,\"pedantic\":false}}\r\nPUB {subject} {}\r\n",
-                payload.len()
-            )
-            .unwrap();
+            let mut connect = json!({"verbose": false, "pedantic": false, "headers": true});
+            if let Some((u, p)) = &user {
+                connect["user"] = json!(u);
+                connect["pass"] = json!(p);
+            }
+            write!(s, "CONNECT {connect}\r\nPING\r\n").unwrap();
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            if !line.starts_with("PONG") {
+                return Err(line.trim().to_string());
+            }
+            if headers.is_empty() {
+                write!(s, "PUB {subject} {}\r\n", payload.len()).unwrap();
+            } else {
+                let mut h = String::from("NATS/1.0\r\n");
+                for (k, v) in &headers {
+                    h.push_str(&format!("{k}: {v}\r\n"));
+                }
+                h.push_str("\r\n");
+                write!(
+                    s,
+                    "HPUB {subject} {} {}\r\n{h}",
+                    h.len(),
+                    h.len() + payload.len()
+                )
+                .unwrap();
+            }
             s.write_all(&payload).unwrap();
             s.write_all(b"\r\nPING\r\n").unwrap();
-            let mut line = String::new();
             loop {
                 line.clear();
                 reader.read_line(&mut line).unwrap();
-                assert!(!line.starts_with("-ERR"), "{line}");
+                if line.starts_with("-ERR") {
+                    return Err(line.trim().to_string());
+                }
                 if line.starts_with("PONG") {
-                    break;
+                    return Ok(());
                 }
             }
         })
         .join()
-        .expect("raw publish");
+        .expect("raw publish")
     }
 }
 
@@ -304,7 +359,13 @@ pub struct NatsServer {
 impl NatsServer {
     /// A single server on `port`.
     pub fn start(ns: &str, port: u16) -> Self {
-        Self::spawn(ns, port, &[])
+        Self::spawn(ns, port, &[], None)
+    }
+
+    /// A single server on `port` with `config` (nats-server's configuration syntax, e.g. an
+    /// `authorization` block) in a file of its own; the flags still set port and store.
+    pub fn start_with_config(ns: &str, port: u16, config: &str) -> Self {
+        Self::spawn(ns, port, &[], Some(config))
     }
 
     /// Node `n` (0-based) of a 3-node cluster on client ports `base..base+3` and cluster
@@ -333,13 +394,20 @@ impl NatsServer {
                 "--routes",
                 &routes,
             ],
+            None,
         )
     }
 
-    fn spawn(ns: &str, port: u16, extra: &[&str]) -> Self {
+    fn spawn(ns: &str, port: u16, extra: &[&str], config: Option<&str>) -> Self {
         let dir = TempDir::new("hbmnats");
         let log = dir.0.join("nats.log");
-        let child = FleetNet::command_in(ns, std::path::Path::new("nats-server"))
+        let mut cmd = FleetNet::command_in(ns, std::path::Path::new("nats-server"));
+        if let Some(config) = config {
+            let path = dir.0.join("nats.conf");
+            std::fs::write(&path, config).expect("write nats.conf");
+            cmd.arg("-c").arg(path);
+        }
+        let child = cmd
             .args(["-js", "-a", "0.0.0.0", "-p", &port.to_string(), "-sd"])
             .arg(dir.0.join("store"))
             .args(extra)

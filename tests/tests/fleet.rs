@@ -269,6 +269,243 @@ fn quorum_liveness_and_bad_input_with_three_observers() {
     }
 }
 
+/// A verdict at level 8 on peer 71, as a forger would write it under any observer's key.
+fn forged_verdict() -> Vec<u8> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    json!({"level": 8.0, "phi": 9.0, "since": now - 5000, "crossed_at": now, "at": now})
+        .to_string()
+        .into_bytes()
+}
+
+/// Issue 21, a fleet no observer can forge. Without permissions any client of the server
+/// can write every observer's keys: a client that writes `71.obs-a` and `71.obs-b` at
+/// level 8 makes the fleet convict peer 71 at quorum 2. With each observer's user limited to
+/// its own subjects (`monitor fleet permissions`, the stream and bucket made by the admin's
+/// `monitor fleet init`), the observers still publish everything (and nats-server logs no
+/// violation of theirs), while a client authenticated as obs-a is refused obs-b's key and
+/// event subject, a reader is refused every write, a rollup of the whole bucket from obs-a's
+/// own key is refused, and the forged quorum does not appear.
+#[test]
+fn no_observer_can_forge_another_observers_verdicts() {
+    use monitor::fleet::permissions;
+    require_root();
+    let _serial = serial();
+    let net = FleetNet::new(2);
+    let forged = forged_verdict();
+
+    // Without permissions: the attack works.
+    {
+        let _nats = NatsServer::start(&net.nats_ns, 4222);
+        let _observers: Vec<Observer> = net
+            .observers
+            .iter()
+            .map(|o| Observer::start(o, &format!("nats://{}:4222", o.nats_addr), &[]))
+            .collect();
+        wait_for("two live observers", Duration::from_secs(20), || {
+            (live_observers(&net, LOCAL).len() == 2).then_some(())
+        });
+        for key in ["71.obs-a", "71.obs-b"] {
+            net.publish_raw(4222, &format!("$KV.heartbeat-verdicts.{key}"), &forged);
+        }
+        let reply = net.fleet(LOCAL, &["query", "suspects", "--quorum", "2"]);
+        assert_eq!(
+            suspect_ids(&reply),
+            vec![71],
+            "without permissions the forged quorum convicts peer 71: {reply}"
+        );
+        println!("without permissions: forged quorum {reply}");
+    }
+
+    // With a user per observer, a reader and an admin.
+    let secrets = integration_tests::agent_process::TempDir::new("hbmnatspw");
+    let password = |user: &str| {
+        use std::os::unix::fs::PermissionsExt;
+        let path = secrets.0.join(format!("{user}.pw"));
+        std::fs::write(&path, format!("{user}-secret\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let auth = |user: &str| {
+        vec![
+            "--nats-user".to_string(),
+            user.to_string(),
+            "--nats-password-file".to_string(),
+            password(user),
+        ]
+    };
+    let mut users = vec![
+        r#"{ user: "admin", password: "admin-secret" }"#.to_string(),
+        permissions::reader().user_config("reader", "reader-secret"),
+    ];
+    for o in &net.observers {
+        users.push(
+            permissions::observer(&o.name)
+                .unwrap()
+                .user_config(&o.name, &format!("{}-secret", o.name)),
+        );
+    }
+    let config = format!(
+        "authorization {{\n  users = [\n    {}\n  ]\n}}\n",
+        users.join("\n    ")
+    );
+    let mut nats = NatsServer::start_with_config(&net.nats_ns, 4222, &config);
+    let reader = auth("reader");
+    let reader: Vec<&str> = reader.iter().map(String::as_str).collect();
+    let admin = auth("admin");
+    let admin: Vec<&str> = admin.iter().map(String::as_str).collect();
+
+    // Nobody without a user gets in; a reader cannot create the stream.
+    let anonymous = net.fleet(LOCAL, &["query", "observers"]);
+    assert_eq!(anonymous["ok"], json!(false), "{anonymous}");
+    let init = net.fleet_as(LOCAL, &admin, &["init"]);
+    assert_eq!(init["ok"], json!(true), "{init}");
+    assert_eq!(init["stream"], json!("created"), "{init}");
+    assert_eq!(init["bucket"], json!("created"), "{init}");
+
+    let observers: Vec<Observer> = net
+        .observers
+        .iter()
+        .map(|o| {
+            let a = auth(&o.name);
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            Observer::start(o, &format!("nats://{}:4222", o.nats_addr), &a)
+        })
+        .collect();
+    let events = net.watch_as(LOCAL, &reader, &["--events", "--from-start"]);
+    let live = |net: &FleetNet| {
+        let r = net.fleet_as(LOCAL, &reader, &["query", "observers"]);
+        assert_eq!(r["ok"], json!(true), "{r}");
+        live_in(&r)
+    };
+    wait_for("two live observers", Duration::from_secs(20), || {
+        (live(&net).len() == 2).then_some(())
+    });
+
+    // obs-a publishes as before: peer 5, heard by obs-a only, goes silent.
+    let sender = net.sender(5, 0);
+    wait_for("obs-a watches peer 5", Duration::from_secs(20), || {
+        observers[0]
+            .ask(json!({"op": "peers"}))
+            .and_then(|r| r["peers"].as_array().map(|p| p.len() == 1))
+            .filter(|&b| b)
+    });
+    drop(sender);
+    let peer5 = |net: &FleetNet| {
+        let r = net.fleet_as(LOCAL, &reader, &["query", "peer", "5"]);
+        assert_eq!(r["ok"], json!(true), "{r}");
+        r["observers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|o| o["observer"] == json!("obs-a") && o["level"] == json!(8.0))
+    };
+    wait_for(
+        "obs-a's verdict on peer 5 at level 8",
+        Duration::from_secs(20),
+        || peer5(&net).then_some(()),
+    );
+    wait_for(
+        "obs-a's suspect events on the stream",
+        Duration::from_secs(10),
+        || {
+            events
+                .snapshot()
+                .iter()
+                .any(|l| {
+                    l["observer"] == json!("obs-a")
+                        && l["event"] == json!("suspect")
+                        && l["id"] == json!(5)
+                        && l["level"] == json!(8.0)
+                })
+                .then_some(())
+        },
+    );
+
+    // The attack, as obs-a: its own key is its own to write (it may lie about itself) ...
+    let as_a = Some(("obs-a", "obs-a-secret"));
+    net.publish_raw_as(4222, as_a, "$KV.heartbeat-verdicts.71.obs-a", &[], &forged)
+        .expect("obs-a writes its own key");
+    // ... but not obs-b's key, nor obs-b's events, nor a direct get copying a value there.
+    let forgeries = [
+        "$KV.heartbeat-verdicts.71.obs-b",
+        "$KV.heartbeat-verdicts.observers.obs-b",
+        "heartbeat.events.obs-b",
+        "$JS.API.DIRECT.GET.KV_heartbeat-verdicts",
+        "$JS.API.STREAM.PURGE.KV_heartbeat-verdicts",
+    ];
+    for subject in forgeries {
+        let refused = net
+            .publish_raw_as(4222, as_a, subject, &[], &forged)
+            .expect_err(subject);
+        assert!(
+            refused.contains(&format!(
+                "Permissions Violation for Publish to \"{subject}\""
+            )),
+            "{subject}: {refused}"
+        );
+    }
+    // A rollup from its own key would have purged every other key: refused by the bucket.
+    net.publish_raw_as(
+        4222,
+        as_a,
+        "$KV.heartbeat-verdicts.72.obs-a",
+        &[("Nats-Rollup", "all")],
+        &forged,
+    )
+    .expect("published (the bucket refuses it)");
+    let as_reader = Some(("reader", "reader-secret"));
+    let refused = net
+        .publish_raw_as(
+            4222,
+            as_reader,
+            "$KV.heartbeat-verdicts.71.obs-b",
+            &[],
+            &forged,
+        )
+        .expect_err("a reader writes");
+    assert!(refused.contains("Permissions Violation"), "{refused}");
+
+    let reply = net.fleet_as(LOCAL, &reader, &["query", "suspects", "--quorum", "2"]);
+    assert_eq!(reply["ok"], json!(true), "{reply}");
+    assert!(!suspect_ids(&reply).contains(&71), "forged quorum: {reply}");
+    assert_eq!(reply["live_observers"], json!(2), "{reply}");
+    let at1 = net.fleet_as(LOCAL, &reader, &["query", "suspects", "--quorum", "1"]);
+    assert_eq!(suspect_ids(&at1), vec![5, 71], "{at1}");
+    assert!(peer5(&net), "obs-a's verdict survived the rollup");
+    let view = net.fleet_as(LOCAL, &reader, &["query", "peer", "71"]);
+    let holders: Vec<&str> = view["observers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["level"].is_number())
+        .map(|o| o["observer"].as_str().unwrap())
+        .collect();
+    assert_eq!(holders, vec!["obs-a"], "{view}");
+
+    // The observers kept publishing, unrefused: every violation in the server's log is one
+    // of the forgeries above.
+    let mut observers = observers;
+    for o in observers.iter_mut() {
+        assert!(o.alive(), "an agent died");
+    }
+    let by = events_by_observer(&events.snapshot());
+    for name in ["obs-a", "obs-b"] {
+        assert!(by.contains_key(name), "no events from {name}");
+    }
+    let log = nats.log_text();
+    for line in log.lines().filter(|l| l.contains("Violation")) {
+        assert!(
+            (line.contains("\"obs-a\"") || line.contains("\"reader\""))
+                && (forgeries.iter().any(|s| line.contains(s)) || line.contains("71.obs-b")),
+            "a violation not of the test's forgeries: {line}"
+        );
+    }
+    nats.wait_for_log("Publish Violation", Duration::from_secs(1));
+}
+
 /// A node of three is killed (issue 11): events keep flowing, none is lost, and the fleet's
 /// view (`watch --events`, `query`, the quorum `watch`) catches up. Measured on this machine
 /// (2 cores): nats-server 2.9.10 elects a new leader for a stream the lost node led 4 to 9 s
@@ -683,9 +920,10 @@ fn follow(
             .build()
             .unwrap();
         rt.block_on(async move {
-            let fleet = monitor::fleet::consumer::Fleet::connect(&[LOCAL.to_string()], None)
-                .await
-                .expect("connect");
+            let fleet =
+                monitor::fleet::consumer::Fleet::connect(&[LOCAL.to_string()], &Default::default())
+                    .await
+                    .expect("connect");
             let mut reader = fleet.events(false).await.expect("follow");
             ready_tx.send(()).unwrap();
             while !halt.load(Ordering::Relaxed) {

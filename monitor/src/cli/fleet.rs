@@ -6,8 +6,9 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::{Args, Subcommand};
 use monitor::fleet::{
-    FleetError,
+    FleetError, Init, NatsAuth,
     consumer::{self, EventStart, Fleet},
+    permissions,
     quorum::{Convictions, FleetChange, FleetView, Quorum, Rule},
     unix_ms,
 };
@@ -26,6 +27,12 @@ pub struct FleetArgs {
     /// NATS credentials file (user JWT and NKey seed).
     #[arg(long, value_name = "FILE")]
     nats_creds: Option<PathBuf>,
+    /// NATS user (with --nats-password-file; docs/fleet.md "Security").
+    #[arg(long, value_name = "NAME", requires = "nats_password_file")]
+    nats_user: Option<String>,
+    /// File holding the --nats-user's password; readable by its owner only (chmod 600).
+    #[arg(long, value_name = "FILE", requires = "nats_user")]
+    nats_password_file: Option<PathBuf>,
     /// Print JSON (one object per reply or event line) instead of tables.
     #[arg(long, global = true)]
     json: bool,
@@ -43,6 +50,29 @@ enum FleetCommand {
     /// Follow the fleet: a `down` event when a peer reaches the quorum, `up` when it no
     /// longer does (live observers' verdicts only); with --events, every observer's events.
     Watch(WatchArgs),
+    /// Create the event stream and the verdict bucket (with credentials that may: the
+    /// admin's), so that observers need no permission to create them; an existing bucket
+    /// that allows rollups is updated not to.
+    Init {
+        /// Replicas of the stream and the bucket (3 on a 3-node cluster).
+        #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5))]
+        replicas: u8,
+    },
+    /// Print the `permissions` block of nats-server's configuration for one observer's user
+    /// (it may write only its own events and keys) or for a reader; connects to nothing.
+    Permissions {
+        /// The observer's name (as its `monitor run --observer`).
+        #[arg(
+            long,
+            value_name = "NAME",
+            conflicts_with = "reader",
+            required_unless_present = "reader"
+        )]
+        observer: Option<String>,
+        /// A reader's permissions (`monitor fleet query` and `watch`): it writes nothing.
+        #[arg(long)]
+        reader: bool,
+    },
 }
 
 #[derive(Debug, Clone, Copy, Args)]
@@ -115,8 +145,52 @@ pub fn fleet(args: FleetArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn run(args: FleetArgs) -> Result<ExitCode, FleetError> {
-    let fleet = Fleet::connect(&args.nats, args.nats_creds.as_deref()).await?;
+    let auth = NatsAuth {
+        creds: args.nats_creds,
+        user: args.nats_user,
+        password_file: args.nats_password_file,
+    };
+    match &args.command {
+        FleetCommand::Permissions { observer, reader } => {
+            let p = match observer {
+                Some(name) if !reader => permissions::observer(name)?,
+                _ => permissions::reader(),
+            };
+            if args.json {
+                println!(
+                    "{}",
+                    json!({"ok": true, "publish": {"allow": p.publish},
+                           "subscribe": {"allow": p.subscribe}})
+                );
+            } else {
+                println!("{}", p.to_config());
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        FleetCommand::Init { replicas } => {
+            let (stream, bucket) =
+                monitor::fleet::init(&args.nats, &auth, (*replicas).into()).await?;
+            let word = |i: Init| match i {
+                Init::Created => "created",
+                Init::Updated => "updated (rollups no longer allowed)",
+                Init::Existed => "already there",
+            };
+            if args.json {
+                println!(
+                    "{}",
+                    json!({"ok": true, "stream": word(stream), "bucket": word(bucket)})
+                );
+            } else {
+                println!("stream {}: {}", monitor::fleet::STREAM, word(stream));
+                println!("bucket {}: {}", monitor::fleet::BUCKET, word(bucket));
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        _ => {}
+    }
+    let fleet = Fleet::connect(&args.nats, &auth).await?;
     match args.command {
+        FleetCommand::Init { .. } | FleetCommand::Permissions { .. } => unreachable!(),
         FleetCommand::Query { what } => query(&fleet, what, args.json).await,
         FleetCommand::Watch(w) if w.events => events(&fleet, w.from_start, args.json).await,
         FleetCommand::Watch(w) => watch(&fleet, w.rule.rule(), args.json).await,

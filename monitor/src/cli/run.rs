@@ -240,6 +240,22 @@ pub struct RunArgs {
     /// NATS credentials file (user JWT and NKey seed) for --nats.
     #[arg(long, value_name = "FILE", requires = "nats", help_heading = "Fleet")]
     nats_creds: Option<PathBuf>,
+    /// NATS user for --nats (with --nats-password-file; docs/fleet.md "Security").
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "nats_password_file",
+        help_heading = "Fleet"
+    )]
+    nats_user: Option<String>,
+    /// File holding the --nats-user's password; readable by its owner only (chmod 600).
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "nats_user",
+        help_heading = "Fleet"
+    )]
+    nats_password_file: Option<PathBuf>,
     /// Replicas of the event stream and the verdict bucket when this monitor creates them
     /// (3 on a 3-node JetStream cluster; existing ones are used as they are).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5), help_heading = "Fleet")]
@@ -370,7 +386,11 @@ fn agent_config(args: RunArgs) -> anyhow::Result<AgentConfig> {
             observer: args
                 .observer
                 .unwrap_or_else(monitor::fleet::default_observer),
-            creds: args.nats_creds,
+            auth: monitor::fleet::NatsAuth {
+                creds: args.nats_creds,
+                user: args.nats_user,
+                password_file: args.nats_password_file,
+            },
             replicas: args.nats_replicas.into(),
             buffer: args.nats_buffer,
         };

@@ -2,7 +2,7 @@
 //! every change) and the event stream. Used by `monitor fleet`, by the publisher to find its
 //! own keys, and by the benchmark probe.
 
-use std::{path::Path, time::Duration};
+use std::time::Duration;
 
 use async_nats::{
     HeaderMap,
@@ -15,7 +15,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 
 use super::{
-    FleetError, STREAM, datetime_ms, kv_stream, options,
+    FleetError, NatsAuth, STREAM, datetime_ms, kv_stream, options,
     quorum::{Change, FleetView},
     validate_urls,
     wire::{self, FleetEvent, WireError},
@@ -28,6 +28,11 @@ pub struct BucketEntry {
     pub value: Option<Bytes>,
     /// Unix ms of the write, by the server's clock.
     pub written_ms: f64,
+    /// The `Nats-Subject` header, which only the server's reply to a direct get carries: such
+    /// an entry is a copy of another key's message that a client had the server send to this
+    /// key (a reply subject is not checked against publish permissions), not a write by the
+    /// observer the key names. Skipped as malformed.
+    pub copied_from: Option<String>,
 }
 
 /// One message from the event stream.
@@ -53,9 +58,16 @@ pub struct Fleet {
 
 impl Fleet {
     /// Connects (fails after a few seconds when no server answers).
-    pub async fn connect(urls: &[String], creds: Option<&Path>) -> Result<Self, FleetError> {
+    pub async fn connect(urls: &[String], auth: &NatsAuth) -> Result<Self, FleetError> {
         validate_urls(urls)?;
-        let options = options(creds, "monitor fleet").await?;
+        // A request the server refuses is answered by nothing (it times out): say why.
+        let options = options(auth, "monitor fleet")
+            .await?
+            .event_callback(|event| async move {
+                if let async_nats::Event::ServerError(e) = event {
+                    log::warn!("fleet: the NATS server says: {e}");
+                }
+            });
         let client = tokio::time::timeout(Duration::from_secs(5), options.connect(urls.to_vec()))
             .await
             .map_err(|_| "no server answered within 5 s".to_string())
@@ -352,6 +364,13 @@ impl Delivery {
 
 /// Applies a bucket entry to a view; a malformed one is described in the error.
 pub fn apply(view: &mut FleetView, entry: &BucketEntry) -> Result<Change, String> {
+    if let Some(from) = &entry.copied_from {
+        return Err(format!(
+            "bucket key {:?}: a copy of {from:?} made by the server (a direct get's reply), \
+             not a write by its observer",
+            entry.key
+        ));
+    }
     view.apply(&entry.key, entry.value.as_deref(), entry.written_ms)
         .map_err(|e| format!("bucket key {:?}: {e}", entry.key))
 }
@@ -401,10 +420,16 @@ impl BucketReader {
             .unwrap_or(message.subject.as_str())
             .to_string();
         let value = (!is_removal(message.headers.as_ref())).then(|| message.payload.clone());
+        let copied_from = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("Nats-Subject").or_else(|| h.get("Nats-Stream")))
+            .map(|v| v.as_str().to_string());
         Some(Ok(BucketEntry {
             key,
             value,
             written_ms,
+            copied_from,
         }))
     }
 }

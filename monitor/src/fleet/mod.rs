@@ -12,6 +12,7 @@
 //! fleet).
 
 pub mod consumer;
+pub mod permissions;
 pub mod publisher;
 pub mod quorum;
 pub mod wire;
@@ -46,8 +47,8 @@ pub struct FleetConfig {
     pub urls: Vec<String>,
     /// This monitor's name in the fleet.
     pub observer: String,
-    /// A NATS credentials file (JWT and NKey seed).
-    pub creds: Option<PathBuf>,
+    /// How this observer authenticates to NATS.
+    pub auth: NatsAuth,
     /// Replicas of the stream and the bucket when this observer creates them.
     pub replicas: usize,
     /// Events held while NATS is unreachable.
@@ -59,6 +60,7 @@ impl FleetConfig {
     pub fn validate(&self) -> Result<(), FleetError> {
         wire::validate_observer(&self.observer)?;
         validate_urls(&self.urls)?;
+        self.auth.validate()?;
         if !(1..=5).contains(&self.replicas) {
             return Err(FleetError::Config(format!(
                 "--nats-replicas {}: JetStream allows 1 to 5",
@@ -84,8 +86,14 @@ impl FleetConfig {
         if field(|c| c.observer.clone()) {
             out.push("observer");
         }
-        if field(|c| format!("{:?}", c.creds)) {
+        if field(|c| format!("{:?}", c.auth.creds)) {
             out.push("nats-creds");
+        }
+        if field(|c| format!("{:?}", c.auth.user)) {
+            out.push("nats-user");
+        }
+        if field(|c| format!("{:?}", c.auth.password_file)) {
+            out.push("nats-password-file");
         }
         if field(|c| c.replicas.to_string()) {
             out.push("nats-replicas");
@@ -111,6 +119,10 @@ pub enum FleetError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(
+        "NATS password file {path} is accessible to group or others (mode {mode:04o}); chmod 600 it"
+    )]
+    PasswordMode { path: PathBuf, mode: u32 },
     #[error("connecting to NATS at {urls}: {reason}")]
     Connect { urls: String, reason: String },
     #[error("JetStream: {0}")]
@@ -140,11 +152,67 @@ pub fn validate_urls(urls: &[String]) -> Result<(), FleetError> {
     Ok(())
 }
 
+/// How a client authenticates to NATS: a credentials file (JWT and NKey seed, for servers
+/// run with an operator), or a user whose password is read from a file only its owner may
+/// read (for `authorization { users = [...] }` in the server's configuration, docs/fleet.md
+/// "Security"), or nothing.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NatsAuth {
+    pub creds: Option<PathBuf>,
+    pub user: Option<String>,
+    pub password_file: Option<PathBuf>,
+}
+
+impl NatsAuth {
+    /// Checks the combination (the files are read when connecting).
+    pub fn validate(&self) -> Result<(), FleetError> {
+        match (&self.creds, &self.user, &self.password_file) {
+            (Some(_), Some(_), _) | (Some(_), _, Some(_)) => Err(FleetError::Config(
+                "--nats-creds and --nats-user/--nats-password-file exclude each other".into(),
+            )),
+            (None, Some(_), None) => Err(FleetError::Config(
+                "--nats-user needs --nats-password-file".into(),
+            )),
+            (None, None, Some(_)) => Err(FleetError::Config(
+                "--nats-password-file needs --nats-user".into(),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Reads a password file: it must be readable by its owner only (as the peer key file);
+/// one trailing newline is not part of the password.
+pub fn read_password_file(path: &std::path::Path) -> Result<String, FleetError> {
+    use std::os::unix::fs::PermissionsExt;
+    let err = |source| FleetError::Creds {
+        path: path.into(),
+        source,
+    };
+    let mode = std::fs::metadata(path).map_err(err)?.permissions().mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(FleetError::PasswordMode {
+            path: path.into(),
+            mode,
+        });
+    }
+    let text = std::fs::read_to_string(path).map_err(err)?;
+    let password = text
+        .strip_suffix('\n')
+        .map(|p| p.strip_suffix('\r').unwrap_or(p))
+        .unwrap_or(&text);
+    if password.is_empty() {
+        return Err(err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "the file is empty",
+        )));
+    }
+    Ok(password.to_string())
+}
+
 /// Connection options shared by both sides: credentials, a name, quick reconnects.
-async fn options(
-    creds: Option<&std::path::Path>,
-    name: &str,
-) -> Result<ConnectOptions, FleetError> {
+async fn options(auth: &NatsAuth, name: &str) -> Result<ConnectOptions, FleetError> {
+    auth.validate()?;
     let mut options = ConnectOptions::new()
         .name(name)
         .max_reconnects(None)
@@ -154,12 +222,15 @@ async fn options(
         })
         .connection_timeout(Duration::from_secs(2))
         .ping_interval(Duration::from_secs(5));
-    if let Some(path) = creds {
+    if let (Some(user), Some(path)) = (&auth.user, &auth.password_file) {
+        options = options.user_and_password(user.clone(), read_password_file(path)?);
+    }
+    if let Some(path) = &auth.creds {
         options = options
             .credentials_file(path)
             .await
             .map_err(|source| FleetError::Creds {
-                path: path.into(),
+                path: path.clone(),
                 source,
             })?;
     }
@@ -183,7 +254,9 @@ fn stream_config(replicas: usize) -> stream::Config {
 }
 
 /// The bucket as an observer creates it: the stream behind a JetStream key-value bucket, as
-/// every NATS client spells it (one value per key, rollups allowed, direct gets). Made
+/// every NATS client spells it (one value per key, direct gets), but without rollups: a
+/// `Nats-Rollup: all` header on a write to an observer's own key would purge every other
+/// observer's keys (seen on nats-server 2.9.10), and nothing here rolls up. Made
 /// directly: async-nats 0.51's `create_key_value` first asks for account details in a form
 /// nats-server 2.9 does not answer.
 fn bucket_config(replicas: usize) -> stream::Config {
@@ -198,7 +271,7 @@ fn bucket_config(replicas: usize) -> stream::Config {
         max_bytes: -1,
         max_message_size: -1,
         storage: stream::StorageType::File,
-        allow_rollup: true,
+        allow_rollup: false,
         deny_delete: true,
         deny_purge: false,
         allow_direct: true,
@@ -207,6 +280,83 @@ fn bucket_config(replicas: usize) -> stream::Config {
         duplicate_window: DUPLICATE_WINDOW,
         ..Default::default()
     }
+}
+
+const CREATE_STREAM: &str = "the stream HEARTBEAT_EVENTS is missing and could not be created \
+    (with fleet permissions observers may not: run `monitor fleet init` with the admin's credentials)";
+const CREATE_BUCKET: &str = "the bucket heartbeat-verdicts is missing and could not be created \
+    (with fleet permissions observers may not: run `monitor fleet init` with the admin's credentials)";
+
+/// What `monitor fleet init` did to the stream or the bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Init {
+    Created,
+    /// It existed; rollups were allowed on the bucket and are no longer.
+    Updated,
+    Existed,
+}
+
+/// `monitor fleet init`: creates the stream and the bucket (with credentials that may), so
+/// that observers need no permission to create streams. An existing bucket that allows
+/// rollups (as monitors before the fleet permissions made it) is updated not to.
+pub async fn init(
+    urls: &[String],
+    auth: &NatsAuth,
+    replicas: usize,
+) -> Result<(Init, Init), FleetError> {
+    validate_urls(urls)?;
+    let client = tokio::time::timeout(
+        Duration::from_secs(5),
+        options(auth, "monitor fleet init")
+            .await?
+            .connect(urls.to_vec()),
+    )
+    .await
+    .map_err(|_| "no server answered within 5 s".to_string())
+    .and_then(|r| r.map_err(|e| e.to_string()))
+    .map_err(|reason| FleetError::Connect {
+        urls: urls.join(","),
+        reason,
+    })?;
+    let js = jetstream::ContextBuilder::new()
+        .timeout(Duration::from_secs(5))
+        .build(client);
+    let stream = match js.get_stream(STREAM).await {
+        Ok(_) => Init::Existed,
+        Err(_) => {
+            js.create_stream(stream_config(replicas))
+                .await
+                .map_err(|e| FleetError::js("creating the stream", e))?;
+            Init::Created
+        }
+    };
+    let bucket = match js.get_stream(kv_stream()).await {
+        Ok(mut existing) => {
+            let info = existing
+                .info()
+                .await
+                .map_err(|e| FleetError::js("reading the bucket's configuration", e))?;
+            if info.config.allow_rollup {
+                let config = stream::Config {
+                    allow_rollup: false,
+                    ..info.config.clone()
+                };
+                js.update_stream(config)
+                    .await
+                    .map_err(|e| FleetError::js("updating the bucket", e))?;
+                Init::Updated
+            } else {
+                Init::Existed
+            }
+        }
+        Err(_) => {
+            js.create_stream(bucket_config(replicas))
+                .await
+                .map_err(|e| FleetError::js("creating the bucket", e))?;
+            Init::Created
+        }
+    };
+    Ok((stream, bucket))
 }
 
 /// Makes sure the stream and the bucket exist (an existing one is used as it is).
@@ -221,7 +371,7 @@ async fn ensure_stream_and_bucket(
             Err(e) => {
                 js.get_stream(STREAM)
                     .await
-                    .map_err(|_| FleetError::js("creating the stream", e))?;
+                    .map_err(|_| FleetError::js(CREATE_STREAM, e))?;
             }
         }
     }
@@ -231,7 +381,7 @@ async fn ensure_stream_and_bucket(
             Err(e) => {
                 js.get_stream(kv_stream())
                     .await
-                    .map_err(|_| FleetError::js("creating the bucket", e))?;
+                    .map_err(|_| FleetError::js(CREATE_BUCKET, e))?;
             }
         }
     }
@@ -264,4 +414,48 @@ fn datetime_ms(t: async_nats::jetstream::message::Info<'_>) -> f64 {
 pub fn default_observer() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     wire::observer_from_hostname(host.trim())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_password_file_must_be_private_and_one_newline_is_dropped() {
+        let dir = std::env::temp_dir().join(format!("hbm-pw-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("pw");
+        std::fs::write(&path, "s3cret\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(read_password_file(&path).unwrap(), "s3cret");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let e = read_password_file(&path).unwrap_err().to_string();
+        assert!(e.contains("mode 0640") && !e.contains("s3cret"), "{e}");
+        std::fs::write(&path, "\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(read_password_file(&path).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn credentials_combine_one_way_only() {
+        let user = NatsAuth {
+            user: Some("obs-a".into()),
+            password_file: Some("/p".into()),
+            ..Default::default()
+        };
+        assert!(user.validate().is_ok());
+        assert!(NatsAuth::default().validate().is_ok());
+        let both = NatsAuth {
+            creds: Some("/c".into()),
+            ..user.clone()
+        };
+        assert!(both.validate().is_err());
+        let half = NatsAuth {
+            password_file: None,
+            ..user
+        };
+        assert!(half.validate().is_err());
+    }
 }

@@ -136,6 +136,9 @@ struct Shared {
     queue: Mutex<Queue>,
     wake: Notify,
     counters: Counters,
+    /// The last error the server sent (a permissions violation names the subject refused)
+    /// and when: a publish the server refuses is only ever answered by a missing ack.
+    server_error: Mutex<Option<(Instant, String)>>,
 }
 
 impl Shared {
@@ -159,40 +162,51 @@ async fn run(
         }),
         wake: Notify::new(),
         counters: Counters::default(),
+        server_error: Mutex::new(None),
     });
     // Connection changes, from the client's callback: a reconnect means a resync.
     let (connected_tx, connected) = watch::channel(false);
     let callback_shared = shared.clone();
     let ever_connected = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let options = options(
-        config.creds.as_deref(),
-        &format!("monitor {}", config.observer),
-    )
-    .await?
-    .retry_on_initial_connect()
-    .event_callback(move |event| {
-        let shared = callback_shared.clone();
-        let tx = connected_tx.clone();
-        let ever = ever_connected.clone();
-        async move {
-            match event {
-                async_nats::Event::Connected => {
-                    log::info!("fleet: connected to NATS");
-                    tx.send_replace(true);
-                    // The first connection's resync is the one asked for at start.
-                    if ever.swap(true, Ordering::Relaxed) {
-                        shared.queue().resync = Some("reconnect");
-                        shared.wake.notify_one();
+    let options = options(&config.auth, &format!("monitor {}", config.observer))
+        .await?
+        .retry_on_initial_connect()
+        .event_callback(move |event| {
+            let shared = callback_shared.clone();
+            let tx = connected_tx.clone();
+            let ever = ever_connected.clone();
+            async move {
+                match event {
+                    async_nats::Event::Connected => {
+                        log::info!("fleet: connected to NATS");
+                        tx.send_replace(true);
+                        // The first connection's resync is the one asked for at start.
+                        if ever.swap(true, Ordering::Relaxed) {
+                            shared.queue().resync = Some("reconnect");
+                            shared.wake.notify_one();
+                        }
                     }
+                    async_nats::Event::Disconnected => {
+                        log::warn!("fleet: disconnected from NATS; buffering events");
+                        tx.send_replace(false);
+                    }
+                    async_nats::Event::ServerError(e) => {
+                        let text = e.to_string();
+                        let now = Instant::now();
+                        let mut last = shared.server_error.lock().expect("server error lock");
+                        // The same refusal comes with every retry: said once every 10 s.
+                        let repeated = last.as_ref().is_some_and(|(t, m)| {
+                            *m == text && now.duration_since(*t) < Duration::from_secs(10)
+                        });
+                        if !repeated {
+                            log::warn!("fleet: the NATS server says: {text}");
+                            *last = Some((now, text));
+                        }
+                    }
+                    other => log::info!("fleet: NATS {other}"),
                 }
-                async_nats::Event::Disconnected => {
-                    log::warn!("fleet: disconnected from NATS; buffering events");
-                    tx.send_replace(false);
-                }
-                other => log::info!("fleet: NATS {other}"),
             }
-        }
-    });
+        });
     let client = options
         .connect(config.urls.clone())
         .await
@@ -405,8 +419,17 @@ impl Sender {
             .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10))
         {
             self.last_warning = Some(now);
+            let server = self
+                .shared
+                .server_error
+                .lock()
+                .expect("server error lock")
+                .as_ref()
+                .filter(|(t, _)| now.duration_since(*t) < Duration::from_secs(30))
+                .map(|(_, m)| format!(" (the server said: {m})"))
+                .unwrap_or_default();
             log::warn!(
-                "fleet: {e}; retrying ({} events buffered)",
+                "fleet: {e}{server}; retrying ({} events buffered)",
                 self.shared.queue().items.len()
             );
         }
