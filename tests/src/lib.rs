@@ -2,6 +2,7 @@
 //! load the real XDP program into the running kernel and make real network namespaces.
 
 pub mod agent_process;
+pub mod attack;
 pub mod bench;
 pub mod fixture;
 pub mod fleet_net;

@@ -121,6 +121,15 @@ fn one_source_cannot_fill_the_table_and_a_real_peer_still_gets_in() {
     );
     let s = stats(&agent);
     assert_eq!(s["peers"], json!(257), "{s}");
+    let real = agent.ask(json!({"op": "peer", "id": real_id}))["peer"].clone();
+    integration_tests::attack::AttackRow {
+        attack: "one source fills the table with first heartbeats",
+        load: "2,000 ids from one address at 2 Hz into 1,024 slots, defaults".into(),
+        wrongly_convicted: Some(u64::from(!real["level"].is_null())),
+        real_peers_refused: Some(0),
+        ..Default::default()
+    }
+    .report();
 
     // The refusals were told, naming the attacker's address, at most once a second.
     let text = wait_for(Duration::from_secs(5), "a refusal line", || {
@@ -275,6 +284,16 @@ fn a_watched_peer_is_never_pushed_out_by_a_flood() {
         || heartbeats(&agent, 900_000).filter(|&n| n >= before + 10),
     );
     assert!(agent.peer_ids().contains(&900_000));
+    let real = agent.ask(json!({"op": "peer", "id": 900_000}))["peer"].clone();
+    integration_tests::attack::AttackRow {
+        attack: "a flood of newcomers against a watched peer",
+        load: "2,000 ids at 2 Hz into a full 300-slot table, share lifted".into(),
+        heartbeats_lost: real["lost"].as_u64(),
+        wrongly_convicted: Some(u64::from(!real["level"].is_null())),
+        real_peers_refused: Some(0),
+        ..Default::default()
+    }
+    .report();
 }
 
 /// The index's hash key is drawn afresh at each load, kept with pinned state, and used by the

@@ -56,6 +56,14 @@ fn a_sender_restarted_with_a_lower_incarnation_is_heard_again() {
     assert_eq!(count(&heard, "out_of_order"), 0, "none refused: {heard}");
     assert_eq!(count(&heard, "restarts"), 1, "{heard}");
     assert!(heard["level"].is_null(), "not suspected: {heard}");
+    integration_tests::attack::AttackRow {
+        attack: "a sender restarted with a lower incarnation",
+        load: "incarnation 100, then 50 (a clock stepped back), 50 Hz".into(),
+        heartbeats_lost: heard["out_of_order"].as_u64(),
+        wrongly_convicted: Some(u64::from(!heard["level"].is_null())),
+        ..Default::default()
+    }
+    .report();
 }
 
 /// With the key: a restart backwards is heard again; once the peer is dead, heartbeats of the
@@ -139,4 +147,11 @@ fn with_the_key_a_replayed_epoch_revives_nothing_and_a_real_restart_does() {
             .then_some(p)
     });
     assert_eq!(count(&back, "restarts"), 3, "{back}");
+    integration_tests::attack::AttackRow {
+        attack: "recorded signed epochs replayed after the peer died",
+        load: "2 epochs x 20 heartbeats, byte for byte, with --auth-key-file".into(),
+        wrongly_convicted: Some(count(&after, "heartbeats") - count(&dead, "heartbeats")),
+        ..Default::default()
+    }
+    .report();
 }

@@ -218,6 +218,14 @@ fn a_slot_lock_left_odd_by_a_killed_agent_is_repaired_on_adoption() {
         before,
         "heartbeats still dropped after adoption"
     );
+    integration_tests::attack::AttackRow {
+        attack: "an agent SIGKILLed holding slot locks (--persist)",
+        load: "every slot's lock left odd, then a new agent adopts".into(),
+        heartbeats_lost: Some(contended().as_u64().unwrap() - before.as_u64().unwrap()),
+        wrongly_convicted: Some(u64::from(!peer(7)["level"].is_null())),
+        ..Default::default()
+    }
+    .report();
     assert!(second.stop().success());
     let out = detach(&pair, &pins_arg);
     assert!(

@@ -179,6 +179,18 @@ fn attack(
         rss <= 2 * idle_rss,
         "the agent's RSS grew from {idle_rss} KiB to {rss} KiB"
     );
+    integration_tests::attack::AttackRow {
+        attack: "idle connections and subscribers that never read, one local uid",
+        load: format!(
+            "{idle} idle + {subscribers} mute subscribers, {} held",
+            count(&held, "open") + count(&subs, "subscribed")
+        ),
+        query_p99_ms: Some(p99(&peer).max(p99(&stats))),
+        agent_rss_mib: Some(rss as f64 / 1024.0),
+        idle_rss_mib: Some(idle_rss as f64 / 1024.0),
+        ..Default::default()
+    }
+    .report();
     (hog, subs, held)
 }
 

@@ -791,7 +791,13 @@ mod authentication {
             r.auth_failures, forgeries,
             "each forgery counted against the peer"
         );
-        eprintln!("{forgeries} forgeries beside {sent} signed heartbeats: 0 contended");
+        integration_tests::attack::AttackRow {
+            attack: "forged heartbeats for a victim's id on another CPU",
+            load: format!("{forgeries} forgeries beside {sent} signed (BPF_PROG_TEST_RUN, 2 CPUs)"),
+            heartbeats_lost: Some(sent - r.heartbeats + c.contended),
+            ..Default::default()
+        }
+        .report();
     }
 
     #[test]

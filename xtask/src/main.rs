@@ -2,6 +2,7 @@
 //! every task runs whatever part of `setup` is missing first, so a fresh machine needs no hand
 //! steps.
 
+mod attack;
 mod bench;
 mod build;
 mod demo;
@@ -47,6 +48,8 @@ enum Task {
     Bench(bench::BenchArgs),
     /// Record the corpus of real traces (tests/traces/) through impaired veth paths.
     Traces(traces::TracesArgs),
+    /// Run every attack of the security suite against the real agent and kernel; one table.
+    Attack(attack::AttackArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -60,5 +63,6 @@ fn main() -> anyhow::Result<()> {
         Task::Fuzz(args) => fuzz::run(&args),
         Task::Soak(args) => soak::run(&args),
         Task::Traces(args) => traces::run(&args),
+        Task::Attack(args) => attack::run(&args),
     }
 }
