@@ -6,6 +6,10 @@
 //! operator asks for (`--metrics-peer ID`, `--metrics-top K`, at most [`MAX_PEER_SERIES`]),
 //! as the Prometheus naming and exporter guides ask (50,000 peer series would swamp a server).
 //! Names follow them too: `heartbeat_monitor_` prefix, base units, `_total` on counters.
+//!
+//! The listener keeps to [`Limits`] (header read timeout, connection cap, connection age) and
+//! renders scrapes off the async workers, one at a time ([`serve`]; docs/security.md,
+//! "/metrics").
 
 use std::{
     collections::BTreeMap,
