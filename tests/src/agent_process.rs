@@ -119,13 +119,41 @@ impl AgentProcess {
 
     /// As `start`, running the `monitor` binary at `bin` (another build of it).
     pub fn start_bin(bin: &Path, pair: &NetnsPair, extra: &[&str]) -> Self {
-        Self::start_with(bin, pair, extra, "warn", Stdio::inherit())
+        Self::start_with(bin, pair, extra, "warn", Stdio::inherit(), |_| {})
     }
 
     /// As `start`, logging at info into the file at `log` (read it with `std::fs`).
     pub fn start_logging(pair: &NetnsPair, extra: &[&str], log: &Path) -> Self {
         let file = std::fs::File::create(log).expect("creating the agent's log file");
-        Self::start_with(&monitor_bin(), pair, extra, "info", file.into())
+        Self::start_with(&monitor_bin(), pair, extra, "info", file.into(), |_| {})
+    }
+
+    /// As `start`, with at most `nofile` open files (RLIMIT_NOFILE, soft and hard), as a
+    /// service gets from systemd's default soft limit of 1024.
+    pub fn start_with_nofile(pair: &NetnsPair, extra: &[&str], nofile: u64) -> Self {
+        use std::os::unix::process::CommandExt;
+        Self::start_with(
+            &monitor_bin(),
+            pair,
+            extra,
+            "warn",
+            Stdio::inherit(),
+            |cmd| {
+                // SAFETY: setrlimit is async-signal-safe and touches nothing of the parent.
+                unsafe {
+                    cmd.pre_exec(move || {
+                        let limit = libc::rlimit {
+                            rlim_cur: nofile,
+                            rlim_max: nofile,
+                        };
+                        if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        Ok(())
+                    });
+                }
+            },
+        )
     }
 
     fn start_with(
@@ -134,10 +162,12 @@ impl AgentProcess {
         extra: &[&str],
         rust_log: &str,
         stderr: Stdio,
+        tweak: impl FnOnce(&mut Command),
     ) -> Self {
         let dir = TempDir::new("hbmsock");
         let socket = dir.0.join("agent.sock");
         let mut cmd = NetnsPair::command_in(&pair.ns_a, bin);
+        tweak(&mut cmd);
         cmd.args(["run", "--iface", &pair.iface_a, "--socket"])
             .arg(&socket)
             .args(extra)

@@ -486,7 +486,10 @@ fn no_observer_can_forge_another_observers_verdicts() {
     assert_eq!(holders, vec!["obs-a"], "{view}");
     integration_tests::attack::AttackRow {
         attack: "one observer forges another's verdicts (NATS)",
-        load: format!("{} forged writes as obs-a, per-observer permissions", forgeries.len()),
+        load: format!(
+            "{} forged writes as obs-a, per-observer permissions",
+            forgeries.len()
+        ),
         wrongly_convicted: Some(u64::from(suspect_ids(&reply).contains(&71))),
         ..Default::default()
     }

@@ -127,7 +127,10 @@ fn a_link_down_convicts_nobody_and_a_peer_that_died_meanwhile_is_convicted_after
     assert!(p2["level"].is_null(), "{p2}");
     integration_tests::attack::AttackRow {
         attack: "the monitored link lost (carrier down)",
-        load: format!("{} ms down, 2 peers at 50 Hz, one dies meanwhile", link_up["down_ms"]),
+        load: format!(
+            "{} ms down, 2 peers at 50 Hz, one dies meanwhile",
+            link_up["down_ms"]
+        ),
         wrongly_convicted: Some(wrongly.len() as u64),
         ..Default::default()
     }

@@ -24,16 +24,43 @@ pub struct AttackArgs {
 
 /// (test file, test name) of every attack, in the table's order.
 pub const SUITE: &[(&str, &str)] = &[
-    ("admission", "one_source_cannot_fill_the_table_and_a_real_peer_still_gets_in"),
+    (
+        "admission",
+        "one_source_cannot_fill_the_table_and_a_real_peer_still_gets_in",
+    ),
     ("admission", "a_watched_peer_is_never_pushed_out_by_a_flood"),
-    ("xdp_fixtures", "authentication::forgeries_on_another_cpu_never_make_a_signed_heartbeat_meet_a_busy_lock"),
-    ("socket_abuse", "a_thousand_idle_connections_and_a_hundred_mute_subscribers_do_not_stall_root"),
-    ("metrics_abuse", "a_slowloris_stalls_neither_the_scrape_nor_the_socket_and_is_closed"),
-    ("busy_agent", "an_admission_storm_and_detector_changes_at_fifty_thousand_peers_do_not_stall_the_socket"),
-    ("backwards_restarts", "a_sender_restarted_with_a_lower_incarnation_is_heard_again"),
-    ("backwards_restarts", "with_the_key_a_replayed_epoch_revives_nothing_and_a_real_restart_does"),
-    ("restart", "a_slot_lock_left_odd_by_a_killed_agent_is_repaired_on_adoption"),
-    ("observer_faults", "a_link_down_convicts_nobody_and_a_peer_that_died_meanwhile_is_convicted_after"),
+    (
+        "xdp_fixtures",
+        "authentication::forgeries_on_another_cpu_never_make_a_signed_heartbeat_meet_a_busy_lock",
+    ),
+    (
+        "socket_abuse",
+        "a_thousand_idle_connections_and_a_hundred_mute_subscribers_do_not_stall_root",
+    ),
+    (
+        "metrics_abuse",
+        "a_slowloris_stalls_neither_the_scrape_nor_the_socket_and_is_closed",
+    ),
+    (
+        "busy_agent",
+        "an_admission_storm_and_detector_changes_at_fifty_thousand_peers_do_not_stall_the_socket",
+    ),
+    (
+        "backwards_restarts",
+        "a_sender_restarted_with_a_lower_incarnation_is_heard_again",
+    ),
+    (
+        "backwards_restarts",
+        "with_the_key_a_replayed_epoch_revives_nothing_and_a_real_restart_does",
+    ),
+    (
+        "restart",
+        "a_slot_lock_left_odd_by_a_killed_agent_is_repaired_on_adoption",
+    ),
+    (
+        "observer_faults",
+        "a_link_down_convicts_nobody_and_a_peer_that_died_meanwhile_is_convicted_after",
+    ),
     ("fleet", "no_observer_can_forge_another_observers_verdicts"),
 ];
 
@@ -44,7 +71,11 @@ pub fn run(args: &AttackArgs) -> Result<()> {
     let mut rows = Vec::new();
     let mut failed = Vec::new();
     for &(file, name) in SUITE {
-        if args.only.as_deref().is_some_and(|only| !name.contains(only)) {
+        if args
+            .only
+            .as_deref()
+            .is_some_and(|only| !name.contains(only))
+        {
             continue;
         }
         println!("attack: {name}");
@@ -69,7 +100,10 @@ pub fn run(args: &AttackArgs) -> Result<()> {
     }
     println!("\n{}", table(&rows));
     if !failed.is_empty() {
-        bail!("attacks whose protection did not hold: {}", failed.join(", "));
+        bail!(
+            "attacks whose protection did not hold: {}",
+            failed.join(", ")
+        );
     }
     Ok(())
 }
@@ -81,7 +115,9 @@ fn table(rows: &[(&str, Option<Value>)]) -> String {
     );
     for (name, row) in rows {
         let Some(row) = row else {
-            out.push_str(&format!("| {name} | (no row: the test failed early) | | | | | |\n"));
+            out.push_str(&format!(
+                "| {name} | (no row: the test failed early) | | | | | |\n"
+            ));
             continue;
         };
         let num = |key: &str| row[key].as_u64().map_or("-".into(), |n| n.to_string());

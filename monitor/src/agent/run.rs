@@ -589,7 +589,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                     listener.local_addr().map_or("?".into(), |a| a.to_string())
                 );
                 let registry = Arc::new(metrics::registry(&agent, series.clone()));
-                metrics::serve(listener, registry).await
+                metrics::serve(
+                    listener,
+                    registry,
+                    metrics::Limits::default(),
+                    metrics::Source::metrics(&*agent).http.clone(),
+                )
+                .await
             }
             None => std::future::pending().await,
         }

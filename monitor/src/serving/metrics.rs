@@ -6,29 +6,36 @@
 //! operator asks for (`--metrics-peer ID`, `--metrics-top K`, at most [`MAX_PEER_SERIES`]),
 //! as the Prometheus naming and exporter guides ask (50,000 peer series would swamp a server).
 //! Names follow them too: `heartbeat_monitor_` prefix, base units, `_total` on counters.
+//!
+//! The listener keeps to [`Limits`] (header read timeout, connection cap, connection age) and
+//! renders scrapes off the async workers, one at a time ([`serve`]; docs/security.md,
+//! "/metrics").
 
 use std::{
+    collections::BTreeMap,
     fmt::Write as _,
     net::SocketAddr,
-    sync::{Arc, RwLock, Weak},
+    sync::{Arc, Mutex, RwLock, Weak},
+    time::{Duration, Instant},
 };
 
 use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode, body::Bytes, service::service_fn};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric},
     metrics::{
         counter::{ConstCounter, Counter},
         family::Family,
-        gauge::ConstGauge,
+        gauge::{ConstGauge, Gauge},
         histogram::{Histogram, exponential_buckets},
         info::Info,
     },
     registry::{Registry, Unit},
 };
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 use crate::serving::protocol::AgentStats;
 
@@ -73,10 +80,43 @@ pub struct OpLabel {
     pub op: &'static str,
 }
 
-/// Why a socket client was refused or cut off (`Refusal::reason`, `CutOff::reason`).
+/// Why a socket client was refused or cut off, or the metrics listener closed a connection.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
 pub struct ReasonLabel {
     pub reason: &'static str,
+}
+
+/// The reasons of [`ReasonLabel`]: over the cap with every place taken by a client that has
+/// sent a request (the newcomer is closed at once); evicted (the oldest connection that had
+/// not yet sent a request, closed to make room for a newcomer); no complete request header
+/// within the header timeout (also what ends an idle keep-alive connection); older than the
+/// connection age limit.
+pub const CLOSE_REASONS: [&str; 4] = ["over_cap", "evicted", "header_timeout", "max_age"];
+
+/// What the metrics listener counts about its own connections.
+#[derive(Debug, Clone)]
+pub struct HttpMetrics {
+    pub connections: Gauge,
+    pub closed: Family<ReasonLabel, Counter>,
+}
+
+impl Default for HttpMetrics {
+    fn default() -> Self {
+        let closed = Family::<ReasonLabel, Counter>::default();
+        for reason in CLOSE_REASONS {
+            let _ = closed.get_or_create(&ReasonLabel { reason });
+        }
+        Self {
+            connections: Gauge::default(),
+            closed,
+        }
+    }
+}
+
+impl HttpMetrics {
+    fn closed(&self, reason: &'static str) {
+        self.closed.get_or_create(&ReasonLabel { reason }).inc();
+    }
 }
 
 /// 10 us .. ~1.3 s: a `peer` is answered in tens of us, `suspects` of 50k peers in about 0.1 ms,
@@ -95,6 +135,7 @@ pub struct AgentMetrics {
     pub socket_refusals: Family<ReasonLabel, Counter>,
     pub socket_cutoffs: Family<ReasonLabel, Counter>,
     pub request_seconds: Family<OpLabel, Histogram, fn() -> Histogram>,
+    pub http: HttpMetrics,
 }
 
 impl Default for AgentMetrics {
@@ -108,6 +149,7 @@ impl Default for AgentMetrics {
             socket_refusals: Family::default(),
             socket_cutoffs: Family::default(),
             request_seconds: Family::new_with_constructor(request_histogram),
+            http: HttpMetrics::default(),
         }
     }
 }
@@ -184,6 +226,16 @@ pub fn registry<S: Source>(agent: &Arc<S>, series: Arc<RwLock<PeerSeries>>) -> R
         "socket_cutoffs",
         "Socket clients cut off, by reason: no request within the idle timeout (idle), a write not taken within the write timeout (write_timeout)",
         m.socket_cutoffs.clone(),
+    );
+    registry.register(
+        "metrics_connections",
+        "Connections open on the metrics listener",
+        m.http.connections.clone(),
+    );
+    registry.register(
+        "metrics_connections_closed",
+        "Metrics connections the server closed, by reason (over_cap, evicted, header_timeout, max_age)",
+        m.http.closed.clone(),
     );
     registry.register_collector(Box::new(AgentCollector {
         agent: Arc::downgrade(agent),
@@ -562,9 +614,168 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
+/// The limits of the metrics listener (docs/security.md, "/metrics"): what a client that
+/// never finishes a request, or many of them, or a flood of scrapes, can hold.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    /// A request header not complete this long after the connection began waiting for it is
+    /// dropped with its connection; an idle keep-alive connection is closed after as long.
+    pub header_timeout: Duration,
+    /// A connection this old is asked to finish (no keep-alive after the request in hand),
+    /// and dropped `header_timeout` later if it has not (a body or a reply that trickles).
+    pub max_age: Duration,
+    /// Connections open at once. A newcomer over it closes the oldest connection that has
+    /// not sent a request yet; if every one has, the newcomer is closed at once.
+    pub max_connections: usize,
+    /// A rendered scrape this young is served again instead of rendering anew.
+    pub reuse: Duration,
+}
+
+impl Limits {
+    pub const DEFAULT: Self = Self {
+        header_timeout: Duration::from_secs(5),
+        max_age: Duration::from_secs(60),
+        max_connections: 64,
+        reuse: Duration::from_secs(1),
+    };
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// Renders scrapes one at a time off the async workers, and serves a rendering younger than
+/// `Limits::reuse` again: concurrent scrapers wait for the one rendering under way and share
+/// it, so a flood of scrapes costs at most one walk over the peers per `reuse` per format,
+/// on a blocking thread, never on the two workers the agent's socket shares.
+struct Renderer {
+    registry: Arc<Registry>,
+    reuse: Duration,
+    /// The last rendering of each format (OpenMetrics, Prometheus), and when it began.
+    last: tokio::sync::Mutex<[Option<(Instant, Bytes)>; 2]>,
+}
+
+impl Renderer {
+    async fn body(self: &Arc<Self>, format: Format) -> Bytes {
+        // In a task of its own, so a scraper that goes away mid-way neither cancels the
+        // rendering nor lets the next one start beside it.
+        let this = self.clone();
+        let task = tokio::spawn(async move {
+            let mut last = this.last.lock().await;
+            let slot = &mut last[format as usize];
+            if let Some((at, body)) = slot
+                && at.elapsed() <= this.reuse
+            {
+                return body.clone();
+            }
+            let began = Instant::now();
+            let registry = this.registry.clone();
+            let body = tokio::task::spawn_blocking(move || Bytes::from(render(&registry, format)))
+                .await
+                .unwrap_or_else(|e| Bytes::from(format!("# rendering failed: {e}\n")));
+            *slot = Some((began, body.clone()));
+            body
+        });
+        task.await
+            .unwrap_or_else(|e| Bytes::from(format!("# rendering failed: {e}\n")))
+    }
+}
+
+/// The connections open on the listener, and which of them have not sent a request yet (the
+/// ones a newcomer over the cap may evict, oldest first).
+#[derive(Default)]
+struct Connections {
+    open: usize,
+    next: u64,
+    waiting: BTreeMap<u64, CancellationToken>,
+}
+
+/// One admitted connection's place; gives it back when the connection ends (unless it was
+/// evicted, which gave it to the newcomer).
+struct Place {
+    id: u64,
+    evicted: CancellationToken,
+    connections: Arc<Mutex<Connections>>,
+    http: HttpMetrics,
+}
+
+impl Place {
+    /// The connection sent a request: it can no longer be evicted.
+    fn requested(&self) {
+        self.connections
+            .lock()
+            .expect("connections lock")
+            .waiting
+            .remove(&self.id);
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut c = self.connections.lock().expect("connections lock");
+        c.waiting.remove(&self.id);
+        if !self.evicted.is_cancelled() {
+            c.open -= 1;
+            self.http.connections.set(c.open as i64);
+        }
+    }
+}
+
+/// A place for a new connection, evicting the oldest that has not sent a request if the
+/// listener is full; None if every place is held by a connection that has.
+fn admit(
+    connections: &Arc<Mutex<Connections>>,
+    limits: &Limits,
+    http: &HttpMetrics,
+) -> Option<Place> {
+    let mut c = connections.lock().expect("connections lock");
+    if c.open >= limits.max_connections {
+        if let Some((_, oldest)) = c.waiting.pop_first() {
+            oldest.cancel();
+            c.open -= 1;
+            http.closed("evicted");
+        } else {
+            http.closed("over_cap");
+            return None;
+        }
+    }
+    c.open += 1;
+    http.connections.set(c.open as i64);
+    let id = c.next;
+    c.next += 1;
+    let evicted = CancellationToken::new();
+    c.waiting.insert(id, evicted.clone());
+    Some(Place {
+        id,
+        evicted,
+        connections: connections.clone(),
+        http: http.clone(),
+    })
+}
+
 /// Serves `GET /metrics` forever; anything else is a 404 or 405. One task per connection,
-/// HTTP/1.1 with keep-alive, as Prometheus scrapes.
-pub async fn serve(listener: TcpListener, registry: Arc<Registry>) -> std::io::Result<()> {
+/// HTTP/1.1 with keep-alive, as Prometheus scrapes, within `limits`; `http` counts what
+/// the limits closed.
+pub async fn serve(
+    listener: TcpListener,
+    registry: Arc<Registry>,
+    limits: Limits,
+    http: HttpMetrics,
+) -> std::io::Result<()> {
+    let renderer = Arc::new(Renderer {
+        registry,
+        reuse: limits.reuse,
+        last: tokio::sync::Mutex::new([None, None]),
+    });
+    let connections = Arc::new(Mutex::new(Connections::default()));
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        // Scrape requests are a few hundred bytes; this bounds each connection's buffer.
+        .max_buf_size(16 * 1024);
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -574,28 +785,57 @@ pub async fn serve(listener: TcpListener, registry: Arc<Registry>) -> std::io::R
                 continue;
             }
         };
-        let registry = registry.clone();
+        let Some(place) = admit(&connections, &limits, &http) else {
+            drop(stream);
+            continue;
+        };
+        let renderer = renderer.clone();
+        let builder = builder.clone();
+        let http = http.clone();
         tokio::spawn(async move {
-            let service = service_fn(move |request: Request<hyper::body::Incoming>| {
-                let registry = registry.clone();
-                async move { Ok::<_, std::convert::Infallible>(respond(&request, &registry)) }
-            });
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
+            let place = Arc::new(place);
+            let evicted = place.evicted.clone();
+            let service = {
+                let place = place.clone();
+                service_fn(move |request: Request<hyper::body::Incoming>| {
+                    place.requested();
+                    let renderer = renderer.clone();
+                    async move { Ok::<_, std::convert::Infallible>(respond(&request, &renderer).await) }
+                })
+            };
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            let age = tokio::time::sleep(limits.max_age);
+            tokio::pin!(age);
+            let result = tokio::select! {
+                result = connection.as_mut() => result,
+                // Dropping the connection closes it.
+                () = evicted.cancelled() => return,
+                () = &mut age => {
+                    http.closed("max_age");
+                    connection.as_mut().graceful_shutdown();
+                    match tokio::time::timeout(limits.header_timeout, connection.as_mut()).await {
+                        Ok(result) => result,
+                        Err(_) => return,
+                    }
+                }
+            };
+            if let Err(e) = result {
+                if e.is_timeout() {
+                    http.closed("header_timeout");
+                }
                 log::debug!("metrics client: {e}");
             }
         });
     }
 }
 
-fn respond<B>(request: &Request<B>, registry: &Registry) -> Response<Full<Bytes>> {
-    let reply = |status: StatusCode, content_type: &str, body: String| {
+async fn respond<B>(request: &Request<B>, renderer: &Arc<Renderer>) -> Response<Full<Bytes>> {
+    let reply = |status: StatusCode, content_type: &str, body: Bytes| {
         Response::builder()
             .status(status)
             .header(hyper::header::CONTENT_TYPE, content_type)
-            .body(Full::new(Bytes::from(body)))
+            .body(Full::new(body))
             .expect("a valid response")
     };
     match (request.method(), request.uri().path()) {
@@ -608,18 +848,18 @@ fn respond<B>(request: &Request<B>, registry: &Registry) -> Response<Full<Bytes>
             reply(
                 StatusCode::OK,
                 format.content_type(),
-                render(registry, format),
+                renderer.body(format).await,
             )
         }
         (_, "/metrics") => reply(
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain; charset=utf-8",
-            "only GET /metrics\n".into(),
+            Bytes::from_static(b"only GET /metrics\n"),
         ),
         _ => reply(
             StatusCode::NOT_FOUND,
             "text/plain; charset=utf-8",
-            "the metrics are at /metrics\n".into(),
+            Bytes::from_static(b"the metrics are at /metrics\n"),
         ),
     }
 }
@@ -771,22 +1011,120 @@ mod tests {
         assert!(too_many.validate().unwrap_err().contains("at most 1000"));
     }
 
-    #[test]
-    fn only_get_metrics_is_served() {
-        let registry = Registry::default();
-        let get = |method: Method, path: &str| {
+    fn renderer(registry: Registry, reuse: Duration) -> Arc<Renderer> {
+        Arc::new(Renderer {
+            registry: Arc::new(registry),
+            reuse,
+            last: tokio::sync::Mutex::new([None, None]),
+        })
+    }
+
+    #[tokio::test]
+    async fn only_get_metrics_is_served() {
+        let renderer = renderer(Registry::default(), Duration::ZERO);
+        for (method, path, status) in [
+            (Method::GET, "/metrics", StatusCode::OK),
+            (Method::HEAD, "/metrics", StatusCode::OK),
+            (Method::POST, "/metrics", StatusCode::METHOD_NOT_ALLOWED),
+            (Method::GET, "/", StatusCode::NOT_FOUND),
+        ] {
             let request = Request::builder()
-                .method(method)
+                .method(method.clone())
                 .uri(path)
                 .body(())
                 .unwrap();
-            respond(&request, &registry).status()
+            assert_eq!(
+                respond(&request, &renderer).await.status(),
+                status,
+                "{method} {path}"
+            );
+        }
+    }
+
+    /// A source whose scrape takes 50 ms, counting scrapes and how many ran at once.
+    #[derive(Default)]
+    struct Slow {
+        metrics: AgentMetrics,
+        scrapes: std::sync::atomic::AtomicUsize,
+        running: std::sync::atomic::AtomicUsize,
+        most_at_once: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Source for Slow {
+        fn scrape(&self, _: &PeerSeries) -> Scrape {
+            use std::sync::atomic::Ordering::SeqCst;
+            self.scrapes.fetch_add(1, SeqCst);
+            let now = self.running.fetch_add(1, SeqCst) + 1;
+            self.most_at_once.fetch_max(now, SeqCst);
+            std::thread::sleep(Duration::from_millis(50));
+            self.running.fetch_sub(1, SeqCst);
+            Scrape::default()
+        }
+
+        fn metrics(&self) -> &AgentMetrics {
+            &self.metrics
+        }
+    }
+
+    /// `n` scrapes at once of a fresh `Slow` served with `reuse`; the source, to count.
+    async fn concurrent_scrapes(n: usize, reuse: Duration) -> Arc<Slow> {
+        let agent = Arc::new(Slow::default());
+        let renderer = renderer(registry(&agent, Arc::default()), reuse);
+        let scrapers: Vec<_> = (0..n)
+            .map(|_| {
+                let renderer = renderer.clone();
+                tokio::spawn(async move { renderer.body(Format::Prometheus).await })
+            })
+            .collect();
+        for scraper in scrapers {
+            let body = scraper.await.unwrap();
+            assert!(
+                String::from_utf8_lossy(&body).contains("heartbeat_monitor_socket_clients 0"),
+                "{body:?}"
+            );
+        }
+        agent
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_scrapes_share_one_rendering() {
+        use std::sync::atomic::Ordering::SeqCst;
+        // Within the reuse age, eight scrapers at once cause one walk over the peers.
+        let agent = concurrent_scrapes(8, Duration::from_secs(1)).await;
+        assert_eq!(agent.scrapes.load(SeqCst), 1);
+        // Without reuse, each renders, but never two at once.
+        let agent = concurrent_scrapes(8, Duration::ZERO).await;
+        assert_eq!(agent.scrapes.load(SeqCst), 8);
+        assert_eq!(agent.most_at_once.load(SeqCst), 1);
+    }
+
+    #[test]
+    fn a_full_listener_evicts_the_oldest_connection_without_a_request() {
+        let limits = Limits {
+            max_connections: 2,
+            ..Limits::DEFAULT
         };
-        assert_eq!(get(Method::GET, "/metrics"), StatusCode::OK);
-        assert_eq!(
-            get(Method::POST, "/metrics"),
-            StatusCode::METHOD_NOT_ALLOWED
-        );
-        assert_eq!(get(Method::GET, "/"), StatusCode::NOT_FOUND);
+        let http = HttpMetrics::default();
+        let connections = Arc::new(Mutex::new(Connections::default()));
+        let closed = |reason| http.closed.get_or_create(&ReasonLabel { reason }).get();
+        let a = admit(&connections, &limits, &http).unwrap();
+        let b = admit(&connections, &limits, &http).unwrap();
+        b.requested();
+        // Full: the newcomer takes the place of `a`, which has sent nothing.
+        let c = admit(&connections, &limits, &http).unwrap();
+        assert!(a.evicted.is_cancelled() && !b.evicted.is_cancelled());
+        assert_eq!(closed("evicted"), 1);
+        drop(a);
+        assert_eq!(http.connections.get(), 2);
+        // `c` has not sent a request either: the next newcomer evicts it.
+        let d = admit(&connections, &limits, &http).unwrap();
+        assert!(c.evicted.is_cancelled());
+        d.requested();
+        // Every place is held by a connection that has sent a request: refused.
+        assert!(admit(&connections, &limits, &http).is_none());
+        assert_eq!(closed("over_cap"), 1);
+        drop((b, c));
+        assert_eq!(http.connections.get(), 1);
+        assert!(admit(&connections, &limits, &http).is_some());
     }
 }
