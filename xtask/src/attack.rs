@@ -85,18 +85,21 @@ pub fn run(args: &AttackArgs) -> Result<()> {
             .stdout(Stdio::piped())
             .spawn()
             .with_context(|| format!("starting the test {name}"))?;
-        let mut row = None;
+        // A test may report several rows (one per variant of its attack).
+        let before = rows.len();
         for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
             let line = line?;
             match line.strip_prefix("attack-row ") {
-                Some(json) => row = Some(serde_json::from_str::<Value>(json)?),
+                Some(json) => rows.push((name, Some(serde_json::from_str::<Value>(json)?))),
                 None => println!("{line}"),
             }
         }
         if !child.wait()?.success() {
             failed.push(name);
         }
-        rows.push((name, row));
+        if rows.len() == before {
+            rows.push((name, None));
+        }
     }
     println!("\n{}", table(&rows));
     if !failed.is_empty() {

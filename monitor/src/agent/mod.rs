@@ -112,6 +112,19 @@ struct Trackers {
     watch: Vec<Watch>,
     lazy: Vec<Lazy>,
     peers: Vec<Option<PeerTracker>>,
+    /// A detector change in progress (`Agent::set_detector`).
+    change: Option<DetectorChange>,
+}
+
+/// A detector change under way: the trackers not yet re-estimated under the new detector,
+/// and the detector they were made under. `set_detector` works through them a chunk at a time
+/// (`Trackers::catch_up`), releasing the trackers' lock in between, and the sweep passes over
+/// those it has not reached yet: no peer is ever judged under a detector its estimate was not
+/// made for, and nobody waits for all 50,000 at once.
+struct DetectorChange {
+    old: Arc<DetectorConfig>,
+    pending: Vec<bool>,
+    left: usize,
 }
 
 impl Trackers {
@@ -120,6 +133,52 @@ impl Trackers {
             watch: vec![Watch::NEW; capacity],
             lazy: vec![Lazy::NONE; capacity],
             peers: vec![None; capacity],
+            change: None,
+        }
+    }
+
+    /// Whether `slot`'s tracker still waits to be re-estimated under a new detector.
+    fn pending(&self, slot: usize) -> bool {
+        self.change.as_ref().is_some_and(|c| c.pending[slot])
+    }
+
+    /// Re-estimates `slot`'s tracker under `new` if a detector change left it pending (`read`
+    /// reads its slot, with the window or not); news in the slot is taken under the old one.
+    fn catch_up(
+        &mut self,
+        slot: usize,
+        new: &DetectorConfig,
+        read: impl FnOnce(bool) -> Option<(PeerRecord, Vec<u32>)>,
+        time: SweepTime,
+        emit: &mut impl FnMut(Transition),
+    ) {
+        let Trackers {
+            watch,
+            lazy,
+            peers,
+            change,
+        } = self;
+        let Some(c) = change else { return };
+        if !std::mem::take(&mut c.pending[slot]) {
+            return;
+        }
+        c.left -= 1;
+        if let Some(t) = &mut peers[slot] {
+            let with_ring = new.params.needs_ring() || c.old.params.needs_ring();
+            let read = read(with_ring).filter(|(record, _)| record.peer_id == t.peer_id);
+            let record = read.as_ref().map(|(r, ring)| (r, ring.as_slice()));
+            t.redetect(
+                record,
+                &mut watch[slot],
+                &mut lazy[slot],
+                &c.old,
+                new,
+                time,
+                emit,
+            );
+        }
+        if c.left == 0 {
+            *change = None;
         }
     }
 
@@ -131,6 +190,11 @@ impl Trackers {
     }
 
     fn clear(&mut self, slot: u32) {
+        if let Some(c) = &mut self.change
+            && std::mem::take(&mut c.pending[slot as usize])
+        {
+            c.left -= 1;
+        }
         self.peers[slot as usize] = None;
         self.watch[slot as usize] = Watch::NEW;
         self.lazy[slot as usize] = Lazy::NONE;
@@ -139,6 +203,9 @@ impl Trackers {
 
 /// Slots a sweep handles per hold of the trackers lock (a few hundred microseconds at most).
 const SWEEP_CHUNK: usize = 4096;
+/// Trackers a detector change re-estimates per hold of the trackers lock: each reads its slot
+/// (and window) and estimates again, about 0.1 ms a hundred in a release build.
+const REDETECT_CHUNK: usize = 512;
 
 /// How often silent peers are checked against `--expire-after`.
 const EXPIRY_SCAN_NS: u64 = 1_000_000_000;
@@ -237,42 +304,55 @@ impl Agent {
     /// is simply gone until it is heard again.
     pub fn set_detector(&self, params: DetectorParams, levels: Levels) {
         let started = Instant::now();
-        let mut trackers = self.trackers.lock().expect("trackers lock");
-        let old = self.detector();
-        let params = DetectorParams {
-            threshold: levels.highest(),
-            ..params
-        };
-        debug_assert_eq!(params.window_config(), old.params.window_config());
-        let new = Arc::new(DetectorConfig::new(params, levels));
-        // The slots are read with their windows where either detector reads them: news is
-        // taken under the old one, the estimate made under the new one.
-        let with_ring = new.params.needs_ring() || old.params.needs_ring();
-        *self.detector.write().expect("detector lock") = new.clone();
-        let time = SweepTime {
+        let time = || SweepTime {
             now_ns: monotonic_ns(),
             wall_ms: wall_ms(),
             hold: false,
         };
         let mut emit = |t: Transition| self.publish(t.into());
-        let Trackers { watch, lazy, peers } = &mut *trackers;
-        for (slot, t) in peers.iter_mut().enumerate() {
-            let Some(t) = t else { continue };
-            let (watch, lazy) = (&mut watch[slot], &mut lazy[slot]);
-            let read = self
-                .read_for_client(slot as u32, with_ring)
-                .ok()
-                .filter(|(record, _)| record.peer_id == t.peer_id);
-            let slot = read
-                .as_ref()
-                .map(|(record, ring)| (record, ring.as_slice()));
-            t.redetect(slot, watch, lazy, &old, &new, time, &mut emit);
+        // Under the lock for a moment: the new detector in place, every tracker marked.
+        let (new, slots, peers) = {
+            let mut trackers = self.trackers.lock().expect("trackers lock");
+            let old = self.detector();
+            // One change at a time (reloads come one after another): finish any left over.
+            for slot in 0..trackers.peers.len() {
+                trackers.catch_up(
+                    slot,
+                    &old,
+                    |ring| self.read(slot as u32, ring),
+                    time(),
+                    &mut emit,
+                );
+            }
+            let params = DetectorParams {
+                threshold: levels.highest(),
+                ..params
+            };
+            debug_assert_eq!(params.window_config(), old.params.window_config());
+            let new = Arc::new(DetectorConfig::new(params, levels));
+            *self.detector.write().expect("detector lock") = new.clone();
+            let pending: Vec<bool> = trackers.peers.iter().map(Option::is_some).collect();
+            let left = pending.iter().filter(|&&p| p).count();
+            if left > 0 {
+                trackers.change = Some(DetectorChange { old, pending, left });
+            }
+            (new, trackers.peers.len(), left)
+        };
+        // Then a chunk at a time, the lock released in between: queries and the sweep (which
+        // catches up the trackers it meets first) wait for one chunk at most.
+        for start in (0..slots).step_by(REDETECT_CHUNK) {
+            let mut trackers = self.trackers.lock().expect("trackers lock");
+            if trackers.change.is_none() {
+                break;
+            }
+            let time = time();
+            for slot in start..(start + REDETECT_CHUNK).min(slots) {
+                let read = |ring| self.read_for_client(slot as u32, ring).ok();
+                trackers.catch_up(slot, &new, read, time, &mut emit);
+            }
         }
-        let peers = peers.iter().flatten().count();
-        drop(trackers);
-        // The sweep waited this long: it needs the trackers' lock.
         log::info!(
-            "detector set: {peers} peers re-estimated and re-levelled in {:.1} ms",
+            "detector set: {peers} peers re-estimated and re-levelled in {:.1} ms, {REDETECT_CHUNK} at a time",
             started.elapsed().as_secs_f64() * 1e3
         );
     }
@@ -413,7 +493,11 @@ impl Agent {
     /// The highest level raised for the peer so far (None: none), from its tracker.
     fn raised(trackers: &Trackers, slot: u32, id: u64, levels: &Levels) -> Option<f64> {
         let crossed = trackers.of(slot, id)?.crossed() as usize;
-        crossed.checked_sub(1).map(|i| levels.as_slice()[i])
+        // A tracker a detector change has not reached yet counts the old levels.
+        let levels = levels.as_slice();
+        crossed
+            .checked_sub(1)
+            .map(|i| levels[i.min(levels.len() - 1)])
     }
 
     /// One peer; with `window`, its window's contents too (one consistent copy of the slot).
@@ -501,6 +585,7 @@ impl Agent {
             (0..used)
                 .filter(|&slot| {
                     !(above_first
+                        && !trackers.pending(slot)
                         && trackers.lazy[slot].below_first_level(
                             &trackers.watch[slot],
                             words[slot].load(Ordering::Relaxed),
@@ -509,6 +594,10 @@ impl Agent {
                 })
                 .filter_map(|slot| Some((registry.owner(slot as u32)?, slot as u32)))
                 .filter(|&(id, slot)| {
+                    // An estimate of the old detector says nothing of the new one's floors.
+                    if trackers.pending(slot as usize) {
+                        return true;
+                    }
                     let floor = trackers.of(slot, id).and_then(|t| {
                         t.threshold_floor(
                             self.table.last_heard(slot),
@@ -860,11 +949,20 @@ impl Agent {
             // takes it to re-level every peer).
             let detector = self.detector();
             let with_ring = detector.params.needs_ring();
-            let Trackers { watch, lazy, peers } = &mut *trackers;
+            // A detector change under way: a tracker it has not reached yet waits for it (a
+            // chunk's worth of milliseconds), rather than be judged under a detector its
+            // estimate was not made for, or hold the lock while the sweep re-estimates it.
+            let Trackers {
+                watch,
+                lazy,
+                peers,
+                change,
+            } = &mut *trackers;
+            let pending = change.as_ref().map(|c| c.pending.as_slice());
             let chunk = watch[start..end].iter_mut().zip(&words[start..end]);
             for (slot, (watch, word)) in (start..end).zip(chunk) {
                 let word = word.load(Ordering::Relaxed);
-                if watch.is_quiet(word, now_ns) {
+                if watch.is_quiet(word, now_ns) || pending.is_some_and(|p| p[slot]) {
                     continue;
                 }
                 let lazy = &mut lazy[slot];
