@@ -408,6 +408,30 @@ pub fn describe(levels: &[f64], e: &Value) -> EventLine {
             format!("lagged   this view missed {} events", e["missed"]),
             Tone::Warning,
         ),
+        "link_down" => (
+            format!(
+                "link     {} down ({}): new suspicions held",
+                e["iface"].as_str().unwrap_or("?"),
+                e["state"].as_str().unwrap_or("?")
+            ),
+            Tone::Warning,
+        ),
+        "link_up" => (
+            format!(
+                "link     {} up after {} ms: suspicions held {} ms more",
+                e["iface"].as_str().unwrap_or("?"),
+                e["down_ms"],
+                e["hold_ms"]
+            ),
+            Tone::Good,
+        ),
+        "correlated_silence" => (
+            format!(
+                "shared   {} of {} peers crossed level {level} within {} ms: a shared fault?",
+                e["peers"], e["watched"], e["window_ms"]
+            ),
+            Tone::Warning,
+        ),
         _ => (e.to_string(), Tone::Plain),
     };
     EventLine {
@@ -660,6 +684,30 @@ pub(super) mod tests {
             "at":1795981535100u64}),
         );
         assert_eq!(app.events.back().unwrap().tone, Tone::Good);
+        // The observer's own faults, said as such.
+        for (event, said, tone) in [
+            (
+                json!({"event":"link_down","iface":"eth0","state":"no carrier","at":0}),
+                "link     eth0 down (no carrier): new suspicions held",
+                Tone::Warning,
+            ),
+            (
+                json!({"event":"link_up","iface":"eth0","down_ms":510,"hold_ms":2000,"at":0}),
+                "link     eth0 up after 510 ms: suspicions held 2000 ms more",
+                Tone::Good,
+            ),
+            (
+                json!({"event":"correlated_silence","level":1.0,"peers":60,"watched":100,
+                    "window_ms":1000,"at":0}),
+                "shared   60 of 100 peers crossed level 1 within 1000 ms: a shared fault?",
+                Tone::Warning,
+            ),
+        ] {
+            app.push_event(&event);
+            let line = app.events.back().unwrap();
+            assert!(line.text.ends_with(said), "{}", line.text);
+            assert_eq!(line.tone, tone);
+        }
         for i in 0..EVENTS_KEPT + 10 {
             app.push_event(&json!({"event":"admit","id":i,"at":0}));
         }

@@ -90,21 +90,33 @@ fn header_lines(app: &App) -> Vec<Line<'static>> {
     let s = &snapshot.stats;
     let k = &s.kernel;
     let bold = Style::default().add_modifier(Modifier::BOLD);
+    // The observer's own fault first: while it lasts, silences say nothing about the peers.
+    let held = if !s.link.up {
+        Some(("  LINK DOWN: new suspicions held", Color::Red))
+    } else if s.link.holding {
+        Some(("  new suspicions held", Color::Yellow))
+    } else {
+        None
+    };
+    let mut title = vec![
+        Span::styled("monitor top", bold),
+        Span::raw(format!(
+            "  {} ({}, port {})  model {}  levels {}  peers {}/{}  up {}",
+            s.iface,
+            s.xdp_mode,
+            s.port,
+            s.model,
+            levels_text(&s.levels),
+            s.peers,
+            s.capacity,
+            uptime_text(s.uptime_s)
+        )),
+    ];
+    if let Some((text, color)) = held {
+        title.push(Span::styled(text, bold.fg(color)));
+    }
     vec![
-        Line::from(vec![
-            Span::styled("monitor top", bold),
-            Span::raw(format!(
-                "  {} ({}, port {})  model {}  levels {}  peers {}/{}  up {}",
-                s.iface,
-                s.xdp_mode,
-                s.port,
-                s.model,
-                levels_text(&s.levels),
-                s.peers,
-                s.capacity,
-                uptime_text(s.uptime_s)
-            )),
-        ]),
+        Line::from(title),
         Line::from(format!(
             "kernel  heartbeats {}  malformed {}  unknown {}  auth failures {}  contended {}  \
              duplicates {}  out of order {}   agent  events {}  stalls {}",
