@@ -6,6 +6,7 @@ pub mod admission;
 mod notify;
 pub mod observer_faults;
 pub mod passive;
+pub mod peers_file;
 mod run;
 
 use std::{
@@ -45,7 +46,7 @@ use crate::{
     },
     serving::peer_view::{PeerView, WindowDetail, ip_addr},
     serving::protocol::{
-        AgentStats, KernelCounters, LinkStats, PeerError, PeerSource, Request, XdpRunStats,
+        AgentStats, LinkStats, PeerError, PeerSource, Request, XdpRunStats,
         error_reply, ok_reply,
     },
     serving::recording::{ARRIVAL_BUFFER, RecordingGuard, Recordings},
@@ -628,7 +629,7 @@ impl Agent {
             stalls: self.stalls.load(Ordering::Relaxed),
             events: self.events_sent.load(Ordering::Relaxed),
             subscribers: self.events.receiver_count(),
-            kernel: kernel.into(),
+            kernel,
             xdp: program::run_stats(self.program_fd.as_fd())
                 .unwrap_or_default()
                 .into(),
@@ -1148,46 +1149,8 @@ impl Handler for Agent {
     }
 }
 
-// The kernel side's totals into the protocol's types: the agent is the one stage that reads
-// both, so the conversions live here and serving never imports the kernel modules.
-
-impl From<CounterTotals> for KernelCounters {
-    fn from(c: CounterTotals) -> Self {
-        // Exhaustive on both sides: a counter added to one and not the other fails to build.
-        let CounterTotals {
-            heartbeats,
-            not_heartbeat,
-            malformed,
-            unknown_peer,
-            duplicates,
-            out_of_order,
-            auth_failures,
-            contended,
-            unknown_reported,
-            unknown_suppressed,
-            arrivals_dropped,
-            not_local,
-            bfd,
-            flow,
-        } = c;
-        Self {
-            heartbeats,
-            not_heartbeat,
-            malformed,
-            unknown_peer,
-            duplicates,
-            out_of_order,
-            auth_failures,
-            contended,
-            unknown_reported,
-            unknown_suppressed,
-            arrivals_dropped,
-            not_local,
-            bfd,
-            flow,
-        }
-    }
-}
+// The kernel side's run statistics into the protocol's type: the agent is the one stage
+// that reads both.
 
 impl From<program::RunStats> for XdpRunStats {
     fn from(r: program::RunStats) -> Self {

@@ -25,7 +25,7 @@ use super::{
     observer_faults::{LinkState, LinkWatch},
 };
 use crate::{
-    agent::admission::{self, AdmissionPolicy},
+    agent::{admission::AdmissionPolicy, peers_file},
     detector::{
         levels::Levels,
         model::{DetectorParams, Model},
@@ -393,7 +393,7 @@ fn xdp_config(config: &AgentConfig, require_auth: bool) -> XdpConfig {
 /// the way out.
 pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Result<()> {
     let peers = match &config.peers_file {
-        Some(path) => admission::read_peers_file(path)?,
+        Some(path) => peers_file::read_peers_file(path)?,
         None => Vec::new(),
     };
     if peers.len() > config.capacity as usize {
