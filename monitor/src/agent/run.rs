@@ -20,7 +20,7 @@ use monitor_common::{
 use crate::serving::protocol::ProgramOrigin;
 
 use super::{
-    Agent, AgentParts,
+    Agent, AgentParts, LiveProgram,
     notify::{self, Notifier},
     observer_faults::{LinkState, LinkWatch},
 };
@@ -529,8 +529,10 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     let agent = Arc::new(Agent::new(AgentParts {
         table,
         registry,
-        counters,
-        program_fd,
+        program: Box::new(LiveProgram {
+            counters,
+            program_fd,
+        }),
         detector,
         iface: config.iface.clone(),
         mode,
