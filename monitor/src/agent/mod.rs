@@ -15,7 +15,7 @@ mod reload;
 mod requests;
 mod run;
 mod sweep;
-
+mod sweeper;
 
 use std::{
     sync::{
@@ -265,6 +265,4 @@ impl Agent {
     fn holding(&self) -> bool {
         self.link.lock().expect("link lock").holding
     }
-
 }
-

@@ -8,9 +8,7 @@ use serde_json::{Value, json};
 
 use super::Agent;
 use crate::{
-    kernel::clock::monotonic_ns,
-    kernel::registry::Registry,
-    serving::recording::RecordingGuard,
+    kernel::clock::monotonic_ns, kernel::registry::Registry, serving::recording::RecordingGuard,
     serving::server::Recording,
 };
 
