@@ -16,6 +16,8 @@ mod requests;
 mod run;
 mod sweep;
 mod sweeper;
+#[cfg(test)]
+mod tests;
 
 use std::{
     sync::{
