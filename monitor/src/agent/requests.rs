@@ -29,6 +29,20 @@ impl Agent {
         crossed.checked_sub(1).map(|i| levels.as_slice()[i])
     }
 
+    /// What the trackers add to each view, in one pass under their lock: its QoS and, while
+    /// new suspicions are held, the level raised before the hold. Returns whether they are.
+    fn from_trackers(&self, views: &mut [(u32, PeerView)], levels: &Levels, now: u64) -> bool {
+        let holding = self.holding();
+        let trackers = self.trackers.lock().expect("trackers lock");
+        for (slot, view) in views.iter_mut() {
+            view.qos = trackers.of(*slot, view.id).map(|t| t.qos(now));
+            if holding {
+                view.hold(Self::raised(&trackers, *slot, view.id, levels));
+            }
+        }
+        holding
+    }
+
     /// One peer; with `window`, its window's contents too (one consistent copy of the slot).
     pub fn peer(&self, id: u64, window: bool) -> Result<PeerView, PeerError> {
         let slot = self
@@ -156,19 +170,9 @@ impl Agent {
                 suspects.push((slot, view));
             }
         }
-        if !suspects.is_empty() {
-            let holding = self.holding();
-            let trackers = self.trackers.lock().expect("trackers lock");
-            for (slot, view) in &mut suspects {
-                view.qos = trackers.of(*slot, view.id).map(|t| t.qos(now));
-                if holding {
-                    view.hold(Self::raised(&trackers, *slot, view.id, &detector.levels));
-                }
-            }
-            // Held: a peer is a suspect only at a level raised before the hold.
-            if holding {
-                suspects.retain(|(_, v)| v.level.is_some_and(|level| level >= threshold));
-            }
+        // Held: a peer is a suspect only at a level raised before the hold.
+        if !suspects.is_empty() && self.from_trackers(&mut suspects, &detector.levels, now) {
+            suspects.retain(|(_, v)| v.level.is_some_and(|level| level >= threshold));
         }
         let mut suspects: Vec<PeerView> = suspects.into_iter().map(|(_, v)| v).collect();
         suspects.sort_unstable_by_key(|p| p.id);
@@ -199,16 +203,7 @@ impl Agent {
             }
             peers.push((slot, PeerView::new(&record, &ring, now, &detector, None)));
         }
-        {
-            let holding = self.holding();
-            let trackers = self.trackers.lock().expect("trackers lock");
-            for (slot, view) in &mut peers {
-                view.qos = trackers.of(*slot, view.id).map(|t| t.qos(now));
-                if holding {
-                    view.hold(Self::raised(&trackers, *slot, view.id, &detector.levels));
-                }
-            }
-        }
+        self.from_trackers(&mut peers, &detector.levels, now);
         let mut peers: Vec<PeerView> = peers.into_iter().map(|(_, v)| v).collect();
         peers.sort_unstable_by_key(|p| p.id);
         Ok(peers)
