@@ -31,7 +31,7 @@ impl Agent {
 
     /// What the trackers add to each view, in one pass under their lock: its QoS and, while
     /// new suspicions are held, the level raised before the hold. Returns whether they are.
-    fn from_trackers(&self, views: &mut [(u32, PeerView)], levels: &Levels, now: u64) -> bool {
+    fn add_tracked(&self, views: &mut [(u32, PeerView)], levels: &Levels, now: u64) -> bool {
         let holding = self.holding();
         let trackers = self.trackers.lock().expect("trackers lock");
         for (slot, view) in views.iter_mut() {
@@ -171,7 +171,7 @@ impl Agent {
             }
         }
         // Held: a peer is a suspect only at a level raised before the hold.
-        if !suspects.is_empty() && self.from_trackers(&mut suspects, &detector.levels, now) {
+        if !suspects.is_empty() && self.add_tracked(&mut suspects, &detector.levels, now) {
             suspects.retain(|(_, v)| v.level.is_some_and(|level| level >= threshold));
         }
         let mut suspects: Vec<PeerView> = suspects.into_iter().map(|(_, v)| v).collect();
@@ -203,7 +203,7 @@ impl Agent {
             }
             peers.push((slot, PeerView::new(&record, &ring, now, &detector, None)));
         }
-        self.from_trackers(&mut peers, &detector.levels, now);
+        self.add_tracked(&mut peers, &detector.levels, now);
         let mut peers: Vec<PeerView> = peers.into_iter().map(|(_, v)| v).collect();
         peers.sort_unstable_by_key(|p| p.id);
         Ok(peers)
