@@ -13,7 +13,7 @@ use aya::{
     programs::{TestRun, TestRunOptions},
 };
 use monitor::{
-    agent::{Agent, AgentParts},
+    agent::{Agent, AgentParts, LiveProgram},
     detector::{levels::Levels, model::DetectorParams, tracker::DetectorConfig},
     kernel::clock::monotonic_ns,
     kernel::loaded::LoadedProgram,
@@ -260,8 +260,10 @@ pub fn sweep_timings(peers: u32) -> SweepTimings {
     let agent = Agent::new(AgentParts {
         table,
         registry,
-        counters,
-        program_fd,
+        program: Box::new(LiveProgram {
+            counters,
+            program_fd,
+        }),
         detector: DetectorConfig::new(DetectorParams::DEFAULT, Levels::default()),
         iface: "none".into(),
         mode: "none".into(),

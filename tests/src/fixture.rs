@@ -179,7 +179,10 @@ impl Fixture {
     pub fn unknown_reports(&mut self) -> Vec<UnknownPeerReport> {
         let mut out = Vec::new();
         while let Some(item) = self.loaded.maps.unknown_reports.next() {
-            out.push(monitor::agent::admission::decode_report(&item).expect("report size"));
+            out.push(
+                monitor::kernel::ring_reader::decode::<UnknownPeerReport>(&item)
+                    .expect("report size"),
+            );
         }
         out
     }

@@ -109,7 +109,7 @@ enum Query {
     /// Every observer's view of one peer.
     Peer {
         /// Peer id, decimal or 0x hex.
-        #[arg(value_parser = monitor::agent::admission::parse_peer_id)]
+        #[arg(value_parser = monitor::agent::peers_file::parse_peer_id)]
         id: u64,
     },
     /// Every observer with a liveness record: live or not, and its publishing counters.

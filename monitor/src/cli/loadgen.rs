@@ -19,7 +19,7 @@ pub struct LoadgenArgs {
     #[arg(long, default_value_t = 1000)]
     peers: u64,
     /// Id of the first peer; the others follow consecutively.
-    #[arg(long, default_value_t = 1, value_parser = monitor::agent::admission::parse_peer_id)]
+    #[arg(long, default_value_t = 1, value_parser = monitor::agent::peers_file::parse_peer_id)]
     first_id: u64,
     /// Heartbeats per second per peer.
     #[arg(long, default_value_t = 10.0)]

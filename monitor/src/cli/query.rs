@@ -28,7 +28,7 @@ enum What {
     /// One peer.
     Peer {
         /// Peer id (decimal or 0x hex).
-        #[arg(value_parser = monitor::agent::admission::parse_peer_id)]
+        #[arg(value_parser = monitor::agent::peers_file::parse_peer_id)]
         id: u64,
     },
     /// Every admitted peer (or those from one address, or of one source).
@@ -50,7 +50,7 @@ enum What {
     /// Stop watching a peer and free its slot.
     Forget {
         /// Peer id (decimal or 0x hex).
-        #[arg(value_parser = monitor::agent::admission::parse_peer_id)]
+        #[arg(value_parser = monitor::agent::peers_file::parse_peer_id)]
         id: u64,
     },
     /// Agent and kernel counters.

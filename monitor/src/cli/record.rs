@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use super::parse_duration;
 
 fn parse_id(text: &str) -> Result<u64, String> {
-    monitor::agent::admission::parse_peer_id(text)
+    monitor::agent::peers_file::parse_peer_id(text)
 }
 
 #[derive(Debug, Args)]

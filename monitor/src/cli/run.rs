@@ -197,7 +197,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "HOST:PORT", help_heading = "Metrics")]
     metrics_addr: Option<std::net::SocketAddr>,
     /// Give this peer series of its own (phi, silence, level); repeat or comma-separate.
-    #[arg(long = "metrics-peer", value_name = "ID", value_delimiter = ',', value_parser = monitor::agent::admission::parse_peer_id, help_heading = "Metrics")]
+    #[arg(long = "metrics-peer", value_name = "ID", value_delimiter = ',', value_parser = monitor::agent::peers_file::parse_peer_id, help_heading = "Metrics")]
     metrics_peers: Vec<u64>,
     /// Give the K peers with the highest phi at each scrape series of their own (with
     /// --metrics-peer, at most 1000 in all).

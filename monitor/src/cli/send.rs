@@ -46,7 +46,7 @@ pub struct SendArgs {
 }
 
 fn parse_id(text: &str) -> Result<u64, String> {
-    let id = monitor::agent::admission::parse_peer_id(text)?;
+    let id = monitor::agent::peers_file::parse_peer_id(text)?;
     monitor_common::wire::validate_peer_id(id).map_err(|_| {
         format!("{id} is not a valid peer id: id 0 is reserved (docs/wire-format.md)")
     })?;

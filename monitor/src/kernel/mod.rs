@@ -9,6 +9,7 @@ pub mod destination;
 pub mod index_key;
 pub mod kernel_log;
 pub mod keyring;
+pub mod lifecycle;
 pub mod loaded;
 pub mod maps;
 pub mod peer_index;

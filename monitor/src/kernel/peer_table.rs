@@ -377,9 +377,7 @@ impl Drop for PeerTable {
 const _: () = assert!(offset_of!(PeerSlot, lock) == 0);
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
+impl PeerTable {
     /// A table over anonymous memory instead of BPF maps: the same protocol, no kernel.
     pub(crate) fn anonymous(capacity: u32) -> PeerTable {
         let (base, bytes) = anonymous_array::<PeerSlot>(capacity as usize);
@@ -392,10 +390,15 @@ mod tests {
             words_bytes,
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     #[test]
     fn a_slot_held_by_a_writer_is_busy_and_read_once_released() {
-        let table = anonymous(2);
+        let table = PeerTable::anonymous(2);
         table.reset(1, PeerRecord::admitted(7, 5));
         assert_eq!(table.record_patiently(1).map(|r| r.peer_id), Ok(7));
         // A writer holds the slot (odd counter) through every attempt: busy, not a record.
@@ -420,7 +423,7 @@ mod tests {
 
     #[test]
     fn a_lock_left_odd_by_a_dead_writer_is_taken_over_not_waited_on() {
-        let table = anonymous(2);
+        let table = PeerTable::anonymous(2);
         table.reset(1, PeerRecord::admitted(7, 5));
         // A writer died holding the slot.
         table.lock(1).fetch_add(1, Ordering::AcqRel);
@@ -433,7 +436,7 @@ mod tests {
 
     #[test]
     fn adoption_repairs_the_slots_a_dead_agent_left_locked() {
-        let table = anonymous(4);
+        let table = PeerTable::anonymous(4);
         for (slot, id) in [(0, 10), (1, 11), (2, 12)] {
             table.reset(slot, PeerRecord::admitted(id, 5));
         }

@@ -238,34 +238,10 @@ pub struct ProgramOrigin {
     pub previous_tag: Option<String>,
 }
 
-/// The XDP program's verdict counters, summed over CPUs, as `stats` carries them. The wire's
-/// own type: the agent converts the kernel side's totals into it (`agent`), so the protocol
-/// does not depend on the kernel modules.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct KernelCounters {
-    pub heartbeats: u64,
-    pub not_heartbeat: u64,
-    pub malformed: u64,
-    pub unknown_peer: u64,
-    pub duplicates: u64,
-    pub out_of_order: u64,
-    pub auth_failures: u64,
-    pub contended: u64,
-    pub unknown_reported: u64,
-    pub unknown_suppressed: u64,
-    /// Arrivals of traced peers lost because the ring was full (`monitor record`).
-    #[serde(default)]
-    pub arrivals_dropped: u64,
-    /// Packets to the heartbeat port addressed to another host (passed, not recorded).
-    #[serde(default)]
-    pub not_local: u64,
-    /// BFD control packets recorded in a session's slot (`--bfd`; passed on).
-    #[serde(default)]
-    pub bfd: u64,
-    /// Datagrams to a `--udp-port` port recorded in a flow's slot (passed on).
-    #[serde(default)]
-    pub flow: u64,
-}
+/// The XDP program's verdict counters, summed over CPUs, as `stats` carries them: the kernel
+/// side's own totals, carried as they are (one type, so a counter the program adds is on the
+/// wire with no conversion to keep in step).
+pub use crate::kernel::counters::CounterTotals as KernelCounters;
 
 /// The kernel's own accounting of the XDP program, as `stats` carries it: runs and total run
 /// time, both zero unless `kernel.bpf_stats_enabled` is 1.

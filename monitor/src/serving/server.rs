@@ -148,6 +148,17 @@ impl ListReply {
         }
         Ok(!last)
     }
+
+    /// The whole line, as a client reads it (unit tests).
+    #[cfg(test)]
+    pub(crate) fn text(&self) -> String {
+        let mut out = Vec::new();
+        let mut n = 0;
+        while self.chunk(n, &mut out).expect("a peer serializes") {
+            n += 1;
+        }
+        String::from_utf8(out).expect("JSON is UTF-8")
+    }
 }
 
 /// An open recording (see `recording`): whose arrivals, from where, until when.

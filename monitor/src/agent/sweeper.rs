@@ -1,0 +1,130 @@
+//! The sweep's own thread and its pace: a sweep every `--sweep-interval`, the agent's own
+//! stalls and the interface's link watched between sweeps (`observer_faults`), and the
+//! watchdog's pings (`notify`).
+
+use std::{sync::Arc, sync::atomic::Ordering, time::Duration};
+
+use anyhow::{Context, Result};
+
+use super::{
+    Agent,
+    notify::Notifier,
+    observer_faults::{LinkState, LinkWatch},
+    wall_ms,
+};
+use crate::kernel::clock::monotonic_ns;
+
+/// The sweep's own thread: it wakes once a sweep and nothing else wakes it, where a sweep
+/// driven by the async runtime's timer cost a handful of thread switches each (the timer's
+/// worker, then the task's thread), and it keeps its pace whatever the socket's clients ask of
+/// the runtime.
+pub(super) struct Sweeper {
+    stop: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Sweeper {
+    /// Starts sweeping every `interval`; `ended` fires if the thread ever ends by itself.
+    pub(super) fn start(
+        agent: Arc<Agent>,
+        interval: Duration,
+        stall_bound: Duration,
+        link_grace: Duration,
+        notifier: Notifier,
+        ended: tokio::sync::oneshot::Sender<()>,
+    ) -> Result<Self> {
+        let (stop, stopped) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("sweep".into())
+            .spawn(move || {
+                // Dropped when the thread ends, also by a panic: the agent then stops.
+                let _ended = ended;
+                sweep_loop(
+                    &agent,
+                    interval,
+                    stall_bound,
+                    link_grace,
+                    notifier,
+                    &stopped,
+                );
+            })
+            .context("starting the sweep thread")?;
+        Ok(Self { stop, thread })
+    }
+
+    pub(super) fn stop(self) {
+        drop(self.stop);
+        let _ = self.thread.join();
+    }
+}
+
+/// Sweeps every `interval` until `stop` is dropped; detects its own stalls (Cassandra pauses
+/// convictions the same way) and its interface's link going down (`observer_faults`), and
+/// holds new suspicions through either. A tick that comes late is taken at once and the next
+/// one an interval after it.
+fn sweep_loop(
+    agent: &Agent,
+    interval: Duration,
+    stall_bound: Duration,
+    link_grace: Duration,
+    mut notifier: Notifier,
+    stop: &std::sync::mpsc::Receiver<()>,
+) {
+    let mut next = std::time::Instant::now() + interval;
+    let mut last = monotonic_ns();
+    let mut hold_until = 0u64;
+    let state = LinkState::read(agent.iface());
+    let mut link = LinkWatch::new(agent.iface(), link_grace, &state, last);
+    if let LinkState::Down(operstate) = &state {
+        log::warn!(
+            "{}: link down ({operstate}); holding new suspicions until it is up",
+            agent.iface()
+        );
+    }
+    agent.note_link(&link);
+    loop {
+        match stop.recv_timeout(next.saturating_duration_since(std::time::Instant::now())) {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            _ => return,
+        }
+        let woke = std::time::Instant::now();
+        next = if woke > next + interval {
+            woke + interval
+        } else {
+            next + interval
+        };
+        // The time since the last sweep ended: a sweep that itself takes long (the first one
+        // over a million new peers) is not a stall, since the kernel kept stamping arrivals
+        // meanwhile; a thread or a machine that was not running is.
+        let now = monotonic_ns();
+        let gap = now.saturating_sub(last);
+        if gap > stall_bound.as_nanos() as u64 {
+            agent.stalls.fetch_add(1, Ordering::Relaxed);
+            hold_until = now + gap;
+            log::warn!(
+                "the agent was not scheduled for {:.0} ms; holding new suspicions for as long",
+                gap as f64 / 1e6
+            );
+        }
+        // One read of a sysfs file a sweep: a link change is seen within a sweep.
+        let state = LinkState::read(agent.iface());
+        if let Some(event) = link.observe(&state, now, wall_ms() as u64) {
+            match &state {
+                LinkState::Down(operstate) => log::warn!(
+                    "{}: link down ({operstate}); holding new suspicions until it is up",
+                    agent.iface()
+                ),
+                LinkState::Up => log::warn!(
+                    "{}: link up again; new suspicions held for {link_grace:?} more",
+                    agent.iface()
+                ),
+            }
+            agent.note_link(&link);
+            agent.publish(event);
+        }
+        agent.sweep(now, now < hold_until || link.holding(now));
+        last = monotonic_ns();
+        // The watchdog hears from the sweep itself: a stalled sweep stops the pings.
+        notifier.tick(agent);
+    }
+}

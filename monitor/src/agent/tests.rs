@@ -1,0 +1,229 @@
+//! The agent's logic with no kernel: its peer table and index over anonymous memory
+//! (`PeerTable::anonymous`, `PeerIndex::anonymous`) and a program that only counts.
+
+use std::net::IpAddr;
+
+use monitor_common::{
+    maps::{FAMILY_IPV4, UnknownPeerReport},
+    passive::SOURCE_HEARTBEAT,
+};
+use serde_json::Value;
+
+use super::{Agent, AgentParts, ProgramStats};
+use crate::{
+    agent::admission::{AdmissionPolicy, AdmitFrom},
+    detector::{levels::Levels, model::DetectorParams, tracker::DetectorConfig},
+    kernel::{
+        counters::CounterTotals, peer_index::PeerIndex, peer_table::PeerTable, registry::Registry,
+    },
+    serving::protocol::{Request, XdpRunStats},
+    serving::server::{Handler, Response},
+};
+
+/// A program that has counted a few heartbeats and never ran.
+struct CountedOnly;
+
+impl ProgramStats for CountedOnly {
+    fn counters(&self) -> Result<CounterTotals, String> {
+        Ok(CounterTotals {
+            heartbeats: 42,
+            ..CounterTotals::default()
+        })
+    }
+
+    fn run_stats(&self) -> XdpRunStats {
+        XdpRunStats::default()
+    }
+}
+
+fn agent(capacity: u32, admission: AdmissionPolicy) -> Agent {
+    Agent::new(AgentParts {
+        table: PeerTable::anonymous(capacity),
+        registry: Registry::new(PeerIndex::anonymous(capacity), capacity),
+        program: Box::new(CountedOnly),
+        detector: DetectorConfig::new(DetectorParams::DEFAULT, Levels::default()),
+        iface: "test0".into(),
+        mode: "none".into(),
+        origin: Default::default(),
+        port: 9999,
+        admission,
+        expire_after: None,
+    })
+}
+
+fn policy(from: &[&str], per_source: u32) -> AdmissionPolicy {
+    AdmissionPolicy {
+        auto: true,
+        from: AdmitFrom::Ranges(from.iter().map(|c| c.parse().unwrap()).collect()),
+        rate_per_sec: 1_000_000,
+        per_source,
+    }
+}
+
+/// The kernel's report of a first heartbeat of `id` from `source`.
+fn first_heartbeat(id: u64, source: &str) -> UnknownPeerReport {
+    let IpAddr::V4(v4) = source.parse::<IpAddr>().unwrap() else {
+        panic!("an IPv4 address")
+    };
+    let mut src_addr = [0u8; 16];
+    src_addr[12..].copy_from_slice(&v4.octets());
+    UnknownPeerReport {
+        peer_id: id,
+        seq: 1,
+        incarnation: 1,
+        src_family: FAMILY_IPV4,
+        src_port: 40_000,
+        src_addr,
+        source: SOURCE_HEARTBEAT,
+        bfd_state: 0,
+        dst_port: 9999,
+        discriminator: 0,
+    }
+}
+
+fn reply(response: Response) -> Value {
+    match response {
+        Response::Reply(value) => value,
+        Response::List(list) => serde_json::from_str(&list.text()).expect("a JSON line"),
+        _ => panic!("not a reply"),
+    }
+}
+
+fn ids(reply: &Value, key: &str) -> Vec<u64> {
+    reply[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("no {key} in {reply}"))
+        .iter()
+        .map(|p| p["id"].as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn first_heartbeats_take_slots_within_the_policy_and_shares() {
+    let agent = agent(4, policy(&["10.0.0.0/8"], 2));
+    let greedy: IpAddr = "10.0.0.2".parse().unwrap();
+    for id in [1, 2, 3] {
+        agent.on_unknown_peer(&first_heartbeat(id, "10.0.0.2"));
+    }
+    // Its share is two: the third is refused, and another source is not held back.
+    assert_eq!(agent.admitted_from(greedy), 2);
+    agent.on_unknown_peer(&first_heartbeat(4, "192.0.2.1"));
+    agent.on_unknown_peer(&first_heartbeat(5, "10.0.0.3"));
+    agent.on_unknown_peer(&first_heartbeat(6, "10.0.0.4"));
+    // Four slots, all taken: the next one is refused as full.
+    agent.on_unknown_peer(&first_heartbeat(7, "10.0.0.5"));
+    // A report of an admitted peer (the kernel had not seen its index entry yet) costs nothing.
+    agent.on_unknown_peer(&first_heartbeat(1, "10.0.0.2"));
+    let stats = agent.stats().unwrap();
+    assert_eq!((stats.peers, stats.capacity), (4, 4));
+    let a = stats.admission;
+    assert_eq!(
+        (a.admitted, a.per_source, a.outside_ranges, a.full),
+        (4, 1, 1, 1)
+    );
+    let peers = ids(
+        &reply(agent.handle(Request::Peers {
+            addr: None,
+            source: None,
+        })),
+        "peers",
+    );
+    assert_eq!(peers, [1, 2, 5, 6]);
+    // Forgetting one of the greedy source's peers gives it back a share and the table a slot.
+    agent.forget(2).unwrap();
+    assert_eq!(agent.admitted_from(greedy), 1);
+    agent.on_unknown_peer(&first_heartbeat(3, "10.0.0.2"));
+    assert_eq!(agent.admitted_from(greedy), 2);
+    assert_eq!(agent.stats().unwrap().admission.admitted, 5);
+}
+
+#[test]
+fn without_auto_admission_a_first_heartbeat_takes_no_slot() {
+    let agent = agent(
+        4,
+        AdmissionPolicy {
+            auto: false,
+            ..policy(&["10.0.0.0/8"], 0)
+        },
+    );
+    agent.on_unknown_peer(&first_heartbeat(1, "10.0.0.2"));
+    let stats = agent.stats().unwrap();
+    assert_eq!((stats.peers, stats.admission.disabled), (0, 1));
+    // A listed peer is admitted all the same.
+    agent.admit(1).unwrap();
+    assert_eq!(agent.stats().unwrap().peers, 1);
+}
+
+#[test]
+fn requests_are_answered_from_the_table_and_the_trackers() {
+    let agent = agent(8, policy(&["10.0.0.0/8"], 0));
+    for id in [7, 3, 11] {
+        agent.admit(id).unwrap();
+    }
+    agent.sweep(crate::kernel::clock::monotonic_ns(), false);
+
+    let peer = reply(agent.handle(Request::Peer {
+        id: 7,
+        window: false,
+    }));
+    assert_eq!(peer["ok"], true, "{peer}");
+    assert_eq!(peer["peer"]["id"], 7, "{peer}");
+    let unknown = reply(agent.handle(Request::Peer {
+        id: 99,
+        window: false,
+    }));
+    assert_eq!(unknown["ok"], false, "{unknown}");
+
+    let peers = reply(agent.handle(Request::Peers {
+        addr: None,
+        source: None,
+    }));
+    assert_eq!(ids(&peers, "peers"), [3, 7, 11], "sorted by id");
+
+    let forgotten = reply(agent.handle(Request::Forget { id: 3 }));
+    assert_eq!(forgotten, serde_json::json!({"ok": true, "forgotten": 3}));
+    let again = reply(agent.handle(Request::Forget { id: 3 }));
+    assert_eq!(again["ok"], false, "{again}");
+
+    let stats = reply(agent.handle(Request::Stats));
+    let stats = &stats["stats"];
+    assert_eq!(
+        (&stats["peers"], &stats["capacity"], &stats["iface"]),
+        (&Value::from(2), &Value::from(8), &Value::from("test0"))
+    );
+    assert_eq!(stats["kernel"]["heartbeats"], 42, "the program's counters");
+
+    // Nobody silent for long: no suspect at the highest level.
+    let suspects = reply(agent.handle(Request::Suspects { threshold: None }));
+    assert_eq!(suspects["ok"], true, "{suspects}");
+    assert!(ids(&suspects, "suspects").is_empty(), "{suspects}");
+}
+
+#[test]
+fn the_sweep_suspects_a_silent_peer_at_every_level_and_a_held_sweep_does_not() {
+    let agent = agent(4, policy(&["10.0.0.0/8"], 0));
+    let mut events = agent.subscribe();
+    agent.admit(5).unwrap();
+    let now = crate::kernel::clock::monotonic_ns();
+    agent.sweep(now, false);
+    // Held (a stall, a link down): no new suspicion however long the silence.
+    agent.sweep(now + 600_000_000_000, true);
+    let suspected = |events: &mut tokio::sync::broadcast::Receiver<_>| {
+        std::iter::from_fn(|| events.try_recv().ok())
+            .filter_map(|e| match e {
+                crate::serving::event::Event::Suspect(s) => Some((s.id, s.level)),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(suspected(&mut events), []);
+    agent.sweep(now + 600_000_000_000, false);
+    let levels = agent.detector().levels.as_slice().to_vec();
+    let expected: Vec<(u64, f64)> = levels.iter().map(|&level| (5, level)).collect();
+    assert_eq!(
+        suspected(&mut events),
+        expected,
+        "one event a level, lowest first"
+    );
+    assert_eq!(agent.stats().unwrap().sweeps, 3);
+}
