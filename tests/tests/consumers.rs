@@ -75,11 +75,7 @@ impl Drop for Daemon {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
-        let name = self
-            .child_name
-            .as_deref()
-            .unwrap_or_default()
-            .to_string();
+        let name = self.child_name.as_deref().unwrap_or_default().to_string();
         for pid in extra {
             // The daemon's own child, left behind if the daemon was killed: by the pid it wrote,
             // and only while that pid still runs the same program.
@@ -218,7 +214,11 @@ fn haproxy_agent_check_marks_a_dead_backend_down_and_a_lost_agent_changes_nothin
 
     let mut responder = NetnsPair::command_in(&pair.ns_a, &monitor_bin());
     responder
-        .args(["haproxy-agent", "--listen", &format!("127.0.0.1:{agent_port}")])
+        .args([
+            "haproxy-agent",
+            "--listen",
+            &format!("127.0.0.1:{agent_port}"),
+        ])
         .arg("--socket")
         .arg(agent.socket())
         .env("RUST_LOG", "warn")
@@ -226,7 +226,7 @@ fn haproxy_agent_check_marks_a_dead_backend_down_and_a_lost_agent_changes_nothin
     let responder = Daemon {
         child: responder.spawn().expect("monitor haproxy-agent"),
         extra_pids: vec![],
-            child_name: None,
+        child_name: None,
     };
 
     let mut cfg = format!(
@@ -263,19 +263,23 @@ fn haproxy_agent_check_marks_a_dead_backend_down_and_a_lost_agent_changes_nothin
     let _haproxy = Daemon {
         child: hap.spawn().expect("haproxy"),
         extra_pids: vec![],
-            child_name: None,
+        child_name: None,
     };
 
     // Every server answered by the agent: up at full weight.
-    wait_for(Duration::from_secs(20), "every server checked by the agent", || {
-        let s = show_stat(&stats);
-        ((1..=3).all(|i| {
-            let srv = format!("app/s{i}");
-            col(&s, &srv, "last_agt").starts_with("via agent : up")
-                && num(&s, &srv, "weight") == 100
-        }) && !col(&s, "spare/s9", "last_agt").is_empty())
-        .then_some(())
-    });
+    wait_for(
+        Duration::from_secs(20),
+        "every server checked by the agent",
+        || {
+            let s = show_stat(&stats);
+            ((1..=3).all(|i| {
+                let srv = format!("app/s{i}");
+                col(&s, &srv, "last_agt").starts_with("via agent : up")
+                    && num(&s, &srv, "weight") == 100
+            }) && !col(&s, "spare/s9", "last_agt").is_empty())
+            .then_some(())
+        },
+    );
     let s = show_stat(&stats);
     assert_eq!(
         col(&s, "spare/s9", "last_agt"),
@@ -388,27 +392,45 @@ fn haproxy_agent_check_marks_a_dead_backend_down_and_a_lost_agent_changes_nothin
         "{:?}",
         col(&at_down, "app/s2", "last_agt")
     );
-    assert_eq!(sent_later, sent_at_down, "HAProxy sent requests to s2 after its DOWN");
+    assert_eq!(
+        sent_later, sent_at_down,
+        "HAProxy sent requests to s2 after its DOWN"
+    );
     assert_eq!(served_by_dead_after_kill, 0);
     assert_eq!(failed_after, 0, "requests failed after the DOWN");
-    assert!(after.len() > 100, "too little load after the DOWN: {}", after.len());
+    assert!(
+        after.len() > 100,
+        "too little load after the DOWN: {}",
+        after.len()
+    );
     for i in [1, 3] {
         assert!(!col(&later, &format!("app/s{i}"), "status").starts_with("DOWN"));
     }
 
     // The agent goes away: the responder says so and HAProxy changes nothing.
     drop(agent);
-    wait_for(Duration::from_secs(10), "replies saying the agent is gone", || {
-        let s = show_stat(&stats);
-        (1..=3)
-            .all(|i| col(&s, &format!("app/s{i}"), "last_agt") == "agent reports an error : monitor:no-agent")
-            .then_some(())
-    });
+    wait_for(
+        Duration::from_secs(10),
+        "replies saying the agent is gone",
+        || {
+            let s = show_stat(&stats);
+            (1..=3)
+                .all(|i| {
+                    col(&s, &format!("app/s{i}"), "last_agt")
+                        == "agent reports an error : monitor:no-agent"
+                })
+                .then_some(())
+        },
+    );
     let s = show_stat(&stats);
     assert!(col(&s, "app/s2", "status").starts_with("DOWN"));
     for i in [1, 3] {
         let srv = format!("app/s{i}");
-        assert!(!col(&s, &srv, "status").starts_with("DOWN"), "{srv}: {:?}", s.get(&srv));
+        assert!(
+            !col(&s, &srv, "status").starts_with("DOWN"),
+            "{srv}: {:?}",
+            s.get(&srv)
+        );
         assert_eq!(num(&s, &srv, "weight"), 100);
     }
     drop(responder);
@@ -452,7 +474,7 @@ fn keepalived_backup_takes_the_address_when_the_masters_tracked_peer_dies() {
     let _tracker = Daemon {
         child: tracker.spawn().expect("monitor track-file"),
         extra_pids: vec![],
-            child_name: None,
+        child_name: None,
     };
     wait_for(Duration::from_secs(10), "the track file at 0", || {
         (std::fs::read_to_string(&track).ok()? == "0\n").then_some(())
@@ -461,9 +483,7 @@ fn keepalived_backup_takes_the_address_when_the_masters_tracked_peer_dies() {
     let vip = "10.211.98.100";
     let advert = 0.1;
     let keepalived = |name: &str, ns: &str, iface: &str, state: &str, prio: u32, tracked: bool| {
-        let mut conf = format!(
-            "global_defs {{\n  router_id {name}\n  vrrp_version 3\n}}\n"
-        );
+        let mut conf = format!("global_defs {{\n  router_id {name}\n  vrrp_version 3\n}}\n");
         if tracked {
             conf.push_str(&format!(
                 "track_file hb_peer7 {{\n  file \"{}\"\n  weight 1\n}}\n",
@@ -480,7 +500,10 @@ fn keepalived_backup_takes_the_address_when_the_masters_tracked_peer_dies() {
         conf.push_str("}\n");
         let path = dir.0.join(format!("{name}.conf"));
         std::fs::write(&path, conf).unwrap();
-        let (pid, vrrp_pid) = (dir.0.join(format!("{name}.pid")), dir.0.join(format!("{name}.vrrp.pid")));
+        let (pid, vrrp_pid) = (
+            dir.0.join(format!("{name}.pid")),
+            dir.0.join(format!("{name}.vrrp.pid")),
+        );
         let mut cmd = NetnsPair::command_in(ns, Path::new("keepalived"));
         cmd.args(["-n", "-l", "-D", "-P", "-G", "-f"])
             .arg(&path)
@@ -499,10 +522,14 @@ fn keepalived_backup_takes_the_address_when_the_masters_tracked_peer_dies() {
     };
     let _backup = keepalived("hbk_b", &pair.ns_b, &pair.iface_b, "BACKUP", 100, false);
     let _master = keepalived("hbk_a", &pair.ns_a, &pair.iface_a, "MASTER", 150, true);
-    wait_for(Duration::from_secs(20), "the MASTER holding the address alone", || {
-        (has_addr(&pair.ns_a, &pair.iface_a, vip) && !has_addr(&pair.ns_b, &pair.iface_b, vip))
-            .then_some(())
-    });
+    wait_for(
+        Duration::from_secs(20),
+        "the MASTER holding the address alone",
+        || {
+            (has_addr(&pair.ns_a, &pair.iface_a, vip) && !has_addr(&pair.ns_b, &pair.iface_b, vip))
+                .then_some(())
+        },
+    );
     // Settled: the BACKUP has heard adverts for a while.
     thread::sleep(Duration::from_millis(500));
     assert!(has_addr(&pair.ns_a, &pair.iface_a, vip));
@@ -511,17 +538,23 @@ fn keepalived_backup_takes_the_address_when_the_masters_tracked_peer_dies() {
     let killed = Instant::now();
     let _ = peer.0.wait();
     let (mut convicted, mut written) = (None, None);
-    let moved = wait_for(Duration::from_secs(10), "the BACKUP taking the address", || {
-        if convicted.is_none()
-            && agent.ask(json!({"op": "peer", "id": 7}))["peer"]["level"].as_f64() == Some(8.0)
-        {
-            convicted = Some(killed.elapsed());
-        }
-        if written.is_none() && std::fs::read_to_string(&track).ok().as_deref() == Some("-254\n") {
-            written = Some(killed.elapsed());
-        }
-        has_addr(&pair.ns_b, &pair.iface_b, vip).then(|| killed.elapsed())
-    });
+    let moved = wait_for(
+        Duration::from_secs(10),
+        "the BACKUP taking the address",
+        || {
+            if convicted.is_none()
+                && agent.ask(json!({"op": "peer", "id": 7}))["peer"]["level"].as_f64() == Some(8.0)
+            {
+                convicted = Some(killed.elapsed());
+            }
+            if written.is_none()
+                && std::fs::read_to_string(&track).ok().as_deref() == Some("-254\n")
+            {
+                written = Some(killed.elapsed());
+            }
+            has_addr(&pair.ns_b, &pair.iface_b, vip).then(|| killed.elapsed())
+        },
+    );
     let written = written.unwrap_or(moved);
     let convicted = convicted.unwrap_or(written);
     eprintln!(
@@ -529,8 +562,13 @@ fn keepalived_backup_takes_the_address_when_the_masters_tracked_peer_dies() {
          BACKUP holds {vip} at {moved:?} ({:?} after the file; advert_int {advert} s)",
         moved.saturating_sub(written)
     );
-    assert!(moved < Duration::from_secs(3), "address moved only {moved:?} after the kill");
-    wait_for(Duration::from_secs(5), "the MASTER giving the address up", || {
-        (!has_addr(&pair.ns_a, &pair.iface_a, vip)).then_some(())
-    });
+    assert!(
+        moved < Duration::from_secs(3),
+        "address moved only {moved:?} after the kill"
+    );
+    wait_for(
+        Duration::from_secs(5),
+        "the MASTER giving the address up",
+        || (!has_addr(&pair.ns_a, &pair.iface_a, vip)).then_some(()),
+    );
 }

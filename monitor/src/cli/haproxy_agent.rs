@@ -34,12 +34,7 @@ use monitor::DEFAULT_SOCKET;
 use super::peer_cache::{Lookup, PeerCache};
 
 /// The policy when none is given: a reduced weight at level 1, drained at 3, down at 8.
-pub const DEFAULT_POLICY: [&str; 4] = [
-    "0=up ready 100%",
-    "1=up ready 50%",
-    "3=up drain",
-    "8=down",
-];
+pub const DEFAULT_POLICY: [&str; 4] = ["0=up ready 100%", "1=up ready 50%", "3=up drain", "8=down"];
 
 #[derive(Debug, Args)]
 pub struct HaproxyAgentArgs {
@@ -157,9 +152,12 @@ pub fn answer(cache: &PeerCache, policy: &Policy, name: &str) -> String {
 
 pub fn haproxy_agent(args: HaproxyAgentArgs) -> anyhow::Result<ExitCode> {
     let policy = Arc::new(Policy::new(args.policy.clone())?);
-    anyhow::ensure!(args.max_connections > 0, "--max-connections must be at least 1");
-    let listener = TcpListener::bind(args.listen)
-        .with_context(|| format!("listening on {}", args.listen))?;
+    anyhow::ensure!(
+        args.max_connections > 0,
+        "--max-connections must be at least 1"
+    );
+    let listener =
+        TcpListener::bind(args.listen).with_context(|| format!("listening on {}", args.listen))?;
     let cache = PeerCache::follow(&args.socket, args.retry, args.refresh);
     log::info!(
         "answering HAProxy's agent checks on {} from the agent at {}; policy {}",

@@ -119,12 +119,19 @@ pub fn track_file(args: TrackFileArgs) -> anyhow::Result<ExitCode> {
             if written.get(path) == Some(&value) {
                 continue;
             }
-            write_atomically(path, value)
-                .with_context(|| format!("writing {}", path.display()))?;
+            write_atomically(path, value).with_context(|| format!("writing {}", path.display()))?;
             if failed.is_empty() {
-                log::info!("{}: 0 (every peer below level {})", path.display(), args.level);
+                log::info!(
+                    "{}: 0 (every peer below level {})",
+                    path.display(),
+                    args.level
+                );
             } else {
-                log::info!("{}: {value} (failed: {})", path.display(), failed.join(", "));
+                log::info!(
+                    "{}: {value} (failed: {})",
+                    path.display(),
+                    failed.join(", ")
+                );
             }
             written.insert(path.clone(), value);
         }
@@ -187,7 +194,11 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "-50\n");
         write_atomically(&path, 0).unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "0\n");
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no temporary left");
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            1,
+            "no temporary left"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
