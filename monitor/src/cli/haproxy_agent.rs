@@ -300,4 +300,60 @@ mod tests {
         let p = Policy::new(vec![(0.0, "up".into()), (0.0, "75%".into())]).unwrap();
         assert_eq!(p.reply(None), "75%");
     }
+
+    /// One check through `serve` on loopback: what the client sends, what it reads back.
+    fn check(send: &[u8], close_after: bool) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cache = PeerCache::follow(
+            std::path::Path::new("/nonexistent/agent.sock"),
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+        );
+        let server = thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            serve(
+                stream,
+                &cache,
+                &default_policy(),
+                Duration::from_millis(300),
+                16,
+            );
+        });
+        let mut client = TcpStream::connect(addr).unwrap();
+        client.write_all(send).unwrap();
+        if close_after {
+            client.shutdown(std::net::Shutdown::Write).unwrap();
+        }
+        // Up to the end or an error (a reset after the reply, for input left unread).
+        let mut reply = Vec::new();
+        let mut buf = [0u8; 256];
+        while let Ok(n) = client.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            reply.extend_from_slice(&buf[..n]);
+        }
+        server.join().unwrap();
+        String::from_utf8(reply).unwrap()
+    }
+
+    #[test]
+    fn every_input_is_bounded_and_answered_without_a_change() {
+        // No agent to follow: a neutral word, with why.
+        assert!(check(b"17\n", false).starts_with("monitor:no-agent #"));
+        // Longer than --max-line, without a newline: refused, not waited on.
+        assert!(check(&[b'7'; 4000], false).starts_with("monitor:bad-request #a line longer"));
+        // Nothing within --read-timeout.
+        assert!(check(b"", false).starts_with("monitor:bad-request #no agent-send line"));
+        // Closed without a newline: what came is the line.
+        assert!(check(b"17", true).starts_with("monitor:no-agent #"));
+        assert!(
+            check(b"\xff\n", false).starts_with("monitor:bad-request #a line that is not UTF-8")
+        );
+        assert!(check(b"\n", false).starts_with("monitor:bad-request #an empty"));
+        for reply in [check(b"17\n", false), check(b"", false)] {
+            assert_eq!(reply.matches('\n').count(), 1, "one line: {reply:?}");
+        }
+    }
 }
