@@ -47,6 +47,9 @@ pub fn ensure() -> Result<()> {
     ensure_package("/usr/lib/frr/bfdd", &["--version"], "frr")?;
     // tests/tests/senders.rs: the example senders in C and Python (examples/).
     ensure_package("cc", &["--version"], "gcc")?;
+    // tests/tests/consumers.rs: a real HAProxy (agent-check) and a keepalived VRRP pair.
+    ensure_package("haproxy", &["-v"], "haproxy")?;
+    ensure_package("keepalived", &["--version"], "keepalived")?;
     ensure_package("python3", &["--version"], "python3")
 }
 

@@ -4,14 +4,17 @@ mod completions;
 mod config_file;
 mod detach;
 mod fleet;
+mod haproxy_agent;
 mod loadgen;
 mod manpage;
+mod peer_cache;
 mod query;
 mod record;
 mod replay;
 mod run;
 mod send;
 mod top;
+mod track_file;
 mod watch;
 
 use std::process::ExitCode;
@@ -60,6 +63,12 @@ enum Command {
     /// The fleet's view on NATS JetStream: peers enough live monitors hold down, each
     /// monitor's view of a peer, fleet events (monitors publish with `run --nats`).
     Fleet(fleet::FleetArgs),
+    /// Answer HAProxy's agent checks (`agent-check`) from the agent's view of each server's
+    /// peer: up, a reduced weight, drain or down by level.
+    HaproxyAgent(haproxy_agent::HaproxyAgentArgs),
+    /// Keep keepalived `track_file`s up to date: 0 while the named peers are below a level,
+    /// a weight (or fault) otherwise.
+    TrackFile(track_file::TrackFileArgs),
 }
 
 impl Cli {
@@ -124,6 +133,8 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Manpage(args) => manpage::manpage(args),
         Command::Top(args) => top::top(args),
         Command::Fleet(args) => fleet::fleet(args),
+        Command::HaproxyAgent(args) => haproxy_agent::haproxy_agent(args),
+        Command::TrackFile(args) => track_file::track_file(args),
     }
 }
 

@@ -1,0 +1,574 @@
+//! The systems that act on suspicions, for real, in namespaces:
+//! - HAProxy 2.6 with `agent-check` answered by `monitor haproxy-agent`: three HTTP backends,
+//!   each a heartbeat peer, under steady load; one is killed (its server and its heartbeats
+//!   together) and HAProxy marks it DOWN within the detection time plus an agent interval,
+//!   sends it nothing after that, and a lost agent changes nothing.
+//! - keepalived 2.2, a VRRP pair whose MASTER tracks a peer through `monitor track-file`: the
+//!   peer is killed and the BACKUP takes the virtual address.
+//!
+//! Each prints the figures it measured (docs/consumers.md has them).
+
+use std::{
+    collections::HashMap,
+    io::{Read, Write},
+    net::TcpStream,
+    os::{fd::AsRawFd, unix::net::UnixStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use integration_tests::{
+    agent_process::{AgentProcess, ChildGuard, TempDir, sender, spawn},
+    monitor_bin,
+    netns::NetnsPair,
+    require_root, wait_for,
+};
+use serde_json::json;
+
+/// Moves the calling thread into network namespace `ns` (only this thread).
+fn enter_netns(ns: &str) {
+    let file = std::fs::File::open(format!("/run/netns/{ns}")).expect("open the namespace");
+    // SAFETY: setns on a valid descriptor; it changes this thread's network namespace only.
+    let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(rc, 0, "setns {ns}: {}", std::io::Error::last_os_error());
+}
+
+/// A process stopped with SIGTERM, then SIGKILL, on drop; `extra_pids` (files holding pids,
+/// such as keepalived's child's) are killed too if still there.
+struct Daemon {
+    child: Child,
+    extra_pids: Vec<PathBuf>,
+    /// The program name (`/proc/PID/comm`) the extra pids must still have.
+    child_name: Option<String>,
+}
+
+impl Daemon {
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let extra: Vec<i32> = self
+            .extra_pids
+            .iter()
+            .filter_map(|p| std::fs::read_to_string(p).ok()?.trim().parse().ok())
+            .collect();
+        // Already reaped (killed by the test): its pid may be another process's by now.
+        if !matches!(self.child.try_wait(), Ok(Some(_))) {
+            // SAFETY: signalling our own child, not yet reaped, by pid.
+            unsafe { libc::kill(self.pid(), libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if matches!(self.child.try_wait(), Ok(Some(_))) {
+                    break;
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        let name = self.child_name.as_deref().unwrap_or_default().to_string();
+        for pid in extra {
+            // The daemon's own child, left behind if the daemon was killed: by the pid it wrote,
+            // and only while that pid still runs the same program.
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            if !name.is_empty() && comm.trim() == name {
+                // SAFETY: a pid the daemon wrote for its child, still running that program.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// HAProxy
+
+/// A backend: prints its name to each GET and appends the Unix time of each to its log.
+const BACKEND_PY: &str = r#"
+import http.server, sys, time
+name, port, log = sys.argv[1], int(sys.argv[2]), open(sys.argv[3], "a", buffering=1)
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.0"
+    def do_GET(self):
+        log.write(f"{time.time():.6f}\n")
+        body = name.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer.allow_reuse_address = True
+http.server.ThreadingHTTPServer((sys.argv[4], port), H).serve_forever()
+"#;
+
+/// `show stat` through the stats socket: server name -> column -> value.
+fn show_stat(socket: &Path) -> HashMap<String, HashMap<String, String>> {
+    let mut out = HashMap::new();
+    let Ok(mut s) = UnixStream::connect(socket) else {
+        return out;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    if s.write_all(b"show stat\n").is_err() {
+        return out;
+    }
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    let mut lines = text.lines();
+    let Some(header) = lines.next() else {
+        return out;
+    };
+    let cols: Vec<&str> = header.trim_start_matches("# ").split(',').collect();
+    for line in lines {
+        let fields: Vec<&str> = line.split(',').collect();
+        if fields.len() < 2 || fields[1] == "FRONTEND" || fields[1] == "BACKEND" {
+            continue;
+        }
+        let row: HashMap<String, String> = cols
+            .iter()
+            .zip(&fields)
+            .map(|(c, f)| (c.to_string(), f.to_string()))
+            .collect();
+        out.insert(format!("{}/{}", fields[0], fields[1]), row);
+    }
+    out
+}
+
+fn col<'a>(stat: &'a HashMap<String, HashMap<String, String>>, srv: &str, c: &str) -> &'a str {
+    stat.get(srv)
+        .and_then(|r| r.get(c))
+        .map(String::as_str)
+        .unwrap_or("")
+}
+
+fn num(stat: &HashMap<String, HashMap<String, String>>, srv: &str, c: &str) -> u64 {
+    col(stat, srv, c).parse().unwrap_or(0)
+}
+
+/// One request's outcome as the load generator saw it.
+#[derive(Debug, Clone)]
+struct Outcome {
+    started: Instant,
+    ok: bool,
+    backend: String,
+}
+
+/// One HTTP/1.0 GET; the body (the backend's name) if the status is 200.
+fn get(port: u16) -> Option<String> {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(b"GET / HTTP/1.0\r\nHost: lb\r\n\r\n").ok()?;
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).ok()?;
+    if !reply.starts_with("HTTP/1.0 200") && !reply.starts_with("HTTP/1.1 200") {
+        return None;
+    }
+    reply.split("\r\n\r\n").nth(1).map(str::to_string)
+}
+
+#[test]
+fn haproxy_agent_check_marks_a_dead_backend_down_and_a_lost_agent_changes_nothing() {
+    require_root();
+    // Declared first, dropped last: every process stops before the namespaces go.
+    let pair = NetnsPair::named(97, ["hbha", "hbhb"], ["hbhva", "hbhvb"]);
+    let dir = TempDir::new("hbhaproxy");
+    let peers = dir.peers_file([1, 2, 3]);
+    let agent = AgentProcess::start(&pair, &["--peers", &peers]);
+    let agent_port = 19_777;
+    let front_port = 18_080;
+    let stats = dir.0.join("haproxy.sock");
+    let backend_py = dir.0.join("backend.py");
+    std::fs::write(&backend_py, BACKEND_PY).unwrap();
+
+    // Three backends in the b namespace, each also a heartbeat peer.
+    let start_backend = |i: u64| -> (Daemon, ChildGuard, PathBuf) {
+        let log = dir.0.join(format!("backend{i}.log"));
+        let mut cmd = NetnsPair::command_in(&pair.ns_b, Path::new("python3"));
+        cmd.arg(&backend_py)
+            .args([
+                &format!("b{i}"),
+                &(8000 + i).to_string(),
+                log.to_str().unwrap(),
+                &pair.addr_b,
+            ])
+            .stdin(Stdio::null());
+        let server = Daemon {
+            child: cmd.spawn().expect("python3 backend"),
+            extra_pids: vec![],
+            child_name: None,
+        };
+        let heartbeats = spawn(sender(&pair, i, "20ms", &[]));
+        (server, heartbeats, log)
+    };
+    let mut backends: Vec<Option<(Daemon, ChildGuard, PathBuf)>> =
+        (1..=3).map(|i| Some(start_backend(i))).collect();
+
+    let mut responder = NetnsPair::command_in(&pair.ns_a, &monitor_bin());
+    responder
+        .args([
+            "haproxy-agent",
+            "--listen",
+            &format!("127.0.0.1:{agent_port}"),
+        ])
+        .arg("--socket")
+        .arg(agent.socket())
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null());
+    let responder = Daemon {
+        child: responder.spawn().expect("monitor haproxy-agent"),
+        extra_pids: vec![],
+        child_name: None,
+    };
+
+    let mut cfg = format!(
+        "global\n  stats socket {} level admin\n  maxconn 2000\n\
+         defaults\n  mode http\n  timeout connect 200ms\n  timeout client 5s\n  timeout server 5s\n  \
+         retries 2\n  option redispatch 1\n\
+         frontend web\n  bind 127.0.0.1:{front_port}\n  default_backend app\n\
+         backend app\n  balance roundrobin\n",
+        stats.display()
+    );
+    for i in 1..=3 {
+        cfg.push_str(&format!(
+            "  server s{i} {}:{} weight 100 agent-check agent-addr 127.0.0.1 agent-port {agent_port} \
+             agent-inter 100ms agent-send \"{i}\\n\"\n",
+            pair.addr_b,
+            8000 + i
+        ));
+    }
+    // A server named by a peer the agent does not watch: its agent replies change nothing.
+    cfg.push_str(&format!(
+        "backend spare\n  server s9 {}:8002 weight 100 agent-check agent-addr 127.0.0.1 \
+         agent-port {agent_port} agent-inter 100ms agent-send \"99\\n\"\n",
+        pair.addr_b
+    ));
+    let cfg_path = dir.0.join("haproxy.cfg");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let mut hap = NetnsPair::command_in(&pair.ns_a, Path::new("haproxy"));
+    hap.arg("-db")
+        .arg("-f")
+        .arg(&cfg_path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.0.join("haproxy.log")).unwrap());
+    let _haproxy = Daemon {
+        child: hap.spawn().expect("haproxy"),
+        extra_pids: vec![],
+        child_name: None,
+    };
+
+    // Every server answered by the agent: up at full weight.
+    wait_for(
+        Duration::from_secs(20),
+        "every server checked by the agent",
+        || {
+            let s = show_stat(&stats);
+            ((1..=3).all(|i| {
+                let srv = format!("app/s{i}");
+                col(&s, &srv, "last_agt").starts_with("via agent : up")
+                    && num(&s, &srv, "weight") == 100
+            }) && !col(&s, "spare/s9", "last_agt").is_empty())
+            .then_some(())
+        },
+    );
+    let s = show_stat(&stats);
+    assert_eq!(
+        col(&s, "spare/s9", "last_agt"),
+        "agent reports an error : monitor:unknown-peer",
+        "{:?}",
+        s.get("spare/s9")
+    );
+    assert!(!col(&s, "spare/s9", "status").starts_with("DOWN"));
+
+    // Steady load through HAProxy from the a namespace: 4 clients, one request each 10 ms.
+    let stop = Arc::new(AtomicBool::new(false));
+    let outcomes = Arc::new(Mutex::new(Vec::<Outcome>::new()));
+    let ns_a = pair.ns_a.clone();
+    let loaders: Vec<_> = (0..4)
+        .map(|_| {
+            let (stop, outcomes, ns) = (stop.clone(), outcomes.clone(), ns_a.clone());
+            thread::spawn(move || {
+                enter_netns(&ns);
+                while !stop.load(Ordering::Relaxed) {
+                    let started = Instant::now();
+                    let body = get(front_port);
+                    outcomes.lock().unwrap().push(Outcome {
+                        started,
+                        ok: body.is_some(),
+                        backend: body.unwrap_or_default(),
+                    });
+                    thread::sleep(Duration::from_millis(10).saturating_sub(started.elapsed()));
+                }
+            })
+        })
+        .collect();
+    wait_for(Duration::from_secs(10), "every backend serving", || {
+        let o = outcomes.lock().unwrap();
+        (1..=3)
+            .all(|i| o.iter().any(|x| x.backend == format!("b{i}")))
+            .then_some(())
+    });
+    thread::sleep(Duration::from_millis(500));
+
+    // Kill backend 2: its HTTP server and its heartbeats together.
+    let (mut server, mut heartbeats, log2) = backends[1].take().unwrap();
+    let killed = Instant::now();
+    let _ = server.child.kill();
+    let _ = heartbeats.0.kill();
+    let killed_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let _ = server.child.wait();
+    let _ = heartbeats.0.wait();
+
+    let mut convicted = None;
+    let (down_after, at_down) = wait_for(Duration::from_secs(10), "HAProxy marks s2 DOWN", || {
+        if convicted.is_none()
+            && agent.ask(json!({"op": "peer", "id": 2}))["peer"]["level"].as_f64() == Some(8.0)
+        {
+            convicted = Some(killed.elapsed());
+        }
+        let s = show_stat(&stats);
+        col(&s, "app/s2", "status")
+            .starts_with("DOWN")
+            .then(|| (killed.elapsed(), s))
+    });
+    let down_at = Instant::now();
+    let convicted = convicted.unwrap_or(down_after);
+    // More load after the DOWN, then the counters again.
+    thread::sleep(Duration::from_millis(1500));
+    let later = show_stat(&stats);
+    stop.store(true, Ordering::Relaxed);
+    for l in loaders {
+        l.join().unwrap();
+    }
+
+    let o = outcomes.lock().unwrap().clone();
+    let in_outage: Vec<_> = o
+        .iter()
+        .filter(|x| x.started >= killed && x.started < down_at)
+        .collect();
+    let after: Vec<_> = o.iter().filter(|x| x.started >= down_at).collect();
+    let failed_in_outage = in_outage.iter().filter(|x| !x.ok).count();
+    let failed_after = after.iter().filter(|x| !x.ok).count();
+    let served_by_dead_after_kill = std::fs::read_to_string(&log2)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.parse::<f64>().ok())
+        .filter(|&t| t > killed_unix)
+        .count();
+    let sent_at_down = num(&at_down, "app/s2", "stot");
+    let sent_later = num(&later, "app/s2", "stot");
+    let econ_outage = num(&at_down, "app/s2", "econ");
+    let redispatched = num(&at_down, "app/s2", "wredis");
+    let retried = num(&at_down, "app/s2", "wretr");
+    eprintln!(
+        "haproxy: peer 2 at level 8 {convicted:?} after the kill, s2 DOWN {down_after:?} after \
+         (HAProxy {:?} after the conviction); requests meanwhile {} (failed {failed_in_outage}, \
+         connection errors to s2 {econ_outage}, retries {retried}, redispatched {redispatched}); \
+         after the DOWN {} requests (failed {failed_after}), sent to s2 {}; s2 agent status {:?}",
+        down_after.saturating_sub(convicted),
+        in_outage.len(),
+        after.len(),
+        sent_later - sent_at_down,
+        col(&at_down, "app/s2", "last_agt"),
+    );
+    assert!(
+        down_after < Duration::from_secs(3),
+        "s2 DOWN only {down_after:?} after the kill"
+    );
+    assert!(
+        col(&at_down, "app/s2", "last_agt").starts_with("via agent : down (peer 2 level 8"),
+        "{:?}",
+        col(&at_down, "app/s2", "last_agt")
+    );
+    assert_eq!(
+        sent_later, sent_at_down,
+        "HAProxy sent requests to s2 after its DOWN"
+    );
+    assert_eq!(served_by_dead_after_kill, 0);
+    assert_eq!(failed_after, 0, "requests failed after the DOWN");
+    assert!(
+        after.len() > 100,
+        "too little load after the DOWN: {}",
+        after.len()
+    );
+    for i in [1, 3] {
+        assert!(!col(&later, &format!("app/s{i}"), "status").starts_with("DOWN"));
+    }
+
+    // The agent goes away: the responder says so and HAProxy changes nothing.
+    drop(agent);
+    wait_for(
+        Duration::from_secs(10),
+        "replies saying the agent is gone",
+        || {
+            let s = show_stat(&stats);
+            (1..=3)
+                .all(|i| {
+                    col(&s, &format!("app/s{i}"), "last_agt")
+                        == "agent reports an error : monitor:no-agent"
+                })
+                .then_some(())
+        },
+    );
+    let s = show_stat(&stats);
+    assert!(col(&s, "app/s2", "status").starts_with("DOWN"));
+    for i in [1, 3] {
+        let srv = format!("app/s{i}");
+        assert!(
+            !col(&s, &srv, "status").starts_with("DOWN"),
+            "{srv}: {:?}",
+            s.get(&srv)
+        );
+        assert_eq!(num(&s, &srv, "weight"), 100);
+    }
+    drop(responder);
+    drop(backends);
+}
+
+// ---------------------------------------------------------------------------------------
+// keepalived
+
+fn has_addr(ns: &str, iface: &str, addr: &str) -> bool {
+    let out = Command::new("ip")
+        .args(["-n", ns, "-4", "addr", "show", "dev", iface])
+        .output()
+        .expect("ip addr show");
+    String::from_utf8_lossy(&out.stdout).contains(&format!("inet {addr}/"))
+}
+
+#[test]
+fn keepalived_backup_takes_the_address_when_the_masters_tracked_peer_dies() {
+    require_root();
+    let pair = NetnsPair::named(98, ["hbka", "hbkb"], ["hbkva", "hbkvb"]);
+    let dir = TempDir::new("hbkeepalived");
+    let peers = dir.peers_file([7]);
+    let agent = AgentProcess::start(&pair, &["--peers", &peers]);
+    let mut peer = spawn(sender(&pair, 7, "20ms", &[]));
+    wait_for(Duration::from_secs(10), "peer 7 heard", || {
+        (agent.ask(json!({"op": "peer", "id": 7}))["peer"]["heartbeats"].as_u64()? > 20)
+            .then_some(())
+    });
+
+    let track = dir.0.join("peer7.track");
+    let mut tracker = Command::new(monitor_bin());
+    tracker
+        .args(["track-file", "--file"])
+        .arg(format!("{}=7", track.display()))
+        .arg("--socket")
+        .arg(agent.socket())
+        .args(["--level", "8", "--weight", "fault"])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null());
+    let _tracker = Daemon {
+        child: tracker.spawn().expect("monitor track-file"),
+        extra_pids: vec![],
+        child_name: None,
+    };
+    wait_for(Duration::from_secs(10), "the track file at 0", || {
+        (std::fs::read_to_string(&track).ok()? == "0\n").then_some(())
+    });
+
+    let vip = "10.211.98.100";
+    let advert = 0.1;
+    let keepalived = |name: &str, ns: &str, iface: &str, state: &str, prio: u32, tracked: bool| {
+        let mut conf = format!("global_defs {{\n  router_id {name}\n  vrrp_version 3\n}}\n");
+        if tracked {
+            conf.push_str(&format!(
+                "track_file hb_peer7 {{\n  file \"{}\"\n  weight 1\n}}\n",
+                track.display()
+            ));
+        }
+        conf.push_str(&format!(
+            "vrrp_instance VI_1 {{\n  state {state}\n  interface {iface}\n  virtual_router_id 51\n  \
+             priority {prio}\n  advert_int {advert}\n  virtual_ipaddress {{\n    {vip}/24\n  }}\n"
+        ));
+        if tracked {
+            conf.push_str("  track_file {\n    hb_peer7\n  }\n");
+        }
+        conf.push_str("}\n");
+        let path = dir.0.join(format!("{name}.conf"));
+        std::fs::write(&path, conf).unwrap();
+        let (pid, vrrp_pid) = (
+            dir.0.join(format!("{name}.pid")),
+            dir.0.join(format!("{name}.vrrp.pid")),
+        );
+        let mut cmd = NetnsPair::command_in(ns, Path::new("keepalived"));
+        cmd.args(["-n", "-l", "-D", "-P", "-G", "-f"])
+            .arg(&path)
+            .arg("-p")
+            .arg(&pid)
+            .arg("-r")
+            .arg(&vrrp_pid)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(dir.0.join(format!("{name}.log"))).unwrap())
+            .stderr(Stdio::null());
+        Daemon {
+            child: cmd.spawn().expect("keepalived"),
+            extra_pids: vec![vrrp_pid],
+            child_name: Some("keepalived".into()),
+        }
+    };
+    let _backup = keepalived("hbk_b", &pair.ns_b, &pair.iface_b, "BACKUP", 100, false);
+    let _master = keepalived("hbk_a", &pair.ns_a, &pair.iface_a, "MASTER", 150, true);
+    wait_for(
+        Duration::from_secs(20),
+        "the MASTER holding the address alone",
+        || {
+            (has_addr(&pair.ns_a, &pair.iface_a, vip) && !has_addr(&pair.ns_b, &pair.iface_b, vip))
+                .then_some(())
+        },
+    );
+    // Settled: the BACKUP has heard adverts for a while.
+    thread::sleep(Duration::from_millis(500));
+    assert!(has_addr(&pair.ns_a, &pair.iface_a, vip));
+
+    let _ = peer.0.kill();
+    let killed = Instant::now();
+    let _ = peer.0.wait();
+    let (mut convicted, mut written) = (None, None);
+    let moved = wait_for(
+        Duration::from_secs(10),
+        "the BACKUP taking the address",
+        || {
+            if convicted.is_none()
+                && agent.ask(json!({"op": "peer", "id": 7}))["peer"]["level"].as_f64() == Some(8.0)
+            {
+                convicted = Some(killed.elapsed());
+            }
+            if written.is_none()
+                && std::fs::read_to_string(&track).ok().as_deref() == Some("-254\n")
+            {
+                written = Some(killed.elapsed());
+            }
+            has_addr(&pair.ns_b, &pair.iface_b, vip).then(|| killed.elapsed())
+        },
+    );
+    let written = written.unwrap_or(moved);
+    let convicted = convicted.unwrap_or(written);
+    eprintln!(
+        "keepalived: peer 7 at level 8 {convicted:?} after the kill, track file -254 at {written:?}, \
+         BACKUP holds {vip} at {moved:?} ({:?} after the file; advert_int {advert} s)",
+        moved.saturating_sub(written)
+    );
+    assert!(
+        moved < Duration::from_secs(3),
+        "address moved only {moved:?} after the kill"
+    );
+    wait_for(
+        Duration::from_secs(5),
+        "the MASTER giving the address up",
+        || (!has_addr(&pair.ns_a, &pair.iface_a, vip)).then_some(()),
+    );
+}
