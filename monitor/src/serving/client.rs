@@ -27,7 +27,7 @@
 //! # }
 //! ```
 //!
-//! The request, reply and event types are the agent's own: [`Request`](super::protocol::Request),
+//! The request, reply and event types are the agent's own: [`Request`],
 //! [`PeerView`], [`AgentStats`] and [`Event`]. [`Client::open`] and the [`Subscriber`] refuse
 //! an agent of another major protocol version ([`ClientError::Version`]); [`Client::connect`]
 //! does not ask (the raw lines of `monitor query` and the tests).
