@@ -18,7 +18,10 @@ use monitor::serving::{
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
-    let socket = PathBuf::from(args.next().unwrap_or_else(|| monitor::DEFAULT_SOCKET.into()));
+    let socket = PathBuf::from(
+        args.next()
+            .unwrap_or_else(|| monitor::DEFAULT_SOCKET.into()),
+    );
     let mut subscriber =
         Subscriber::new(&socket).retry(Duration::from_millis(200), Duration::from_secs(5));
     if let Some(threshold) = args.next() {
@@ -42,14 +45,20 @@ fn main() -> ExitCode {
                 };
                 println!("{why}: {} suspected", suspects.len());
                 for peer in suspects {
-                    println!("suspected {} phi {:.2} level {:?}", peer.id, peer.phi, peer.level);
+                    println!(
+                        "suspected {} phi {:.2} level {:?}",
+                        peer.id, peer.phi, peer.level
+                    );
                 }
             }
             Ok(Update::Event(Event::Suspect(s))) => {
                 println!("suspect {} level {} phi {:.2}", s.id, s.level, s.phi);
             }
             Ok(Update::Event(Event::Recover(r))) => {
-                println!("recover {} from level {} after {:.0} ms", r.id, r.level, r.silence_ms);
+                println!(
+                    "recover {} from level {} after {:.0} ms",
+                    r.id, r.level, r.silence_ms
+                );
             }
             Ok(Update::Disconnected(why)) => eprintln!("not following: {why}"),
             Ok(_) => {}

@@ -456,7 +456,10 @@ mod tests {
         let line = r#"{"event":"suspect","id":4,"level":1.0,"phi":1.02,"silence_ms":150.3,"at":1795981530123,"crossed_at":1795981530101.4}"#;
         let event: Event = serde_json::from_str(line).unwrap();
         assert!(matches!(event, Event::Suspect(ref s) if s.id == 4 && s.level == 1.0));
-        assert_eq!(serde_json::to_value(&event).unwrap(), serde_json::from_str::<Value>(line).unwrap());
+        assert_eq!(
+            serde_json::to_value(&event).unwrap(),
+            serde_json::from_str::<Value>(line).unwrap()
+        );
         let event: Event = serde_json::from_str(r#"{"event":"lagged","missed":3}"#).unwrap();
         assert_eq!(event, Event::Lagged { missed: 3 });
     }
