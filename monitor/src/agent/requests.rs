@@ -229,6 +229,7 @@ impl Agent {
         };
         let admission = self.admission.lock().expect("admission lock").counters;
         Ok(AgentStats {
+            protocol: crate::serving::protocol::PROTOCOL_VERSION,
             iface: self.iface.clone(),
             xdp_mode: self.mode.clone(),
             port: self.port,

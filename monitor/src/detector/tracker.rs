@@ -17,7 +17,7 @@ use monitor_common::{
     last_heard,
     maps::{MAX_INTERVAL_US, PeerRecord},
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{
     levels::Levels,
@@ -26,7 +26,7 @@ use super::{
 };
 
 /// phi of peer `id` crossed `level` upward: the `suspect` event's fields.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Suspicion {
     pub id: u64,
     pub level: f64,
@@ -41,7 +41,7 @@ pub struct Suspicion {
 
 /// A suspected peer was heard again; `level` is the highest level it had reached: the
 /// `recover` event's fields.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Recovery {
     pub id: u64,
     pub level: f64,

@@ -1,14 +1,14 @@
 //! The events the socket streams to subscribers (`subscribe`) and the fleet publishes: one
 //! JSON object per line, as docs/socket-protocol.md documents them.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::detector::tracker::{Recovery, Suspicion, Transition};
 
 /// What subscribers receive, one JSON object per line: `{"event":"suspect",...}` and so on.
 /// The detector's transitions carry their own fields (`Suspicion`, `Recovery`); the rest are
 /// the agent's.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "lowercase")]
 pub enum Event {
     Suspect(Suspicion),

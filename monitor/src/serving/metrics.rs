@@ -877,6 +877,7 @@ mod tests {
         fn scrape(&self, series: &PeerSeries) -> Scrape {
             Scrape {
                 stats: Some(AgentStats {
+                    protocol: 1,
                     iface: "eth0".into(),
                     xdp_mode: "native".into(),
                     port: 18498,

@@ -8,6 +8,16 @@ use crate::{
     serving::recording::{MAX_RECORD_MS, MAX_RECORD_PEERS},
 };
 
+/// The socket protocol's major version (docs/socket-protocol.md), reported by `stats` as
+/// `protocol`. A change that an existing client could misread raises it; new fields, events
+/// and requests do not.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// An agent that does not report `protocol` speaks version 1, the first.
+fn protocol_v1() -> u32 {
+    1
+}
+
 /// Longest request line the agent reads; longer lines get an error reply and are discarded.
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 
@@ -153,6 +163,10 @@ pub struct AdmissionCounters {
 /// Agent-level facts reported by `stats`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct AgentStats {
+    /// The socket protocol's major version ([`PROTOCOL_VERSION`]); 1 if the agent does not
+    /// say (agents before the field was added speak version 1).
+    #[serde(default = "protocol_v1")]
+    pub protocol: u32,
     pub iface: String,
     pub xdp_mode: String,
     pub port: u16,
