@@ -111,10 +111,16 @@ fn readme_list() -> Vec<(String, bool)> {
         .map(|l| {
             let mut words = l.split_whitespace();
             let path = words.next().unwrap().to_string();
-            (path, words.any(|w| w.trim_matches(|c: char| !c.is_alphanumeric()) == "conffile"))
+            (
+                path,
+                words.any(|w| w.trim_matches(|c: char| !c.is_alphanumeric()) == "conffile"),
+            )
         })
         .collect();
-    assert!(list.len() > 5, "README.md's package list is missing: {list:?}");
+    assert!(
+        list.len() > 5,
+        "README.md's package list is missing: {list:?}"
+    );
     list
 }
 
@@ -160,7 +166,11 @@ fn the_contents_are_what_readme_lists() {
         );
     }
     // A man page for each one `monitor manpage --out` writes (the run page among them).
-    for page in ["monitor.1.gz", "monitor-run.1.gz", "monitor-query-peers.1.gz"] {
+    for page in [
+        "monitor.1.gz",
+        "monitor-run.1.gz",
+        "monitor-query-peers.1.gz",
+    ] {
         assert!(
             files.contains(&format!("/usr/share/man/man1/{page}")),
             "{page} missing"
@@ -228,7 +238,10 @@ fn the_binary_is_stripped_and_its_line_tables_are_in_the_dbgsym_package() {
     let size = std::fs::metadata(&bin).unwrap().len();
     let shipped = sections(&bin);
     assert!(!shipped.contains(".debug_line"), "not stripped: {shipped}");
-    assert!(shipped.contains(".gnu_debuglink"), "no debug link: {shipped}");
+    assert!(
+        shipped.contains(".gnu_debuglink"),
+        "no debug link: {shipped}"
+    );
     // It still runs (the XDP program is embedded, not a separate file).
     run(Command::new(&bin).arg("--version"));
 
@@ -240,7 +253,10 @@ fn the_binary_is_stripped_and_its_line_tables_are_in_the_dbgsym_package() {
         .map(|f| f.unwrap().path())
         .collect();
     assert_eq!(debug.len(), 1, "{debug:?}");
-    assert!(sections(&debug[0]).contains(".debug_line"), "no line tables");
+    assert!(
+        sections(&debug[0]).contains(".debug_line"),
+        "no line tables"
+    );
     println!(
         "binary {} MB stripped, debug file {} MB",
         size >> 20,
@@ -264,7 +280,11 @@ fn the_unit_inside_verifies_without_a_diagnostic() {
     let unit_path = root.join("usr/lib/systemd/system/heartbeat-monitor.service");
     let unit = std::fs::read_to_string(&unit_path).unwrap();
     let exec = "ExecStart=/usr/bin/monitor ";
-    assert_eq!(unit.matches(exec).count(), 1, "the unit should start /usr/bin/monitor");
+    assert_eq!(
+        unit.matches(exec).count(),
+        1,
+        "the unit should start /usr/bin/monitor"
+    );
     assert!(unit.contains("SupplementaryGroups=heartbeat-monitor\n"));
     // verify checks that ExecStart's binary exists: point it at the unpacked one, the one
     // change made. man: pages of Documentation= are looked up in the package's pages.
@@ -284,6 +304,9 @@ fn the_unit_inside_verifies_without_a_diagnostic() {
         .expect("systemd-analyze");
     let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
     println!("systemd-analyze verify: {}, said {said:?}", out.status);
-    assert!(out.status.success(), "systemd-analyze verify failed: {said}");
+    assert!(
+        out.status.success(),
+        "systemd-analyze verify failed: {said}"
+    );
     assert!(said.is_empty(), "systemd-analyze verify reported: {said}");
 }

@@ -47,10 +47,7 @@ pub fn package() -> Result<PathBuf> {
     if out.exists() {
         for entry in fs::read_dir(&out)? {
             let path = entry?.path();
-            if path
-                .extension()
-                .is_some_and(|e| e == "deb" || e == "ddeb")
-            {
+            if path.extension().is_some_and(|e| e == "deb" || e == "ddeb") {
                 fs::remove_file(&path)?;
             }
         }
@@ -81,8 +78,8 @@ pub fn package() -> Result<PathBuf> {
 /// packaged monitor.toml) hands it the socket without CAP_CHOWN.
 fn stage_unit(dir: &Path) -> Result<()> {
     let source = workspace::root().join("packaging/systemd/heartbeat-monitor.service");
-    let unit = fs::read_to_string(&source)
-        .with_context(|| format!("reading {}", source.display()))?;
+    let unit =
+        fs::read_to_string(&source).with_context(|| format!("reading {}", source.display()))?;
     let exec = format!("ExecStart={CHECKOUT_BINARY} ");
     if unit.matches(&exec).count() != 1 {
         bail!("{} should start {CHECKOUT_BINARY} once", source.display());
@@ -126,7 +123,11 @@ fn stage_man_pages(bin: &Path, dir: &Path) -> Result<()> {
 /// `monitor completions SHELL` for bash, zsh and fish, named as each shell looks for them.
 fn stage_completions(bin: &Path, dir: &Path) -> Result<()> {
     fs::create_dir_all(dir)?;
-    for (shell, name) in [("bash", "monitor"), ("zsh", "_monitor"), ("fish", "monitor.fish")] {
+    for (shell, name) in [
+        ("bash", "monitor"),
+        ("zsh", "_monitor"),
+        ("fish", "monitor.fish"),
+    ] {
         let script = workspace::output(Command::new(bin).args(["completions", shell]))?;
         fs::write(dir.join(name), script)?;
     }
