@@ -10,6 +10,7 @@ mod frr;
 mod fuzz;
 mod lab;
 mod lint;
+mod package;
 mod setup;
 mod soak;
 mod test;
@@ -34,6 +35,8 @@ enum Task {
     Setup,
     /// Build the agent with its XDP program.
     Build(build::BuildArgs),
+    /// Build the Debian package under target/debian/ (cargo-deb): binary, unit, config, man pages.
+    Package,
     /// Run every test: lints, unit, packet fixtures (BPF_PROG_TEST_RUN) and namespace integration.
     Test(test::TestArgs),
     /// Check formatting (rustfmt) and lints (clippy, warnings as errors).
@@ -58,6 +61,7 @@ fn main() -> anyhow::Result<()> {
         Task::Build(args) => build::run(&args),
         Task::Test(args) => test::run(&args),
         Task::Lint => lint::run(),
+        Task::Package => package::run(),
         Task::Demo(args) => demo::run(&args),
         Task::Bench(args) => bench::run(&args),
         Task::Fuzz(args) => fuzz::run(&args),

@@ -6,6 +6,7 @@
 //!    target here), installed under target/tools so nothing global is assumed.
 //! 3. iproute2 (`ip`, `tc`, `ss`), for namespaces and veth pairs in the tests and the demo.
 //! 4. iperf3, the cross traffic of `cargo xtask traces`.
+//! 5. cargo-deb under target/tools, and lintian, for `cargo xtask package` and its test.
 
 use std::{fs, os::unix::fs::symlink, path::Path, process::Command};
 
@@ -28,6 +29,7 @@ pub fn ensure() -> Result<()> {
     ensure_nightly()?;
     ensure_bpf_linker()?;
     ensure_cargo_fuzz()?;
+    ensure_cargo_deb()?;
     ensure_package("ip", &["-V"], "iproute2")?;
     ensure_package("iperf3", &["--version"], "iperf3")?;
     // tests/tests/metrics.rs: promtool and a real Prometheus server.
@@ -50,7 +52,9 @@ pub fn ensure() -> Result<()> {
     // tests/tests/consumers.rs: a real HAProxy (agent-check) and a keepalived VRRP pair.
     ensure_package("haproxy", &["-v"], "haproxy")?;
     ensure_package("keepalived", &["--version"], "keepalived")?;
-    ensure_package("python3", &["--version"], "python3")
+    ensure_package("python3", &["--version"], "python3")?;
+    // `cargo xtask package` and tests/tests/deb_package.rs: the .deb checked by lintian.
+    ensure_package("lintian", &["--version"], "lintian")
 }
 
 /// Components of the stable toolchain (rustup's minimal profile has neither rustfmt nor
@@ -199,6 +203,33 @@ fn ensure_cargo_fuzz() -> Result<()> {
                 "cargo-fuzz",
                 "--version",
                 CARGO_FUZZ_VERSION,
+                "--locked",
+                "--force",
+            ])
+            .arg("--root")
+            .arg(tools_dir()),
+    )
+}
+
+/// The cargo-deb release `cargo xtask package` builds with (3.8: MSRV 1.85).
+const CARGO_DEB_VERSION: &str = "3.8.0";
+
+fn ensure_cargo_deb() -> Result<()> {
+    let bin = tools_dir().join("bin").join("cargo-deb");
+    let works = Command::new(&bin).arg("--version").output().is_ok_and(|o| {
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains(CARGO_DEB_VERSION)
+    });
+    if works {
+        return Ok(());
+    }
+    println!("setup: installing cargo-deb {CARGO_DEB_VERSION}");
+    workspace::run(
+        workspace::cargo()
+            .args([
+                "install",
+                "cargo-deb",
+                "--version",
+                CARGO_DEB_VERSION,
                 "--locked",
                 "--force",
             ])

@@ -1,4 +1,4 @@
-//! Runs the lints, then every test against the real kernel: unit tests, packet fixtures through
+//! Builds the Debian package, runs the lints, then every test against the real kernel: unit tests, packet fixtures through
 //! BPF_PROG_TEST_RUN, and end-to-end tests across network namespaces.
 
 use std::{
@@ -9,7 +9,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use clap::Args;
 
-use crate::{build, fuzz, lint, setup, workspace};
+use crate::{build, fuzz, lint, package, setup, workspace};
 
 #[derive(Debug, Args)]
 pub struct TestArgs {
@@ -25,6 +25,10 @@ pub fn run(args: &TestArgs) -> Result<()> {
     setup::ensure()?;
     workspace::require_root("test")?;
     build::build(false)?;
+    // tests/tests/deb_package.rs checks the .deb: the release build (incremental: seconds when
+    // nothing changed, minutes after a change to the agent) and cargo-deb (strip, xz: ~20 s).
+    build::build(true)?;
+    let deb = package::package()?;
     // A test filter asks for some tests, not for a review of the tree.
     if args.cargo_args.is_empty() {
         lint::lint()?;
@@ -33,6 +37,7 @@ pub fn run(args: &TestArgs) -> Result<()> {
     // Default members: every crate but the eBPF one, which only builds for the BPF target.
     cmd.arg("test")
         .env("MONITOR_BIN", build::monitor_bin(false))
+        .env("HEARTBEAT_MONITOR_DEB", &deb)
         .args(&args.cargo_args);
     let (passed, failed) = run_counting(&mut cmd)?;
     if args.fuzz_seconds > 0 && args.cargo_args.is_empty() {

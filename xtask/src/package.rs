@@ -1,0 +1,135 @@
+//! `cargo xtask package`: the Debian package, target/debian/heartbeat-monitor_*.deb, and its
+//! debug symbols, heartbeat-monitor-dbgsym_*.ddeb (the binary's line tables, for profiling).
+//!
+//! Builds the release binary, stages what is generated from it under target/debian/staging/
+//! (the unit with the package's paths, man pages and shell completions, all written by the
+//! binary just built), then runs cargo-deb on monitor/Cargo.toml's `[package.metadata.deb]`,
+//! which strips the binary into the package and its debug data into the dbgsym package.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{build, setup, workspace};
+
+/// Where the package installs the binary; the unit as shipped in packaging/systemd/ expects it
+/// under /usr/local/bin (installed by hand).
+pub const PACKAGE_BINARY: &str = "/usr/bin/monitor";
+const CHECKOUT_BINARY: &str = "/usr/local/bin/monitor";
+/// The system account the package creates; its group may query the socket.
+pub const ACCOUNT: &str = "heartbeat-monitor";
+
+pub fn run() -> Result<()> {
+    setup::ensure()?;
+    build::build(true)?;
+    let deb = package()?;
+    println!("package: {}", deb.display());
+    Ok(())
+}
+
+fn debian_dir() -> PathBuf {
+    workspace::root().join("target").join("debian")
+}
+
+/// Stages the generated files and runs cargo-deb; the .deb's path.
+pub fn package() -> Result<PathBuf> {
+    let bin = build::monitor_bin(true);
+    let out = debian_dir();
+    let staging = out.join("staging");
+    if staging.exists() {
+        fs::remove_dir_all(&staging)?;
+    }
+    // Old packages (another version) would make the test's choice ambiguous.
+    if out.exists() {
+        for entry in fs::read_dir(&out)? {
+            let path = entry?.path();
+            if path.extension().is_some_and(|e| e == "deb" || e == "ddeb") {
+                fs::remove_file(&path)?;
+            }
+        }
+    }
+    stage_unit(&staging.join("systemd"))?;
+    stage_man_pages(&bin, &staging.join("man"))?;
+    stage_completions(&bin, &staging.join("completions"))?;
+
+    workspace::run(
+        workspace::cargo()
+            .args(["deb", "--package", "monitor", "--no-build", "--output"])
+            .arg(&out),
+    )?;
+    let debs: Vec<PathBuf> = fs::read_dir(&out)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "deb"))
+        .collect();
+    match debs.as_slice() {
+        [deb] => Ok(deb.clone()),
+        other => bail!("expected one .deb in {}, found {other:?}", out.display()),
+    }
+}
+
+/// packaging/systemd/heartbeat-monitor.service with the package's binary, and the package's
+/// account as a supplementary group so that `socket-group = "heartbeat-monitor"` (the
+/// packaged monitor.toml) hands it the socket without CAP_CHOWN.
+fn stage_unit(dir: &Path) -> Result<()> {
+    let source = workspace::root().join("packaging/systemd/heartbeat-monitor.service");
+    let unit =
+        fs::read_to_string(&source).with_context(|| format!("reading {}", source.display()))?;
+    let exec = format!("ExecStart={CHECKOUT_BINARY} ");
+    if unit.matches(&exec).count() != 1 {
+        bail!("{} should start {CHECKOUT_BINARY} once", source.display());
+    }
+    let anchor = "NoNewPrivileges=yes\n";
+    if unit.matches(anchor).count() != 1 {
+        bail!("{} should set {anchor:?} once", source.display());
+    }
+    let unit = unit
+        .replace(&exec, &format!("ExecStart={PACKAGE_BINARY} "))
+        .replace(
+            "Install steps: packaging/systemd/README.md.",
+            "Installed by the heartbeat-monitor package.",
+        )
+        .replace(
+            anchor,
+            &format!(
+                "{anchor}# The package's account: the packaged monitor.toml sets socket-group = \
+                 \"{ACCOUNT}\",\n# which the agent may then hand the socket to without \
+                 CAP_CHOWN.\nSupplementaryGroups={ACCOUNT}\n"
+            ),
+        );
+    fs::create_dir_all(dir)?;
+    fs::write(dir.join("heartbeat-monitor.service"), unit)?;
+    Ok(())
+}
+
+/// `monitor manpage --out`, each page gzipped (Debian policy 12.1).
+fn stage_man_pages(bin: &Path, dir: &Path) -> Result<()> {
+    workspace::run(Command::new(bin).arg("manpage").arg("--out").arg(dir))?;
+    for entry in fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "1") {
+            // -n: no name or time stamp, so the same pages give the same bytes.
+            workspace::run(Command::new("gzip").args(["-9", "-n", "-f"]).arg(&path))?;
+        }
+    }
+    Ok(())
+}
+
+/// `monitor completions SHELL` for bash, zsh and fish, named as each shell looks for them.
+fn stage_completions(bin: &Path, dir: &Path) -> Result<()> {
+    fs::create_dir_all(dir)?;
+    for (shell, name) in [
+        ("bash", "monitor"),
+        ("zsh", "_monitor"),
+        ("fish", "monitor.fish"),
+    ] {
+        let script = workspace::output(Command::new(bin).args(["completions", shell]))?;
+        fs::write(dir.join(name), script)?;
+    }
+    Ok(())
+}
