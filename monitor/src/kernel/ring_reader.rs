@@ -58,7 +58,7 @@ const STOP_POLL_MS: i32 = 100;
 
 /// Delivers every record of `ring` to `on_record` on a blocking thread of its own, for as long
 /// as the returned future is not dropped (dropping it stops the thread within
-/// [`STOP_POLL_MS`]). For records whose handling takes locks that others hold for
+/// `STOP_POLL_MS`). For records whose handling takes locks that others hold for
 /// milliseconds (admitting a peer waits for a sweep of 50,000): on the async workers it
 /// would stall every socket client and the fleet's connection meanwhile.
 pub async fn consume_on_thread<T: aya::Pod + Send + 'static>(

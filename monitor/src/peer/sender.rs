@@ -122,8 +122,13 @@ pub fn claim_incarnation() -> u32 {
     let claimed = u32::try_from(now.as_secs()).unwrap_or(u32::MAX);
     let into_second = Duration::from_nanos(u64::from(now.subsec_nanos()));
     std::thread::sleep(Duration::from_secs(1).saturating_sub(into_second));
-    // A clock stepped back during the wait leaves the second unfinished: wait it out too.
-    while unix_time_incarnation() <= claimed && claimed != u32::MAX {
+    // A clock stepped back during the wait leaves the second unfinished: wait a little more,
+    // but not for as long as the step (a restart backwards is heard all the same).
+    let waited = Instant::now();
+    while unix_time_incarnation() <= claimed
+        && claimed != u32::MAX
+        && waited.elapsed() < Duration::from_secs(1)
+    {
         std::thread::sleep(Duration::from_millis(10));
     }
     claimed
