@@ -74,14 +74,30 @@ fn sweep_loop(
     let mut last = monotonic_ns();
     let mut hold_until = 0u64;
     let state = LinkState::read(agent.iface());
-    let mut link = LinkWatch::new(agent.iface(), link_grace, &state, last);
-    if let LinkState::Down(operstate) = &state {
+    // The program is attached to the interface, so it exists: not finding it in /sys means
+    // this /sys is another network namespace's (the agent entered its namespace without
+    // remounting /sys, as `nsenter --net` does), and its link cannot be watched. Better no
+    // watch than suspicions held for good.
+    let watched = state != LinkState::Down("absent".into());
+    if !watched {
+        log::warn!(
+            "{}: not in /sys/class/net (a /sys of another network namespace?): its link is not watched, and a link down will raise suspicions",
+            agent.iface()
+        );
+    }
+    let link = LinkWatch::new(agent.iface(), link_grace, &state, last);
+    if let LinkState::Down(operstate) = &state
+        && watched
+    {
         log::warn!(
             "{}: link down ({operstate}); holding new suspicions until it is up",
             agent.iface()
         );
     }
-    agent.note_link(&link);
+    let mut link = watched.then_some(link);
+    if let Some(link) = &link {
+        agent.note_link(link);
+    }
     loop {
         match stop.recv_timeout(next.saturating_duration_since(std::time::Instant::now())) {
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
@@ -106,9 +122,13 @@ fn sweep_loop(
                 gap as f64 / 1e6
             );
         }
-        // One read of a sysfs file a sweep: a link change is seen within a sweep.
-        let state = LinkState::read(agent.iface());
-        if let Some(event) = link.observe(&state, now, wall_ms() as u64) {
+        // Two reads of sysfs files a sweep: a link change is seen within a sweep.
+        let state = link.as_ref().map(|_| LinkState::read(agent.iface()));
+        let event = link
+            .as_mut()
+            .zip(state.as_ref())
+            .and_then(|(link, state)| link.observe(state, now, wall_ms() as u64));
+        if let (Some(event), Some(state), Some(link)) = (event, &state, &link) {
             match &state {
                 LinkState::Down(operstate) => log::warn!(
                     "{}: link down ({operstate}); holding new suspicions until it is up",
@@ -119,10 +139,11 @@ fn sweep_loop(
                     agent.iface()
                 ),
             }
-            agent.note_link(&link);
+            agent.note_link(link);
             agent.publish(event);
         }
-        agent.sweep(now, now < hold_until || link.holding(now));
+        let link_holds = link.as_ref().is_some_and(|link| link.holding(now));
+        agent.sweep(now, now < hold_until || link_holds);
         last = monotonic_ns();
         // The watchdog hears from the sweep itself: a stalled sweep stops the pings.
         notifier.tick(agent);
