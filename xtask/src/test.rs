@@ -27,8 +27,24 @@ pub fn run(args: &TestArgs) -> Result<()> {
     build::build(false)?;
     // tests/tests/deb_package.rs checks the .deb: the release build (incremental: seconds when
     // nothing changed, minutes after a change to the agent) and cargo-deb (strip, xz: ~20 s).
-    build::build(true)?;
-    let deb = package::package()?;
+    // A run limited to other test files (`-- --test NAME`) does not need it.
+    let only_files: Vec<&str> = args
+        .cargo_args
+        .windows(2)
+        .filter(|w| w[0] == "--test")
+        .map(|w| w[1].as_str())
+        .chain(
+            args.cargo_args
+                .iter()
+                .filter_map(|a| a.strip_prefix("--test=")),
+        )
+        .collect();
+    let deb = if only_files.is_empty() || only_files.contains(&"deb_package") {
+        build::build(true)?;
+        Some(package::package()?)
+    } else {
+        None
+    };
     // A test filter asks for some tests, not for a review of the tree.
     if args.cargo_args.is_empty() {
         lint::lint()?;
@@ -37,8 +53,10 @@ pub fn run(args: &TestArgs) -> Result<()> {
     // Default members: every crate but the eBPF one, which only builds for the BPF target.
     cmd.arg("test")
         .env("MONITOR_BIN", build::monitor_bin(false))
-        .env("HEARTBEAT_MONITOR_DEB", &deb)
         .args(&args.cargo_args);
+    if let Some(deb) = &deb {
+        cmd.env("HEARTBEAT_MONITOR_DEB", deb);
+    }
     let (passed, failed) = run_counting(&mut cmd)?;
     if args.fuzz_seconds > 0 && args.cargo_args.is_empty() {
         for target in fuzz::TARGETS {
