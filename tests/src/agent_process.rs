@@ -338,3 +338,23 @@ impl Drop for ChildGuard {
 pub fn spawn(mut cmd: Command) -> ChildGuard {
     ChildGuard(cmd.spawn().expect("spawn"))
 }
+
+/// Reads events from a subscribed `client` until `done` says so, or fails after `within`.
+pub fn events_until(
+    client: &mut monitor::serving::client::Client,
+    within: std::time::Duration,
+    mut done: impl FnMut(&[serde_json::Value]) -> bool,
+) -> Vec<serde_json::Value> {
+    let deadline = std::time::Instant::now() + within;
+    let mut events = Vec::new();
+    while !done(&events) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        assert!(!left.is_zero(), "timed out; events so far: {events:#?}");
+        client.set_read_timeout(Some(left)).unwrap();
+        let line = client
+            .read_line()
+            .unwrap_or_else(|e| panic!("{e}; events so far: {events:#?}"));
+        events.push(serde_json::from_str(&line).unwrap());
+    }
+    events
+}

@@ -2,39 +2,15 @@
 //! agent's socket sees the suspicion climb through every level in order, then the recovery
 //! when the sender comes back; the suspect set, forgetting, and offline replay.
 
-use std::{
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::{process::Command, time::Duration};
 
 use integration_tests::{
-    agent_process::{AgentProcess, TempDir, sender, spawn},
+    agent_process::{AgentProcess, TempDir, events_until, sender, spawn},
     monitor_bin,
     netns::NetnsPair,
     require_root, wait_for,
 };
-use monitor::serving::client::Client;
 use serde_json::{Value, json};
-
-/// Reads events until `done` says so, or fails after `within`.
-fn events_until(
-    client: &mut Client,
-    within: Duration,
-    mut done: impl FnMut(&[Value]) -> bool,
-) -> Vec<Value> {
-    let deadline = Instant::now() + within;
-    let mut events = Vec::new();
-    while !done(&events) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        assert!(!left.is_zero(), "timed out; events so far: {events:#?}");
-        client.set_read_timeout(Some(left)).unwrap();
-        let line = client
-            .read_line()
-            .unwrap_or_else(|e| panic!("{e}; events so far: {events:#?}"));
-        events.push(serde_json::from_str(&line).unwrap());
-    }
-    events
-}
 
 #[test]
 fn a_stopped_sender_climbs_every_level_in_order_then_recovers() {

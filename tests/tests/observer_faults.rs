@@ -2,35 +2,14 @@
 //! one `link_down` event, no suspicion while it is down or within `--link-grace` of its return,
 //! and a peer that really died meanwhile convicted after that as usual.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use integration_tests::{
-    agent_process::{AgentProcess, TempDir, sender, spawn},
+    agent_process::{AgentProcess, TempDir, events_until, sender, spawn},
     netns::{NetnsPair, ip},
     require_root, wait_for,
 };
-use monitor::serving::client::Client;
 use serde_json::{Value, json};
-
-/// Reads events until `done` says so, or fails after `within`.
-fn events_until(
-    client: &mut Client,
-    within: Duration,
-    mut done: impl FnMut(&[Value]) -> bool,
-) -> Vec<Value> {
-    let deadline = Instant::now() + within;
-    let mut events = Vec::new();
-    while !done(&events) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        assert!(!left.is_zero(), "timed out; events so far: {events:#?}");
-        client.set_read_timeout(Some(left)).unwrap();
-        let line = client
-            .read_line()
-            .unwrap_or_else(|e| panic!("{e}; events so far: {events:#?}"));
-        events.push(serde_json::from_str(&line).unwrap());
-    }
-    events
-}
 
 fn is(event: &Value, kind: &str) -> bool {
     event["event"] == json!(kind)

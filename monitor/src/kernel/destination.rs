@@ -344,9 +344,7 @@ pub struct NetworkFollower {
 impl Drop for NetworkFollower {
     fn drop(&mut self) {
         if let Some(follower) = self.follower.take() {
-            follower.stop.store(true, Ordering::Relaxed);
-            follower.thread.thread().unpark();
-            let _ = follower.thread.join();
+            follower.stop().join();
         }
     }
 }
@@ -377,21 +375,7 @@ pub fn follow_networks(
             .name("networks".into())
             .spawn(move || {
                 let mut read_at = std::time::Instant::now();
-                while !stop.load(Ordering::Relaxed) {
-                    let announced = match &changes {
-                        Some(changes) => changes.wait(REFRESH),
-                        None => {
-                            std::thread::park_timeout(REFRESH);
-                            true
-                        }
-                    };
-                    if stop.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    if !announced && read_at.elapsed() < RESYNC {
-                        continue;
-                    }
-                    read_at = std::time::Instant::now();
+                while time_to_read(changes.as_ref(), &mut read_at, &stop) {
                     match read(&iface) {
                         Ok(next) if next != current => {
                             changed(&next);
@@ -432,12 +416,23 @@ struct Follower {
     thread: JoinHandle<()>,
 }
 
+impl Follower {
+    /// Tells the thread to stop and wakes it; `join` waits for it to end.
+    fn stop(self) -> Self {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.thread().unpark();
+        self
+    }
+
+    fn join(self) {
+        let _ = self.thread.join();
+    }
+}
+
 impl Drop for Destinations {
     fn drop(&mut self) {
         if let Some(follower) = self.follower.take() {
-            follower.stop.store(true, Ordering::Relaxed);
-            follower.thread.thread().unpark();
-            let _ = follower.thread.join();
+            follower.stop().join();
         }
     }
 }
@@ -499,9 +494,9 @@ impl Destinations {
                 map.set(addrs)?;
             }
             // Under the lock: the old thread, if any, writes nothing after this.
+            // Not waited for: it ends within REFRESH, and writes nothing once stopped.
             if let Some(old) = self.follower.take() {
-                old.stop.store(true, Ordering::Relaxed);
-                old.thread.thread().unpark();
+                drop(old.stop());
             }
         }
         match (listen, wanted) {
@@ -530,6 +525,33 @@ fn read_interface(iface: &str) -> Result<BTreeSet<IpAddr>, DestinationError> {
     })
 }
 
+/// A following thread's wait: until a change is announced (or, with no subscription, every
+/// [`REFRESH`]), and at the latest every [`RESYNC`]; whether to read the interface again
+/// (false: `stop` was set, the thread ends). `read_at` is when it last read.
+fn time_to_read(
+    changes: Option<&AddressChanges>,
+    read_at: &mut std::time::Instant,
+    stop: &AtomicBool,
+) -> bool {
+    while !stop.load(Ordering::Relaxed) {
+        let announced = match changes {
+            Some(changes) => changes.wait(REFRESH),
+            None => {
+                std::thread::park_timeout(REFRESH);
+                true
+            }
+        };
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        if announced || read_at.elapsed() >= RESYNC {
+            *read_at = std::time::Instant::now();
+            return true;
+        }
+    }
+    false
+}
+
 /// The thread that re-reads the addresses of `iface` and writes them to the map when they
 /// changed, until `stop`.
 fn follow(
@@ -543,21 +565,7 @@ fn follow(
         .name("destinations".into())
         .spawn(move || {
             let mut read_at = std::time::Instant::now();
-            while !stop.load(Ordering::Relaxed) {
-                let announced = match &changes {
-                    Some(changes) => changes.wait(REFRESH),
-                    None => {
-                        std::thread::park_timeout(REFRESH);
-                        true
-                    }
-                };
-                if stop.load(Ordering::Relaxed) {
-                    break;
-                }
-                if !announced && read_at.elapsed() < RESYNC {
-                    continue;
-                }
-                read_at = std::time::Instant::now();
+            while time_to_read(changes.as_ref(), &mut read_at, &stop) {
                 let next = match read_interface(&iface) {
                     Ok(next) => next,
                     Err(e) => {
