@@ -74,7 +74,8 @@ const RATE_HZ: f64 = 10.0;
 const STEADY_PPS: f64 = 250_000.0;
 
 /// The rate per peer of a scale run: `rate_hz`, lowered above 50,000 peers to what the
-/// generator sends on schedule (50,000 x 10 Hz, the issue's load, stays as asked).
+/// generator sends on schedule (50,000 x 10 Hz, the load the product is sized for, stays as
+/// asked).
 fn scale_rate_hz(peers: u64, rate_hz: f64) -> f64 {
     if peers <= 50_000 {
         rate_hz
@@ -86,9 +87,8 @@ fn scale_rate_hz(peers: u64, rate_hz: f64) -> f64 {
 /// Where the scale runs' agent serves its metrics, in the monitor's namespace: the socket
 /// probe reads the agent's own timing of its requests there.
 const AGENT_METRICS: &str = "127.0.0.1:9464";
-/// Per peer, in the floor comparison's hot row at 1,000 peers: the issue measured 1,000 peers
-/// x 400 Hz; 300 Hz keeps the stream (300k packets a second) under what the generator sends on
-/// two cores. At this rate every slot is touched often enough to stay in cache, so the row
+/// Per peer, in the floor comparison's hot row at 1,000 peers: 300 Hz keeps the stream (300k
+/// packets a second) under what the generator sends on two cores. At this rate every slot is touched often enough to stay in cache, so the row
 /// measures the program's own work. At 10 Hz (10k packets a second) a packet comes every
 /// 100 us and finds its slot, the index line and the program's maps cold, whichever program
 /// it is: that row measures cache misses between packets as much as the program.
@@ -303,27 +303,17 @@ impl BenchLock {
     const PATH: &'static str = "/run/heartbeat-monitor-bench.lock";
 
     fn acquire() -> Result<Self> {
-        use std::os::fd::AsRawFd;
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .open(Self::PATH)
             .with_context(|| format!("opening {}", Self::PATH))?;
-        let lock = |flags| {
-            // SAFETY: flock on a file descriptor we own.
-            unsafe { libc::flock(file.as_raw_fd(), flags) == 0 }
-        };
-        if !lock(libc::LOCK_EX | libc::LOCK_NB) {
+        if let Err(std::fs::TryLockError::WouldBlock) = file.try_lock() {
             println!("==> another `cargo xtask bench` is running; waiting for it to finish");
-            if !lock(libc::LOCK_EX) {
-                bail!(
-                    "locking {}: {}",
-                    Self::PATH,
-                    std::io::Error::last_os_error()
-                );
-            }
         }
+        file.lock()
+            .with_context(|| format!("locking {}", Self::PATH))?;
         Ok(Self { _file: file })
     }
 }
@@ -736,11 +726,11 @@ CPU at 10 Hz over CPU at 1 Hz: {:.2}x; {peers} peers x 10 Hz on schedule, estima
             half.peers,
             2.0 * half.agent_cpu_pct,
         );
-        if let Some(fit) = CostFit::through([one, five, half]) {
+        if let Some(fit) = AgentCostModel::solve([one, five, half]) {
             let _ = writeln!(
                 t,
                 "
-Fitted to the three rows sent on schedule, CPU % = {:.3} (a constant: what every sweep \
+Solved from the three rows sent on schedule, CPU % = {:.3} (a constant: what every sweep \
                  costs) + {:.3} per 10k peers + {:.3} per 100k packets a second; at {peers} peers \
                  x 10 Hz on schedule: {:.2}% of a core (twice the half-count row counts the \
                  constant twice: an upper bound)
@@ -758,15 +748,16 @@ Fitted to the three rows sent on schedule, CPU % = {:.3} (a constant: what every
 /// The agent's CPU as a constant (what every sweep costs whatever the peers: waking, the
 /// clock, the metrics), a cost per peer (its word and watch read every sweep) and a cost per
 /// packet (absorbing heartbeats, refreshes), through three measured rows.
-struct CostFit {
+struct AgentCostModel {
     fixed: f64,
     per_peer: f64,
     per_pps: f64,
 }
 
-impl CostFit {
-    /// The fit through three rows, None if they do not pin it down (two rows alike).
-    fn through(rows: [&AgentCost; 3]) -> Option<Self> {
+impl AgentCostModel {
+    /// The model solved exactly from three rows (three unknowns, no fit), None if they do not
+    /// pin it down (two rows alike).
+    fn solve(rows: [&AgentCost; 3]) -> Option<Self> {
         // Cramer's rule on [1, peers, pps] . x = cpu.
         let m: Vec<[f64; 4]> = rows
             .iter()
@@ -926,7 +917,7 @@ struct FloorRow {
 }
 
 /// The floor program's TEST_RUN and live rows beside the monitor's, rendered: 1,000 peers
-/// twice (at the issue's hot-cache rate and at the scale runs' 10 Hz) and 50,000 peers, those
+/// twice (at the hot-cache rate and at the scale runs' 10 Hz) and 50,000 peers, those
 /// of them that are among `scales`.
 fn floor_table(
     tools: &Tools,
@@ -1316,10 +1307,10 @@ mod tests {
             cost(50_000, 250_000.0),
             cost(25_000, 250_000.0),
         ];
-        let fit = CostFit::through([&rows[0], &rows[1], &rows[2]]).unwrap();
+        let fit = AgentCostModel::solve([&rows[0], &rows[1], &rows[2]]).unwrap();
         assert!((fit.fixed - 0.1).abs() < 1e-9, "{}", fit.fixed);
         assert!((fit.at(50_000.0, 500_000.0) - (0.1 + 0.1 + 0.15)).abs() < 1e-9);
         // Two rows alike pin nothing down.
-        assert!(CostFit::through([&rows[0], &rows[0], &rows[2]]).is_none());
+        assert!(AgentCostModel::solve([&rows[0], &rows[0], &rows[2]]).is_none());
     }
 }

@@ -57,7 +57,7 @@ impl Agent {
                 levels[(crossed as usize - 1).min(levels.len() - 1)]
             }
         };
-        let mut shown: std::collections::HashSet<u64> = std::collections::HashSet::new();
+        let mut selected_ids: std::collections::HashSet<u64> = std::collections::HashSet::new();
         let mut selected: Vec<SelectedPeer> = Vec::new();
         let select = |p: &(f64, u64, f64, u8)| SelectedPeer {
             id: p.1,
@@ -67,7 +67,7 @@ impl Agent {
         };
         for id in &series.ids {
             if let Some(p) = found.get(id)
-                && shown.insert(p.1)
+                && selected_ids.insert(p.1)
             {
                 selected.push(select(p));
             }
@@ -78,7 +78,7 @@ impl Agent {
             let top = &mut all[..k];
             top.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
             for p in top.iter() {
-                if shown.insert(p.1) {
+                if selected_ids.insert(p.1) {
                     selected.push(select(p));
                 }
             }

@@ -37,30 +37,19 @@ impl std::fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-/// The path given with `--config` (or `--config=`) in `args` (the command line after `run`).
-pub fn config_path(args: &[OsString]) -> Result<Option<PathBuf>, String> {
-    let mut found = None;
-    let mut i = 0;
-    while i < args.len() {
-        let arg = args[i].to_string_lossy();
-        if arg == "--" {
-            break;
-        }
-        let path = if arg == "--config" {
-            i += 1;
-            Some(args.get(i).ok_or("--config needs a file")?.clone().into())
-        } else {
-            arg.strip_prefix("--config=").map(PathBuf::from)
-        };
-        if let Some(path) = path {
-            if found.is_some() {
-                return Err("--config given twice".into());
-            }
-            found = Some(path);
-        }
-        i += 1;
-    }
-    Ok(found)
+/// The command line after `run` as clap reads it, every flag optional: what it sets and where
+/// from (`ArgMatches::value_source`). None if it does not parse; the whole command line's parse
+/// then says why, and no file is read.
+pub fn command_line(cmd: &Command, args: &[OsString]) -> Option<ArgMatches> {
+    cmd.clone()
+        .mut_args(|a| a.required(false))
+        .try_get_matches_from(std::iter::once(OsString::from("run")).chain(args.iter().cloned()))
+        .ok()
+}
+
+/// The path given with `--config` on the command line read by [`command_line`].
+pub fn config_path(command_line: &ArgMatches) -> Option<PathBuf> {
+    command_line.get_one::<PathBuf>("config").cloned()
 }
 
 /// The arguments the file at `path` stands for, for the `run` command `cmd`, leaving out every
@@ -68,7 +57,7 @@ pub fn config_path(args: &[OsString]) -> Result<Option<PathBuf>, String> {
 pub fn file_args(
     path: &Path,
     cmd: &Command,
-    command_line: &[OsString],
+    command_line: &ArgMatches,
 ) -> Result<Vec<OsString>, ConfigError> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
@@ -83,7 +72,7 @@ fn settings(
     text: &str,
     file: &str,
     cmd: &Command,
-    command_line: &[OsString],
+    command_line: &ArgMatches,
 ) -> Result<Vec<OsString>, ConfigError> {
     let line_of = |offset: usize| text[..offset.min(text.len())].matches('\n').count() + 1;
     let error = |offset: usize, message: String| ConfigError {
@@ -115,7 +104,7 @@ fn settings(
             ));
         };
         let text = as_text(value.get_ref(), arg).map_err(&key_error)?;
-        if given_on_command_line(arg, command_line) {
+        if command_line.value_source(arg.get_id().as_str()) == Some(ValueSource::CommandLine) {
             continue;
         }
         match text {
@@ -178,56 +167,15 @@ fn clap_message(e: &clap::Error) -> String {
     first.strip_prefix("error: ").unwrap_or(first).to_string()
 }
 
-/// Whether the command line sets `arg` (as --long, --long=v, -s or -sVALUE).
-fn given_on_command_line(arg: &Arg, command_line: &[OsString]) -> bool {
-    let long = arg.get_long().map(|l| format!("--{l}"));
-    let short = arg.get_short().map(|s| format!("-{s}"));
-    for token in command_line {
-        let token = token.to_string_lossy();
-        if token == "--" {
-            break;
-        }
-        if let Some(long) = &long
-            && (token == long.as_str() || token.starts_with(&format!("{long}=")))
-        {
-            return true;
-        }
-        if let Some(short) = &short
-            && !token.starts_with("--")
-            && token.starts_with(short.as_str())
-        {
-            return true;
-        }
-    }
-    false
-}
-
 /// The flag whose name is nearest `name` (at most two edits away), for the error.
 fn closest<'a>(name: &str, cmd: &'a Command) -> Option<&'a str> {
     cmd.get_arguments()
         .filter_map(|a| a.get_long())
         .filter(|l| !COMMAND_LINE_ONLY.contains(l))
-        .map(|l| (edit_distance(name, l), l))
+        .map(|l| (strsim::levenshtein(name, l), l))
         .filter(|(d, _)| *d <= 2)
         .min()
         .map(|(_, l)| l)
-}
-
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut prev = row[0];
-        row[0] = i + 1;
-        for (j, &cb) in b.iter().enumerate() {
-            let next = (prev + usize::from(ca != cb))
-                .min(row[j] + 1)
-                .min(row[j + 1] + 1);
-            prev = row[j + 1];
-            row[j + 1] = next;
-        }
-    }
-    row[b.len()]
 }
 
 /// The effective settings of `run` (file, command line, defaults) as TOML that `--config`
@@ -309,7 +257,8 @@ mod tests {
 
     fn parse(text: &str, command_line: &[&str]) -> Result<Vec<String>, ConfigError> {
         let command_line: Vec<OsString> = command_line.iter().map(OsString::from).collect();
-        settings(text, "monitor.toml", &run_cmd(), &command_line).map(|args| {
+        let matches = super::command_line(&run_cmd(), &command_line).expect("a valid command line");
+        settings(text, "monitor.toml", &run_cmd(), &matches).map(|args| {
             args.into_iter()
                 .map(|a| a.to_string_lossy().into_owned())
                 .collect()
@@ -417,17 +366,38 @@ mod tests {
 
     #[test]
     fn config_path_on_the_command_line() {
-        let args = |a: &[&str]| a.iter().map(OsString::from).collect::<Vec<_>>();
+        let path = |a: &[&str]| {
+            let a: Vec<OsString> = a.iter().map(OsString::from).collect();
+            command_line(&run_cmd(), &a).map(|m| config_path(&m))
+        };
         assert_eq!(
-            config_path(&args(&["--iface", "x", "--config", "/etc/m.toml"])).unwrap(),
-            Some(PathBuf::from("/etc/m.toml"))
+            path(&["--iface", "x", "--config", "/etc/m.toml"]),
+            Some(Some(PathBuf::from("/etc/m.toml")))
         );
         assert_eq!(
-            config_path(&args(&["--config=/etc/m.toml"])).unwrap(),
-            Some(PathBuf::from("/etc/m.toml"))
+            path(&["--config=/etc/m.toml"]),
+            Some(Some(PathBuf::from("/etc/m.toml")))
         );
-        assert_eq!(config_path(&args(&["--iface", "x"])).unwrap(), None);
-        assert!(config_path(&args(&["--config"])).is_err());
-        assert!(config_path(&args(&["--config", "a", "--config", "b"])).is_err());
+        assert_eq!(path(&["--iface", "x"]), Some(None));
+        // Not a command line: clap's own parse of the whole says why.
+        assert_eq!(path(&["--config"]), None);
+        assert_eq!(path(&["--config", "a", "--config", "b"]), None);
+    }
+
+    /// `-pVALUE`, `-p VALUE` and `--long=VALUE` are read by clap itself: what the command line
+    /// sets overrides the file, and nothing else does.
+    #[test]
+    fn the_command_line_is_read_as_clap_reads_it() {
+        let file = "port = 7999\nsocket = \"/run/a.sock\"\niface = \"eth0\"\n";
+        for command_line in [&["-p8000"][..], &["-p", "8000"], &["--port=8000"]] {
+            let args = parse(file, command_line).unwrap();
+            assert_eq!(
+                args,
+                ["--iface=eth0", "--socket=/run/a.sock"],
+                "{command_line:?}"
+            );
+        }
+        let args = parse(file, &["-s", "/run/b.sock", "-ieth1"]).unwrap();
+        assert_eq!(args, ["--port=7999"]);
     }
 }

@@ -107,12 +107,15 @@ pub fn with_config_file(argv: Vec<OsString>) -> Result<Vec<OsString>, String> {
         return Ok(argv);
     }
     let command_line = &argv[2..];
-    let Some(path) = config_file::config_path(command_line)? else {
-        return Ok(argv);
-    };
     let cmd = Cli::command();
     let run = cmd.find_subcommand("run").expect("run is a subcommand");
-    let file = config_file::file_args(&path, run, command_line).map_err(|e| e.to_string())?;
+    let Some(matches) = config_file::command_line(run, command_line) else {
+        return Ok(argv);
+    };
+    let Some(path) = config_file::config_path(&matches) else {
+        return Ok(argv);
+    };
+    let file = config_file::file_args(&path, run, &matches).map_err(|e| e.to_string())?;
     let mut out = argv[..2].to_vec();
     out.extend(file);
     out.extend_from_slice(command_line);

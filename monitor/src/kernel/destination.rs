@@ -15,9 +15,8 @@
 
 use std::{
     collections::BTreeSet,
-    ffi::CStr,
     fmt, io,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv6Addr},
     path::Path,
     str::FromStr,
     sync::{
@@ -43,8 +42,9 @@ pub const REFRESH: Duration = Duration::from_millis(500);
 
 /// How often the addresses are re-read although no change was announced: a safety net behind
 /// the rtnetlink notifications (an overrun of them wakes a re-read too). Each read dumps every
-/// link and address of the host (getifaddrs): every REFRESH, that was 13% of the agent's
-/// samples at 25,000 peers x 10 Hz (perf, BENCHMARKS.md 2026-11-30 16:2x).
+/// link and address of the host (getifaddrs), which costs far more than a heartbeat's share of
+/// the agent when done every REFRESH (a profile of the agent at scale showed it: see
+/// BENCHMARKS.md).
 pub const RESYNC: Duration = Duration::from_secs(30);
 
 /// One `--listen-addr` value: an address, or `any`.
@@ -103,7 +103,7 @@ impl Listen {
         let addrs: BTreeSet<IpAddr> = values
             .iter()
             .filter_map(|v| match v {
-                ListenAddr::Addr(a) => Some(canonical(*a)),
+                ListenAddr::Addr(a) => Some(a.to_canonical()),
                 ListenAddr::Any => None,
             })
             .collect();
@@ -121,17 +121,6 @@ impl Listen {
             Listen::Any => 0,
             Listen::Interface | Listen::Addrs(_) => XDP_FLAG_CHECK_DESTINATION,
         }
-    }
-}
-
-/// IPv4-mapped IPv6 addresses are the IPv4 address they map (the kernel keys both alike).
-fn canonical(addr: IpAddr) -> IpAddr {
-    match addr {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(v6),
-        },
-        v4 => v4,
     }
 }
 
@@ -238,100 +227,52 @@ fn fast_of(addrs: &BTreeSet<IpAddr>) -> LocalFast {
 }
 
 fn from_key(key: [u8; 16]) -> IpAddr {
-    canonical(IpAddr::V6(Ipv6Addr::from(key)))
+    IpAddr::V6(Ipv6Addr::from(key)).to_canonical()
 }
 
-/// The addresses of `iface` (IPv4 and IPv6, link-local included), from getifaddrs(3).
+/// The addresses of `iface` (IPv4 and IPv6, link-local included), from getifaddrs(3); an
+/// IPv4-mapped IPv6 address as the IPv4 address it maps (the kernel keys both alike).
 pub fn interface_addrs(iface: &str) -> io::Result<BTreeSet<IpAddr>> {
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs writes a list head we free below.
-    if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut out = BTreeSet::new();
-    let mut cursor = head;
-    while !cursor.is_null() {
-        // SAFETY: a node of the list getifaddrs returned, alive until freeifaddrs.
-        let entry = unsafe { &*cursor };
-        cursor = entry.ifa_next;
-        if entry.ifa_addr.is_null() || entry.ifa_name.is_null() {
-            continue;
-        }
-        // SAFETY: a NUL-terminated name owned by the list.
-        let name = unsafe { CStr::from_ptr(entry.ifa_name) };
-        if name.to_bytes() != iface.as_bytes() {
-            continue;
-        }
-        // SAFETY: ifa_addr points at a sockaddr whose family says its real type.
-        match i32::from(unsafe { (*entry.ifa_addr).sa_family }) {
-            libc::AF_INET => {
-                let sin = unsafe { &*(entry.ifa_addr as *const libc::sockaddr_in) };
-                out.insert(IpAddr::V4(Ipv4Addr::from(u32::from_be(
-                    sin.sin_addr.s_addr,
-                ))));
-            }
-            libc::AF_INET6 => {
-                let sin6 = unsafe { &*(entry.ifa_addr as *const libc::sockaddr_in6) };
-                out.insert(canonical(IpAddr::V6(Ipv6Addr::from(
-                    sin6.sin6_addr.s6_addr,
-                ))));
-            }
-            _ => {}
-        }
-    }
-    // SAFETY: the list from getifaddrs above, freed once.
-    unsafe { libc::freeifaddrs(head) };
-    Ok(out)
+    Ok(interface_entries(iface)?
+        .map(|(addr, _)| addr.to_canonical())
+        .collect())
 }
 
 /// The networks of `iface`'s addresses (each address's prefix, the host bits cleared:
 /// 10.211.5.1/24 is 10.211.5.0/24), IPv4 and IPv6, link-local included: a packet from a
 /// link-local source came from the link itself, as much a neighbour as one from the /24.
 pub fn interface_networks(iface: &str) -> io::Result<BTreeSet<ipnet::IpNet>> {
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs writes a list head we free below.
-    if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut out = BTreeSet::new();
-    let mut cursor = head;
-    while !cursor.is_null() {
-        // SAFETY: a node of the list getifaddrs returned, alive until freeifaddrs.
-        let entry = unsafe { &*cursor };
-        cursor = entry.ifa_next;
-        if entry.ifa_addr.is_null() || entry.ifa_netmask.is_null() || entry.ifa_name.is_null() {
-            continue;
+    Ok(interface_entries(iface)?
+        .filter_map(|(addr, prefix)| ipnet::IpNet::new(addr, prefix?).ok())
+        .map(|net| net.trunc())
+        .collect())
+}
+
+/// Each IP address of `iface` with its prefix length (None without a netmask).
+fn interface_entries(iface: &str) -> io::Result<impl Iterator<Item = (IpAddr, Option<u8>)>> {
+    let iface = iface.to_owned();
+    Ok(nix::ifaddrs::getifaddrs()?.filter_map(move |entry| {
+        if entry.interface_name != iface {
+            return None;
         }
-        // SAFETY: a NUL-terminated name owned by the list.
-        let name = unsafe { CStr::from_ptr(entry.ifa_name) };
-        if name.to_bytes() != iface.as_bytes() {
-            continue;
+        let address = entry.address?;
+        let netmask = entry.netmask;
+        if let Some(sin) = address.as_sockaddr_in() {
+            let prefix = netmask
+                .as_ref()
+                .and_then(|m| m.as_sockaddr_in())
+                .map(|m| m.ip().to_bits().leading_ones() as u8);
+            Some((IpAddr::V4(sin.ip()), prefix))
+        } else if let Some(sin6) = address.as_sockaddr_in6() {
+            let prefix = netmask
+                .as_ref()
+                .and_then(|m| m.as_sockaddr_in6())
+                .map(|m| m.ip().to_bits().leading_ones() as u8);
+            Some((IpAddr::V6(sin6.ip()), prefix))
+        } else {
+            None
         }
-        // SAFETY: ifa_addr and ifa_netmask point at sockaddrs of the family ifa_addr says.
-        let net = match i32::from(unsafe { (*entry.ifa_addr).sa_family }) {
-            libc::AF_INET => {
-                let sin = unsafe { &*(entry.ifa_addr as *const libc::sockaddr_in) };
-                let mask = unsafe { &*(entry.ifa_netmask as *const libc::sockaddr_in) };
-                let addr = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-                let prefix = u32::from_be(mask.sin_addr.s_addr).leading_ones() as u8;
-                ipnet::Ipv4Net::new(addr, prefix).map(ipnet::IpNet::V4)
-            }
-            libc::AF_INET6 => {
-                let sin6 = unsafe { &*(entry.ifa_addr as *const libc::sockaddr_in6) };
-                let mask = unsafe { &*(entry.ifa_netmask as *const libc::sockaddr_in6) };
-                let addr = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-                let prefix = u128::from_be_bytes(mask.sin6_addr.s6_addr).leading_ones() as u8;
-                ipnet::Ipv6Net::new(addr, prefix).map(ipnet::IpNet::V6)
-            }
-            _ => continue,
-        };
-        if let Ok(net) = net {
-            out.insert(net.trunc());
-        }
-    }
-    // SAFETY: the list from getifaddrs above, freed once.
-    unsafe { libc::freeifaddrs(head) };
-    Ok(out)
+    }))
 }
 
 /// Follows the networks of an interface's addresses while alive (the default of
@@ -723,7 +664,7 @@ mod tests {
     fn loopback_has_its_address() {
         let addrs = interface_addrs("lo").unwrap();
         assert!(
-            addrs.contains(&IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            addrs.contains(&IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)),
             "{addrs:?}"
         );
     }

@@ -23,29 +23,30 @@ pub enum KeyFileError {
 /// Reads a 128-bit key written as 32 hex digits (surrounding whitespace ignored). The file
 /// must not be accessible to group or others. The key itself never appears in an error.
 pub fn read_key_file(path: &Path) -> Result<AuthKey, KeyFileError> {
-    let shown = path.display().to_string();
+    let path_text = path.display().to_string();
     let read_err = |source| KeyFileError::Read {
-        path: shown.clone(),
+        path: path_text.clone(),
         source,
     };
     let mode = fs::metadata(path).map_err(read_err)?.permissions().mode() & 0o7777;
     if mode & 0o077 != 0 {
-        return Err(KeyFileError::Mode { path: shown, mode });
+        return Err(KeyFileError::Mode {
+            path: path_text,
+            mode,
+        });
     }
     let text = fs::read_to_string(path).map_err(read_err)?;
-    parse_key(text.trim()).ok_or(KeyFileError::Format { path: shown })
+    parse_key(text.trim()).ok_or(KeyFileError::Format { path: path_text })
 }
 
-/// 32 hex digits -> key.
+/// 32 hex digits -> key, the first two digits its first byte. (Digits only: from_str_radix
+/// alone would also take a leading `+`.)
 pub fn parse_key(hex: &str) -> Option<AuthKey> {
     if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
-    let mut bytes = [0u8; 16];
-    for (i, byte) in bytes.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(AuthKey::from_bytes(bytes))
+    let value = u128::from_str_radix(hex, 16).ok()?;
+    Some(AuthKey::from_bytes(value.to_be_bytes()))
 }
 
 /// Sets the auth flag and the tag of `header` (the flag is covered by the tag).

@@ -1,9 +1,11 @@
 //! Who may talk to the agent's socket. The socket file is mode 0660, owned by the agent's user
 //! and the configured group, so the kernel already refuses `connect` to anyone else; each
-//! accepted client is checked again by its credentials (SO_PEERCRED), so a socket file whose
-//! mode was loosened, or a descriptor handed to another process, grants nothing more.
+//! accepted client is checked again by its credentials (SO_PEERCRED, and SO_PEERGROUPS for its
+//! supplementary groups: both as they were at `connect`, from the socket itself, so no process
+//! that took the client's PID since can lend it its groups), so a socket file whose mode was
+//! loosened, or a descriptor handed to another process, grants nothing more.
 
-use std::{ffi::CString, io};
+use std::{io, os::fd::AsRawFd};
 
 /// Who is allowed: root, the agent's own user, and members of the socket's group.
 #[derive(Debug, Clone, Copy)]
@@ -21,15 +23,16 @@ impl AccessPolicy {
         }
     }
 
-    /// Whether a peer with these credentials may send requests.
-    pub fn allows(&self, uid: u32, gid: u32, pid: Option<i32>) -> bool {
+    /// Whether a peer with these credentials (`groups`: its supplementary groups) may send
+    /// requests.
+    pub fn allows(&self, uid: u32, gid: u32, groups: &[u32]) -> bool {
         if uid == 0 || uid == self.agent_uid {
             return true;
         }
         let Some(group) = self.group else {
             return false;
         };
-        gid == group || pid.is_some_and(|pid| supplementary_groups(pid).contains(&group))
+        gid == group || groups.contains(&group)
     }
 
     pub fn describe(&self) -> String {
@@ -40,22 +43,35 @@ impl AccessPolicy {
     }
 }
 
-/// The peer process's supplementary groups, from /proc (empty if it is gone).
-fn supplementary_groups(pid: i32) -> Vec<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix("Groups:"))
-                .map(|groups| {
-                    groups
-                        .split_whitespace()
-                        .filter_map(|g| g.parse().ok())
-                        .collect()
-                })
-        })
-        .unwrap_or_default()
+/// The supplementary groups of the process that connected `socket`, as they were when it
+/// connected (SO_PEERGROUPS, Linux 4.13); empty if the kernel cannot tell.
+pub fn peer_groups(socket: &impl AsRawFd) -> Vec<u32> {
+    // Room for the usual few groups first; the kernel says how many if there are more.
+    let mut groups = vec![0 as libc::gid_t; 16];
+    loop {
+        let mut len = (groups.len() * std::mem::size_of::<libc::gid_t>()) as libc::socklen_t;
+        // SAFETY: `groups` has room for `len` bytes; the kernel writes at most that many and
+        // sets `len` to what it wrote (or, with ERANGE, to what it needs).
+        let rc = unsafe {
+            libc::getsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let count = len as usize / std::mem::size_of::<libc::gid_t>();
+        if rc == 0 {
+            groups.truncate(count);
+            return groups;
+        }
+        if io::Error::last_os_error().raw_os_error() != Some(libc::ERANGE) || count <= groups.len()
+        {
+            return Vec::new();
+        }
+        groups.resize(count, 0);
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -71,17 +87,11 @@ pub fn group_id(name: &str) -> Result<u32, GroupError> {
     if let Ok(gid) = name.parse::<u32>() {
         return Ok(gid);
     }
-    let c = CString::new(name).map_err(|_| GroupError::Unknown(name.into()))?;
-    // SAFETY: getgrnam returns a pointer to static storage or null; read before any other call.
-    let entry = unsafe { libc::getgrnam(c.as_ptr()) };
-    if entry.is_null() {
-        let err = io::Error::last_os_error();
-        return Err(match err.raw_os_error() {
-            None | Some(0) | Some(libc::ENOENT) => GroupError::Unknown(name.into()),
-            _ => GroupError::Lookup(name.into(), err),
-        });
+    match nix::unistd::Group::from_name(name) {
+        Ok(Some(group)) => Ok(group.gid.as_raw()),
+        Ok(None) | Err(nix::errno::Errno::ENOENT) => Err(GroupError::Unknown(name.into())),
+        Err(e) => Err(GroupError::Lookup(name.into(), e.into())),
     }
-    Ok(unsafe { (*entry).gr_gid })
 }
 
 #[cfg(test)]
@@ -94,15 +104,16 @@ mod tests {
             agent_uid: 1000,
             group: Some(50),
         };
-        assert!(p.allows(0, 0, None));
-        assert!(p.allows(1000, 1000, None));
-        assert!(p.allows(2000, 50, None));
-        assert!(!p.allows(2000, 2000, None));
+        assert!(p.allows(0, 0, &[]));
+        assert!(p.allows(1000, 1000, &[]));
+        assert!(p.allows(2000, 50, &[]));
+        assert!(p.allows(2000, 2000, &[7, 50]));
+        assert!(!p.allows(2000, 2000, &[]));
         let strict = AccessPolicy {
             agent_uid: 1000,
             group: None,
         };
-        assert!(!strict.allows(2000, 50, None));
+        assert!(!strict.allows(2000, 50, &[50]));
     }
 
     #[test]

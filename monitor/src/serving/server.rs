@@ -250,7 +250,8 @@ pub async fn serve<H: Handler>(
         };
         let cred = stream.peer_cred().ok();
         let uid = cred.map_or(u32::MAX, |c| c.uid());
-        let allowed = cred.is_some_and(|c| policy.allows(c.uid(), c.gid(), c.pid()));
+        let allowed = cred
+            .is_some_and(|c| policy.allows(c.uid(), c.gid(), &super::access::peer_groups(&stream)));
         let privileged = allowed && (uid == 0 || uid == policy.agent_uid);
         let held = match caps.take(uid, privileged) {
             Ok(held) => held,

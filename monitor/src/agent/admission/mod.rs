@@ -92,7 +92,7 @@ impl Agent {
         if let Verdict::Refuse(reason) = admission.decide(source, passive, now) {
             log::debug!(
                 "not admitting peer {id} from {}: {}",
-                shown(source),
+                address_for_log(source),
                 reason.name()
             );
             if let Some(line) = admission.refusal_line(now) {
@@ -116,7 +116,7 @@ impl Agent {
                 if report.source == SOURCE_BFD {
                     log::info!(
                         "watching BFD session {id:#x} from {} (discriminator {}, {})",
-                        shown(source),
+                        address_for_log(source),
                         report.discriminator,
                         bfd_state_name(report.bfd_state)
                     );
@@ -180,6 +180,6 @@ impl Agent {
 }
 
 /// An address for a log line: a report may carry none.
-fn shown(addr: Option<std::net::IpAddr>) -> String {
+fn address_for_log(addr: Option<std::net::IpAddr>) -> String {
     addr.map_or_else(|| "an unknown address".into(), |a| a.to_string())
 }
