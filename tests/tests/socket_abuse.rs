@@ -23,6 +23,9 @@ use serde_json::{Value, json};
 /// nobody:nogroup, and a stranger in nogroup: two uids the socket serves with
 /// `--socket-group nogroup`.
 const NOBODY: u32 = 65534;
+/// What a request of root's may take before it counts as stalled behind an attacker: a fifth
+/// of the socket's write timeout, the shortest wait an attacker could impose.
+const STALL_MS: f64 = 2_000.0;
 const NOGROUP: u32 = 65534;
 const STRANGER: u32 = 4242;
 
@@ -169,12 +172,17 @@ fn attack(
         p99(&stats),
         stats[stats.len() - 1],
     );
-    assert!(p99(&peer) < 100.0, "root's peer p99 {:.1} ms", p99(&peer));
-    assert!(
-        p99(&stats) < 100.0,
-        "root's stats p99 {:.1} ms",
-        p99(&stats)
-    );
+    // A stall here is root waiting for an attacker's connection to give up its place: a
+    // write timeout (10 s) or an idle timeout (60 s). Every one of root's requests finishes
+    // far inside the shorter of those; how fast it is, on a machine others share, is the
+    // attack table's figure (`cargo xtask attack`), not an assertion.
+    for (what, took) in [("peer", &peer), ("stats", &stats)] {
+        let slowest = took[took.len() - 1];
+        assert!(
+            slowest < STALL_MS,
+            "root's {what} took {slowest:.0} ms: it waited on the attacker's connections"
+        );
+    }
     assert!(
         rss <= 2 * idle_rss,
         "the agent's RSS grew from {idle_rss} KiB to {rss} KiB"
