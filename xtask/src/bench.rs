@@ -1,6 +1,6 @@
 //! `cargo xtask bench`: builds in release, makes its own namespaces, runs the agent and the
 //! load generator, and prints one table (appended, with date, kernel and command, to
-//! BENCHMARKS.md). Ratios are measured within one run; nothing here asserts a timing.
+//! docs/benchmarks-history.md; BENCHMARKS.md keeps the current figures). Ratios are measured within one run; nothing here asserts a timing.
 
 use std::{
     fmt::Write as _,
@@ -39,7 +39,7 @@ pub struct BenchArgs {
     /// A short run (3 s per step, scales 1000 and 50000) to check the benchmark itself.
     #[arg(long)]
     quick: bool,
-    /// Do not append the results to BENCHMARKS.md.
+    /// Do not append the results to docs/benchmarks-history.md.
     #[arg(long)]
     no_record: bool,
     /// Leave out the fleet's figures (NATS JetStream; about a minute).
@@ -1270,9 +1270,10 @@ fn render(test_run_ns: f64, rows: &[ScaleRow], ingest: &Ingest, paths: &Paths) -
     t
 }
 
-/// Appends a dated section with `table` and the command that made it to BENCHMARKS.md.
+/// Appends a dated section with `table` and the command that made it to the benchmark history
+/// (docs/benchmarks-history.md; BENCHMARKS.md keeps the current figures).
 pub(crate) fn record(table: &str, command: &str) -> Result<()> {
-    let path = workspace::root().join("BENCHMARKS.md");
+    let path = workspace::root().join("docs/benchmarks-history.md");
     let kernel = workspace::output(Command::new("uname").arg("-r"))?;
     let date = workspace::output(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]))?;
     let entry = format!(
@@ -1280,7 +1281,8 @@ pub(crate) fn record(table: &str, command: &str) -> Result<()> {
         date.trim(),
         kernel.trim()
     );
-    let mut text = std::fs::read_to_string(&path).unwrap_or_else(|_| "# Benchmarks\n".into());
+    let mut text =
+        std::fs::read_to_string(&path).unwrap_or_else(|_| "# Benchmark history\n".into());
     text.push_str(&entry);
     std::fs::write(&path, text)?;
     println!("appended to {}", path.display());

@@ -1,7 +1,7 @@
 //! `cargo xtask soak`: 50,000 peers for 10 minutes with churn (1% of them going silent and
 //! coming back, a quarter of those at a time, in 5 s periods). Afterwards: every silent period
 //! detected at phi 8, no steady peer suspected at phi 8, no slot leaked, no heartbeat lost, the
-//! agent alive, and its memory before and after. Appends the result to BENCHMARKS.md. The agent
+//! agent alive, and its memory before and after. Appends the result to docs/benchmarks-history.md. The agent
 //! runs with an interval cap of 4 intervals, so silences do not teach it to wait longer.
 
 use std::{fmt::Write as _, process::Command};
@@ -37,7 +37,7 @@ pub struct SoakArgs {
     /// Fraction of the peers that churn.
     #[arg(long, default_value_t = 0.01)]
     churn: f64,
-    /// Do not append the result to BENCHMARKS.md.
+    /// Do not append the result to docs/benchmarks-history.md.
     #[arg(long)]
     no_record: bool,
 }
