@@ -22,6 +22,13 @@ pub enum TraceKind {
     JitterChange,
     /// 100 ms heartbeats with long-tailed (Pareto, shape 1.5) queueing delays.
     Pareto,
+    /// LAN heartbeats from a sender that, halfway, slows to one every 250 ms for good (a new
+    /// normal, as after a configuration change or a slower host): not an outage.
+    Slowdown,
+    /// LAN heartbeats from a sender whose clock stepped back an hour while it was down: it
+    /// restarts (a 3 s gap, sequence numbers from 1 again) with an incarnation, its start
+    /// time in Unix seconds, an hour below the one before; 100 heartbeats, then the crash.
+    ClockStep,
 }
 
 /// The sequence-numbered kinds: each heartbeat keeps the number it was sent with, in arrival
@@ -69,6 +76,49 @@ pub fn generate(kind: TraceKind, count: usize, seed: u64) -> String {
     };
     let interval = 100.0;
     match kind {
+        TraceKind::Slowdown => {
+            let slow = 250.0;
+            let half = count / 2;
+            return sequenced(
+                "Slowdown: heartbeats every 100 ms with N(0, 2 ms) jitter, then every 250 ms for \
+                 good from the middle of the trace",
+                count,
+                seed,
+                |k| {
+                    let on_schedule = if k < half {
+                        interval * (k + 1) as f64
+                    } else {
+                        interval * half as f64 + slow * (k + 1 - half) as f64
+                    };
+                    Some((on_schedule + 2.0 * gaussian(&mut rng), 1))
+                },
+            );
+        }
+        TraceKind::ClockStep => {
+            // Incarnations as `monitor send` makes them: the sender's start, in Unix seconds.
+            let first = 1_780_000_000u32;
+            let mut arrivals = Vec::with_capacity(count + 100);
+            for k in 0..count {
+                let at = interval * (k + 1) as f64 + 2.0 * gaussian(&mut rng);
+                arrivals.push((at, k as u64 + 1, first));
+            }
+            let restart_at = interval * count as f64 + 3000.0;
+            // Started (count x 100 ms + 3 s) after the first incarnation, by a clock an hour
+            // behind.
+            let second = first + (restart_at / 1000.0) as u32 - 3600;
+            for k in 0..100 {
+                let at = restart_at + interval * k as f64 + 2.0 * gaussian(&mut rng);
+                arrivals.push((at, k as u64 + 1, second));
+            }
+            return format_trace(
+                &format!(
+                    "Clock step: 100 ms heartbeats, N(0, 2 ms) jitter; {count} heartbeats, a 3 s \
+                     restart whose incarnation ({second}) is an hour below the first ({first}), \
+                     100 more, then the crash; seed {seed}"
+                ),
+                &in_arrival_order(arrivals),
+            );
+        }
         TraceKind::Restart => {
             // Sent at 100 ms; the first incarnation stops after `count`, the second starts 3 s
             // later with sequence numbers from 1 again and sends 100 before the crash.
@@ -202,6 +252,8 @@ mod tests {
             TraceKind::Bursty,
             TraceKind::JitterChange,
             TraceKind::Pareto,
+            TraceKind::Slowdown,
+            TraceKind::ClockStep,
         ] {
             let a = generate(kind, 500, 7);
             assert_eq!(a, generate(kind, 500, 7));

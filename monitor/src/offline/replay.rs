@@ -352,6 +352,60 @@ mod tests {
         assert!(old > 5.0 * clean, "{old} vs {clean}");
     }
 
+    /// A sender whose clock stepped back an hour while it was down restarts with a lower
+    /// incarnation: replay (which, like the kernel without authentication, takes a sequence
+    /// that starts over as a restart) hears its new heartbeats, where taking them for
+    /// stragglers of an older epoch would leave it silent, convicted while alive, and the
+    /// crash that follows would be detected no later than after an ordinary restart.
+    #[test]
+    fn a_sender_whose_clock_stepped_back_is_heard_after_its_restart() {
+        use crate::offline::generate::TraceKind::{ClockStep, Restart};
+        let restart = run_arrivals(&generated(Restart), "phi");
+        let stepped = run_arrivals(&generated(ClockStep), "phi");
+        println!("restart {restart:?}\nclock step {stepped:?}");
+        assert_eq!(stepped.false_suspicions, restart.false_suspicions);
+        assert_eq!(stepped.detection_ms, restart.detection_ms);
+    }
+
+    /// A sender that slows down for good (100 ms, then 250 ms) is a new normal: no model
+    /// convicts it at level 8 while its window learns the new rate, and its crash is detected
+    /// as that of a sender that always sent every 250 ms (the second half of the trace alone).
+    #[test]
+    fn a_sender_that_slows_down_for_good_is_learned() {
+        use crate::offline::generate::TraceKind::Slowdown;
+        let trace = generated(Slowdown);
+        let half = trace.len() / 2;
+        let start = trace[half].at_ns;
+        let always_slow: Vec<Arrival> = trace[half..]
+            .iter()
+            .map(|a| Arrival {
+                at_ns: a.at_ns - start + 250_000_000,
+                ..*a
+            })
+            .collect();
+        for spec in [
+            "phi",
+            "phi:model=akka",
+            "phi:model=exponential",
+            "phi:model=loss",
+        ] {
+            let r = run_arrivals(&trace, spec);
+            let clean = run_arrivals(&always_slow, spec);
+            let at_1 = if spec.contains(':') { "," } else { ":" };
+            let level_1 = run_arrivals(&trace, &format!("{spec}{at_1}threshold=1"));
+            println!(
+                "{spec}: {} false at 8 ({} at 1), detection {:?} ms ({:?} always slow)",
+                r.false_suspicions, level_1.false_suspicions, r.detection_ms, clean.detection_ms
+            );
+            assert_eq!(r.false_suspicions, 0, "{spec}: {r:?}");
+            let (d, c) = (r.detection_ms.unwrap(), clean.detection_ms.unwrap());
+            assert!(
+                d <= 1.2 * c && d >= 250.0,
+                "{spec}: {d} ms, {c} ms always slow"
+            );
+        }
+    }
+
     fn run_arrivals(trace: &[Arrival], spec: &str) -> ReplayReport {
         replay(trace, &parse_spec(spec).unwrap(), ReplayClock::default())
     }
