@@ -13,6 +13,7 @@ pub mod agent;
 pub mod detector;
 pub mod fleet;
 pub mod kernel;
+pub mod keys;
 pub mod offline;
 pub mod peer;
 pub mod serving;

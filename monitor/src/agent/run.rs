@@ -40,7 +40,7 @@ use crate::{
     kernel::program::{self, AttachMode},
     kernel::registry::{AdmitError, Registry},
     kernel::ring_reader,
-    peer::auth_key::read_key_file,
+    keys::read_key_file,
     serving::access::{self, AccessPolicy},
     serving::metrics,
     serving::protocol::ProgramOrigin,

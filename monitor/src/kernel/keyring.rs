@@ -14,7 +14,7 @@ use std::{
 use aya::maps::{Array, MapData, MapError};
 use monitor_common::auth::{AuthKey, KEY_CURRENT, KEY_PREVIOUS};
 
-use crate::peer::auth_key::read_key_file;
+use crate::keys::read_key_file;
 
 pub struct KeyRing {
     map: Mutex<Array<MapData, AuthKey>>,
