@@ -198,6 +198,26 @@ fn the_agent_records_exactly_what_the_kernel_generator_sent() {
     let pair = NetnsPair::named(123, ["hbklga", "hbklgb"], ["hbkva", "hbkvb"]);
     let dir = TempDir::new("hbklgpeers");
     let peers = 200u64;
+    // Before the agent: nothing on the other end of the veth takes XDP frames, so it drops
+    // every one, and the report says so rather than counting them sent.
+    let dropped = serde_json::to_value(loadgen(
+        &pair,
+        18498,
+        &[
+            "--kernel",
+            "--peers",
+            "10",
+            "--rate",
+            "10",
+            "--duration",
+            "500ms",
+        ],
+    ))
+    .unwrap();
+    assert_eq!(dropped["kernel"]["sent_counted_by_interface"], json!(true));
+    assert_eq!(dropped["sent"], json!(0), "{dropped}");
+    let handed_over = 50 - dropped["kernel"]["unsent"].as_u64().unwrap();
+    assert_eq!(dropped["send_errors"], json!(handed_over), "{dropped}");
     let agent = AgentProcess::start(&pair, &["--peers", &dir.peers_file(1..=peers)]);
     let report = serde_json::to_value(loadgen(
         &pair,
@@ -217,6 +237,7 @@ fn the_agent_records_exactly_what_the_kernel_generator_sent() {
     assert_eq!(kernel["planned"], json!(peers * 20 * 2), "{report}");
     assert_eq!(kernel["silent"], json!(0));
     let sent = report["sent"].as_u64().unwrap();
+    assert_eq!(report["send_errors"], json!(0), "{report}");
     // What the schedule left unsent (a machine too busy to keep up) is reported, not lost.
     assert_eq!(sent + kernel["unsent"].as_u64().unwrap(), peers * 40);
     assert!(sent > 0);

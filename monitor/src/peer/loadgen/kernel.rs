@@ -10,6 +10,7 @@
 
 use std::{
     net::UdpSocket,
+    os::fd::AsFd,
     sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
@@ -22,7 +23,7 @@ use aya::{
 use monitor_common::loadgen::{LG_NEXT_N, LG_SENT, LG_SILENT, LoadgenPlan, PAYLOAD_OFFSET};
 use serde::{Deserialize, Serialize};
 
-use super::{LoadgenConfig, LoadgenError, LoadgenReport, frame, unix_ms};
+use super::{LoadgenConfig, LoadgenError, LoadgenReport, ethtool::XmitCount, frame, unix_ms};
 
 /// The generator's XDP object, built with the monitor's by build.rs (empty when bpf-linker
 /// was missing at build time).
@@ -71,6 +72,10 @@ pub struct KernelSchedule {
     pub kernel_ns_per_frame: f64,
     /// CPU time of the generator (user + system), seconds.
     pub cpu_s: f64,
+    /// Whether the interface counts the XDP frames it transmitted (a veth does): then `sent`
+    /// is its count and `send_errors` what the program handed over that it dropped; otherwise
+    /// `sent` is what the program handed over, and only the receiver can say what arrived.
+    pub sent_counted_by_interface: bool,
 }
 
 pub(super) fn run(
@@ -105,6 +110,11 @@ pub(super) fn run(
         ((MAX_RUN.as_secs_f64() * total_rate) as u64).clamp(u64::from(BATCH), MAX_RUN_FRAMES);
     let slack = Duration::from_secs_f64(SLACK_OF_INTERVAL / config.rate_hz);
     let mut late = 0u64;
+    let xmit = XmitCount::of(socket.as_fd(), &path.iface);
+    let xmit_before = xmit
+        .as_ref()
+        .map_or(Ok(0), |x| x.read(socket.as_fd()))
+        .map_err(fail)?;
     let cpu0 = cpu_seconds();
     if let Some(churn) = &mut churn {
         churn.start_unix_ms = unix_ms();
@@ -154,7 +164,16 @@ pub(super) fn run(
         );
     }
     let duration_s = start.elapsed().as_secs_f64();
-    let sent = generator.state(LG_SENT).map_err(fail)?;
+    let handed_over = generator.state(LG_SENT).map_err(fail)?;
+    let sent = match &xmit {
+        Some(x) => x
+            .read(socket.as_fd())
+            .map_err(fail)?
+            .saturating_sub(xmit_before)
+            .min(handed_over),
+        None => handed_over,
+    };
+    let refused = handed_over - sent;
     let silent = generator.state(LG_SILENT).map_err(fail)?;
     let unsent = planned - next_n;
     Ok(LoadgenReport {
@@ -162,7 +181,7 @@ pub(super) fn run(
         first_id: config.first_id,
         rate_hz: config.rate_hz,
         sent,
-        send_errors: 0,
+        send_errors: refused,
         duration_s,
         achieved_pps: sent as f64 / duration_s,
         killed: if killed_at.is_some() { killed } else { 0 },
@@ -184,6 +203,7 @@ pub(super) fn run(
                 0.0
             },
             cpu_s: cpu_seconds() - cpu0,
+            sent_counted_by_interface: xmit.is_some(),
         }),
     })
 }

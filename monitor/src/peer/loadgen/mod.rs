@@ -7,6 +7,7 @@
 //! that stamps and transmits frames through BPF_PROG_RUN in live-frame mode (`kernel`), several
 //! times faster.
 
+mod ethtool;
 pub mod frame;
 pub mod kernel;
 mod socket;
