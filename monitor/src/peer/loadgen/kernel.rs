@@ -359,3 +359,42 @@ fn cpu_seconds() -> f64 {
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     tv(usage.ru_utime) + tv(usage.ru_stime)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plan_puts_kill_and_churn_at_the_userspace_schedule_s_heartbeats() {
+        let config = LoadgenConfig {
+            to: "10.0.0.1:18498".parse().unwrap(),
+            peers: 1000,
+            first_id: 5,
+            rate_hz: 10.0,
+            jitter: Duration::ZERO,
+            duration: Duration::from_secs(10),
+            kill_fraction: 0.1,
+            kill_after: Duration::from_secs(3),
+            churn_fraction: 0.2,
+            churn_period: Duration::from_millis(500),
+            incarnation: 7,
+            key: None,
+            kernel: true,
+        };
+        let template = vec![0u8; PAYLOAD_OFFSET + 32];
+        let plan = plan(&config, [2, 0, 0, 0, 0, 1], &template);
+        // 10,000 heartbeats a second: the kill at 3 s is heartbeat 30,000, a churn period
+        // 5,000 heartbeats; 100 killed, the top 200 churning.
+        assert_eq!((plan.kill_at_n, plan.killed), (30_000, 100));
+        assert_eq!((plan.churners, plan.churn_n_per_period), (200, 5_000));
+        assert_eq!((plan.first_id, plan.peers, plan.signed), (5, 1000, 0));
+        // Where the userspace generator's schedule says a peer is silent, so does the plan.
+        let churn = config.churn_schedule().unwrap();
+        for n in (0..100_000u64).step_by(7) {
+            let id = config.first_id + n % config.peers;
+            let user = churn.silent(id, n as f64 / config.total_rate())
+                || (n >= plan.kill_at_n && n % config.peers < plan.killed);
+            assert_eq!(plan.silent(n), user, "heartbeat {n}");
+        }
+    }
+}
