@@ -7,8 +7,9 @@ use std::{env, fs, path::PathBuf};
 
 fn main() -> anyhow::Result<()> {
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));
-    // Every bin of monitor-ebpf: the XDP program, the bench's floor, the traces' impairment.
-    let objects = ["monitor", "floor", "impair"].map(|name| out_dir.join(name));
+    // Every bin of monitor-ebpf: the XDP program, the bench's floor, the traces' impairment,
+    // the kernel load generator.
+    let objects = ["monitor", "floor", "impair", "loadgen"].map(|name| out_dir.join(name));
     println!("cargo:rerun-if-env-changed=PATH");
     println!("cargo:rerun-if-env-changed=AYA_BUILD_SKIP");
     // Read by monitor-ebpf (`option_env!`): a test-only second build of the program whose

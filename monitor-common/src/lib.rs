@@ -11,6 +11,7 @@ pub mod config;
 pub mod impair;
 pub mod index;
 pub mod last_heard;
+pub mod loadgen;
 pub mod maps;
 pub mod passive;
 pub mod slot;
@@ -28,6 +29,7 @@ mod pod {
     unsafe impl aya::Pod for crate::maps::UnknownPeerReport {}
     unsafe impl aya::Pod for crate::maps::ArrivalRecord {}
     unsafe impl aya::Pod for crate::impair::GilbertElliott {}
+    unsafe impl aya::Pod for crate::loadgen::LoadgenPlan {}
     unsafe impl aya::Pod for crate::index::IndexBucket {}
     unsafe impl aya::Pod for crate::maps::LocalFast {}
 }

@@ -19,6 +19,9 @@ use crate::{
     setup, workspace,
 };
 
+#[path = "bench_kernel_loadgen.rs"]
+mod kernel_loadgen;
+
 const NET: NetPair = NetPair {
     ns_monitor: "hbm-bench-mon",
     ns_peers: "hbm-bench-gen",
@@ -62,6 +65,11 @@ pub struct BenchArgs {
     /// most 250k packets a second in all, which the generator sends on schedule.
     #[arg(long, default_value_t = RATE_HZ)]
     rate_hz: f64,
+    /// Only the kernel generator's rows (`monitor loadgen --kernel`): its ceiling beside the
+    /// userspace generator's, and 200,000 peers x 10 Hz, 1,000,000 x 1 Hz and 1,000,000 x
+    /// 10 Hz (as far as the machine allows), `--seconds` each; recorded unless --no-record.
+    #[arg(long)]
+    kernel_loadgen: bool,
 }
 
 /// Heartbeats per second per peer in the scale runs.
@@ -117,6 +125,18 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let _stats = BpfStats::enable()?;
     let net = NET.create()?;
     let dir = TempDir::create("hbm-bench")?;
+
+    if args.kernel_loadgen {
+        let table = kernel_loadgen::run(&tools, &net, &dir.0, seconds, &interrupt)?;
+        println!("\n{table}");
+        if !args.no_record {
+            record(
+                &table,
+                &format!("cargo xtask bench --kernel-loadgen --seconds {seconds}"),
+            )?;
+        }
+        return Ok(());
+    }
 
     println!("==> kernel cost through BPF_PROG_TEST_RUN");
     let test_run = probe_json(&tools.probe, &["kernel"])?;

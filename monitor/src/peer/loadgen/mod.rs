@@ -1,0 +1,185 @@
+//! A load generator: many simulated peers from one process, for benchmarks and soak tests.
+//!
+//! Heartbeat n (counting over all peers) is due at n / (peers x rate): peer n mod peers, with
+//! sequence number n / peers. So every peer sends exactly every 1/rate seconds, the peers are
+//! spread evenly over the period, and the stream is as smooth as a real fleet. Two ways to send
+//! it: sendmmsg batches from one connected socket (`socket`), or, with `kernel`, an XDP program
+//! that stamps and transmits frames through BPF_PROG_RUN in live-frame mode (`kernel`), several
+//! times faster.
+
+mod ethtool;
+pub mod frame;
+pub mod kernel;
+mod socket;
+
+use std::{
+    io,
+    net::SocketAddr,
+    sync::atomic::AtomicBool,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use serde::{Deserialize, Serialize};
+
+pub use kernel::KernelSchedule;
+pub use socket::BATCH;
+
+#[derive(Debug, Clone)]
+pub struct LoadgenConfig {
+    pub to: SocketAddr,
+    pub peers: u64,
+    pub first_id: u64,
+    /// Heartbeats per second per peer.
+    pub rate_hz: f64,
+    /// Each heartbeat is sent up to this much late, uniformly (must be under half the interval).
+    pub jitter: Duration,
+    pub duration: Duration,
+    /// The first `kill_fraction x peers` peers stop sending at `kill_after`.
+    pub kill_fraction: f64,
+    pub kill_after: Duration,
+    /// This fraction of the peers (the highest ids) churn: split into `CHURN_GROUPS` groups,
+    /// group `e mod CHURN_GROUPS` is silent throughout period `e` of `churn_period`, then
+    /// comes back (same incarnation, sequence numbers skipping the silent stretch).
+    pub churn_fraction: f64,
+    pub churn_period: Duration,
+    pub incarnation: u32,
+    /// Sign every heartbeat with this key.
+    pub key: Option<monitor_common::auth::AuthKey>,
+    /// Send with the kernel generator (an XDP program run by BPF_PROG_RUN) instead of
+    /// sendmmsg.
+    pub kernel: bool,
+}
+
+impl LoadgenConfig {
+    /// Peers that stop at `kill_after`: ids `first_id .. first_id + killed()`.
+    pub fn killed(&self) -> u64 {
+        (self.kill_fraction * self.peers as f64).round() as u64
+    }
+
+    /// The churn schedule, starting now, if any peer churns.
+    pub fn churn_schedule(&self) -> Option<ChurnSchedule> {
+        let churners = (self.churn_fraction * self.peers as f64).round() as u64;
+        (churners > 0).then(|| ChurnSchedule {
+            first_churning_id: self.first_id + self.peers - churners,
+            churners,
+            groups: CHURN_GROUPS,
+            period_s: self.churn_period.as_secs_f64(),
+            start_unix_ms: unix_ms(),
+        })
+    }
+
+    /// Heartbeats a second, all peers together.
+    pub fn total_rate(&self) -> f64 {
+        self.peers as f64 * self.rate_hz
+    }
+
+    fn validate(&self) -> Result<(), LoadgenError> {
+        if self.peers == 0 {
+            return Err(LoadgenError::NoPeers);
+        }
+        if monitor_common::wire::validate_peer_id(self.first_id).is_err() {
+            return Err(LoadgenError::ZeroId);
+        }
+        if !(self.rate_hz.is_finite() && self.rate_hz > 0.0) {
+            return Err(LoadgenError::Rate);
+        }
+        let interval = Duration::from_secs_f64(1.0 / self.rate_hz);
+        if self.jitter * 2 >= interval {
+            return Err(LoadgenError::Jitter(interval));
+        }
+        if !(0.0..=1.0).contains(&self.churn_fraction)
+            || (self.churn_fraction > 0.0 && self.churn_period.is_zero())
+        {
+            return Err(LoadgenError::Churn);
+        }
+        if !(0.0..=1.0).contains(&self.kill_fraction) {
+            return Err(LoadgenError::Kill);
+        }
+        Ok(())
+    }
+}
+
+/// What was sent: what a benchmark compares with what the monitor counted.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LoadgenReport {
+    pub peers: u64,
+    pub first_id: u64,
+    pub rate_hz: f64,
+    /// Heartbeats the kernel accepted for sending.
+    pub sent: u64,
+    /// Heartbeats a send call refused (not counted in `sent`).
+    pub send_errors: u64,
+    pub duration_s: f64,
+    /// `sent / duration_s`.
+    pub achieved_pps: f64,
+    /// Peers that stopped: ids first_id .. first_id + killed.
+    pub killed: u64,
+    /// Unix time (ms) of the kill, if any peer was killed.
+    pub killed_at_unix_ms: Option<f64>,
+    /// The churn schedule, if any: what a checker needs to know who was silent when.
+    pub churn: Option<ChurnSchedule>,
+    /// With `--kernel`: the plan, how closely it was kept, and what the kernel spent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<KernelSchedule>,
+}
+
+/// Groups of churning peers: one group is silent in each period, in turn.
+pub const CHURN_GROUPS: u64 = 4;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ChurnSchedule {
+    /// Churning peers are ids first_churning_id .. first_churning_id + churners.
+    pub first_churning_id: u64,
+    pub churners: u64,
+    pub groups: u64,
+    pub period_s: f64,
+    /// Unix time (ms) of the schedule's time zero.
+    pub start_unix_ms: f64,
+}
+
+impl ChurnSchedule {
+    /// Whether peer `id` is silent at `t_s` seconds into the schedule.
+    pub fn silent(&self, id: u64, t_s: f64) -> bool {
+        if id < self.first_churning_id || id >= self.first_churning_id + self.churners {
+            return false;
+        }
+        let epoch = (t_s / self.period_s).floor() as u64;
+        (id - self.first_churning_id) % self.groups == epoch % self.groups
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadgenError {
+    #[error("--peers must be at least 1")]
+    NoPeers,
+    #[error("--first-id 0: peer id 0 is reserved (docs/wire-format.md); start at 1")]
+    ZeroId,
+    #[error("--rate must be a positive number")]
+    Rate,
+    #[error("--jitter must be under half the interval ({0:?})")]
+    Jitter(Duration),
+    #[error("--kill must be a fraction between 0 and 1")]
+    Kill,
+    #[error("--churn must be a fraction between 0 and 1, with a non-zero --churn-period")]
+    Churn,
+    #[error("sending to {to}: {source}")]
+    Io { to: SocketAddr, source: io::Error },
+    #[error("--kernel: {0}")]
+    Kernel(String),
+}
+
+/// Sends the configured stream, by sendmmsg or (`config.kernel`) by the kernel generator.
+pub fn run(config: &LoadgenConfig, stop: &AtomicBool) -> Result<LoadgenReport, LoadgenError> {
+    config.validate()?;
+    if config.kernel {
+        kernel::run(config, stop)
+    } else {
+        socket::run(config, stop)
+    }
+}
+
+fn unix_ms() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+}

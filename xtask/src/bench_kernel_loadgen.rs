@@ -1,0 +1,243 @@
+//! `cargo xtask bench --kernel-loadgen`: the kernel generator (`monitor loadgen --kernel`)
+//! beside the userspace one into the same agent, and the scale rows only the kernel generator
+//! sends: 200,000 peers x 10 Hz, 1,000,000 x 1 Hz and 1,000,000 x 10 Hz (as far as the
+//! machine allows). Each row shows what was sent and recorded, whether the generator kept the
+//! schedule, the kernel's cost per packet on both sides and the agent's CPU beside it.
+//! A child module of `bench`, whose agent, generator and accounting helpers it uses.
+
+use std::{
+    fmt::Write as _,
+    path::Path,
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use anyhow::Result;
+use serde_json::Value;
+
+use super::{Agent, Tools, finish_json, ms, process_cpu_s};
+use crate::lab::{Interrupt, NetPair, Process};
+
+/// Peers of the generators' ceiling row (the userspace ingest ceiling's count).
+const CEILING_PEERS: u64 = 50_000;
+/// Seconds each generator sends flat out in the ceiling row.
+const CEILING_SECONDS: f64 = 3.0;
+/// The scale rows: (peers, Hz per peer).
+const SCALES: [(u64, f64); 3] = [(200_000, 10.0), (1_000_000, 1.0), (1_000_000, 10.0)];
+/// Load before the agent's CPU is measured (every peer heard a few times).
+const SETTLE_S: f64 = 3.0;
+
+/// `monitor loadgen` (with `kernel`, `--kernel`) from the peers' namespace.
+fn generator(
+    tools: &Tools,
+    net: &NetPair,
+    peers: u64,
+    rate: f64,
+    seconds: f64,
+    kernel: bool,
+) -> Result<Process> {
+    let mut cmd = NetPair::in_ns(net.ns_peers, &tools.monitor);
+    cmd.args([
+        "loadgen",
+        "--to",
+        &net.target(),
+        "--peers",
+        &peers.to_string(),
+    ])
+    .args(["--rate", &rate.to_string(), "--duration", &ms(seconds)])
+    .args(kernel.then_some("--kernel"))
+    .stdout(Stdio::piped());
+    Process::spawn(&mut cmd)
+}
+
+fn delta(before: &Value, after: &Value, path: [&str; 2]) -> f64 {
+    let at = |v: &Value| v[path[0]][path[1]].as_f64().unwrap_or(0.0);
+    at(after) - at(before)
+}
+
+struct Ceiling {
+    kernel: bool,
+    sent: u64,
+    recorded: u64,
+    achieved_pps: f64,
+    /// The receiving monitor's ns per packet (bpf_stats).
+    monitor_ns: f64,
+}
+
+/// Each generator as fast as it goes, one after the other, into one agent.
+fn ceiling(tools: &Tools, net: &NetPair, dir: &Path) -> Result<Vec<Ceiling>> {
+    let agent = Agent::start(tools, net, dir, CEILING_PEERS, &[])?;
+    let mut rows = Vec::new();
+    for kernel in [false, true] {
+        let before = agent.stats()?;
+        // A rate no generator reaches: each sends what it can.
+        let rate = 1e9 / CEILING_PEERS as f64;
+        let report = finish_json(generator(
+            tools,
+            net,
+            CEILING_PEERS,
+            rate,
+            CEILING_SECONDS,
+            kernel,
+        )?)?;
+        std::thread::sleep(Duration::from_millis(300));
+        let after = agent.stats()?;
+        let runs = delta(&before, &after, ["xdp", "run_count"]);
+        rows.push(Ceiling {
+            kernel,
+            sent: report["sent"].as_u64().unwrap_or(0),
+            recorded: delta(&before, &after, ["kernel", "heartbeats"]) as u64,
+            achieved_pps: report["achieved_pps"].as_f64().unwrap_or(0.0),
+            monitor_ns: delta(&before, &after, ["xdp", "run_time_ns"]) / runs.max(1.0),
+        });
+    }
+    agent.process.stop();
+    Ok(rows)
+}
+
+struct ScaleRow {
+    peers: u64,
+    rate_hz: f64,
+    report: Value,
+    recorded: u64,
+    monitor_ns: f64,
+    agent_cpu_pct: f64,
+}
+
+/// `peers` x `rate_hz` from the kernel generator for the settle time and `seconds`; the
+/// agent's CPU over the `seconds`.
+fn scale_row(
+    tools: &Tools,
+    net: &NetPair,
+    dir: &Path,
+    peers: u64,
+    rate_hz: f64,
+    seconds: u64,
+    interrupt: &Interrupt,
+) -> Result<ScaleRow> {
+    // Told the stream's interval, as the other scale runs tell it (see `scale_run`).
+    let first_interval_ms = format!("{:.0}", 1000.0 / rate_hz);
+    let agent = Agent::start(
+        tools,
+        net,
+        dir,
+        peers,
+        &["--first-interval-ms", &first_interval_ms],
+    )?;
+    let pid = agent.process.pid();
+    let before = agent.stats()?;
+    let sending = generator(
+        tools,
+        net,
+        peers,
+        rate_hz,
+        SETTLE_S + seconds as f64 + 0.5,
+        true,
+    )?;
+    interrupt.pause(Duration::from_secs_f64(SETTLE_S))?;
+    let (cpu0, t0) = (process_cpu_s(pid)?, Instant::now());
+    interrupt.pause(Duration::from_secs(seconds))?;
+    let (cpu1, wall) = (process_cpu_s(pid)?, t0.elapsed().as_secs_f64());
+    let report = finish_json(sending)?;
+    std::thread::sleep(Duration::from_millis(300));
+    let after = agent.stats()?;
+    agent.process.stop();
+    let runs = delta(&before, &after, ["xdp", "run_count"]);
+    Ok(ScaleRow {
+        peers,
+        rate_hz,
+        report,
+        recorded: delta(&before, &after, ["kernel", "heartbeats"]) as u64,
+        monitor_ns: delta(&before, &after, ["xdp", "run_time_ns"]) / runs.max(1.0),
+        agent_cpu_pct: (cpu1 - cpu0) / wall * 100.0,
+    })
+}
+
+/// The ceiling row and the scale rows, rendered.
+pub(super) fn run(
+    tools: &Tools,
+    net: &NetPair,
+    dir: &Path,
+    seconds: u64,
+    interrupt: &Interrupt,
+) -> Result<String> {
+    println!("==> the generators' ceiling: userspace, then kernel, {CEILING_PEERS} peers");
+    let ceiling = ceiling(tools, net, dir)?;
+    let mut scales = Vec::new();
+    for (peers, rate_hz) in SCALES {
+        interrupt.check()?;
+        println!("==> {peers} peers x {rate_hz} Hz from the kernel generator, {seconds} s");
+        scales.push(scale_row(
+            tools, net, dir, peers, rate_hz, seconds, interrupt,
+        )?);
+    }
+    Ok(render(&ceiling, &scales))
+}
+
+fn render(ceiling: &[Ceiling], scales: &[ScaleRow]) -> String {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "The generators flat out into the monitor, {CEILING_PEERS} peers, {CEILING_SECONDS} s \
+         each, same run (lost = sent - recorded):\n\n\
+         | generator | sent pps | sent | recorded | lost | monitor kernel ns/pkt (bpf_stats) |\n\
+         |---|---:|---:|---:|---:|---:|"
+    );
+    for c in ceiling {
+        let _ = writeln!(
+            t,
+            "| {} | {:.0} | {} | {} | {} | {:.0} |",
+            if c.kernel {
+                "kernel (`--kernel`)"
+            } else {
+                "userspace (sendmmsg)"
+            },
+            c.achieved_pps,
+            c.sent,
+            c.recorded,
+            c.sent as i64 - c.recorded as i64,
+            c.monitor_ns,
+        );
+    }
+    if let [user, kernel] = ceiling {
+        let _ = writeln!(
+            t,
+            "\nKernel generator over userspace generator: {:.1}x the packets a second",
+            kernel.achieved_pps / user.achieved_pps.max(1.0)
+        );
+    }
+    let _ = writeln!(
+        t,
+        "\nScale runs from the kernel generator (on schedule: every heartbeat sent within a \
+         quarter of its interval of when it was due, none left; agent CPU over the steady \
+         part after {SETTLE_S} s):\n\n\
+         | peers | rate | requested pps | sent pps | sent | recorded | lost | on schedule (max late ms) | monitor kernel ns/pkt (bpf_stats) | generator kernel ns/frame | generator CPU % | agent CPU % |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"
+    );
+    for r in scales {
+        let k = &r.report["kernel"];
+        let sent = r.report["sent"].as_u64().unwrap_or(0);
+        let duration = r.report["duration_s"].as_f64().unwrap_or(f64::NAN);
+        let _ = writeln!(
+            t,
+            "| {} | {} Hz | {:.0} | {:.0} | {sent} | {} | {} | {} ({:.1}) | {:.0} | {:.0} | {:.1} | {:.2} |",
+            r.peers,
+            r.rate_hz,
+            r.peers as f64 * r.rate_hz,
+            r.report["achieved_pps"].as_f64().unwrap_or(0.0),
+            r.recorded,
+            sent as i64 - r.recorded as i64,
+            if k["on_schedule"].as_bool() == Some(true) {
+                "yes"
+            } else {
+                "no"
+            },
+            k["max_late_ms"].as_f64().unwrap_or(f64::NAN),
+            r.monitor_ns,
+            k["kernel_ns_per_frame"].as_f64().unwrap_or(f64::NAN),
+            k["cpu_s"].as_f64().unwrap_or(f64::NAN) / duration * 100.0,
+            r.agent_cpu_pct,
+        );
+    }
+    t
+}
