@@ -155,6 +155,30 @@ pub fn note_bfd(record: &mut crate::maps::PeerRecord, c: &BfdControl) -> bool {
     new_epoch
 }
 
+/// RFC 5880 6.8.3: the least transmit interval of a BFD session that is not Up (µs).
+const BFD_SLOW_TX_US: u64 = 1_000_000;
+
+impl crate::maps::PeerRecord {
+    /// The interval (µs) the peer says it sends at, where its packets say one: for a BFD
+    /// session the Desired Min TX Interval it announces, the rate it says it sends at (the real
+    /// one is the larger of that and our Required Min RX, less up to 25% jitter), and at least
+    /// 1 s while the session is not Up (RFC 5880 6.8.3: a session that is not Up sends once a
+    /// second or slower, whatever it announces, as FRR does). None for other peers, and for a
+    /// session before its first packet (no timers yet). The detector's first-interval estimate
+    /// for the peer.
+    pub fn announced_interval_us(&self) -> Option<u64> {
+        if self.source != SOURCE_BFD || self.bfd_desired_min_tx_us == 0 {
+            return None;
+        }
+        let announced = self.bfd_desired_min_tx_us as u64;
+        Some(if self.bfd_state == BFD_UP {
+            announced
+        } else {
+            announced.max(BFD_SLOW_TX_US)
+        })
+    }
+}
+
 /// The 24 bytes of a control packet (for tests and tools; `decode_bfd` reads them back).
 pub fn encode_bfd(c: &BfdControl) -> [u8; BFD_CONTROL_LEN] {
     let mut b = [0u8; BFD_CONTROL_LEN];
