@@ -260,6 +260,25 @@ mod tests {
     }
 
     #[test]
+    fn a_session_announces_its_interval_and_once_a_second_while_not_up() {
+        use crate::maps::PeerRecord;
+        let mut record = PeerRecord::admitted_passive(1, 0, SOURCE_BFD);
+        // No packet yet: no timers to go by.
+        assert_eq!(record.announced_interval_us(), None);
+        note_bfd(&mut record, &control());
+        assert_eq!(record.announced_interval_us(), Some(100_000));
+        // Not Up: 1 s at the fastest (RFC 5880 6.8.3), slower if it says so.
+        record.bfd_state = BFD_DOWN;
+        assert_eq!(record.announced_interval_us(), Some(1_000_000));
+        record.bfd_desired_min_tx_us = 2_000_000;
+        assert_eq!(record.announced_interval_us(), Some(2_000_000));
+        // A flow, or a heartbeat peer, announces nothing.
+        let mut flow = PeerRecord::admitted_passive(2, 0, SOURCE_FLOW);
+        flow.bfd_desired_min_tx_us = 100_000;
+        assert_eq!(flow.announced_interval_us(), None);
+    }
+
+    #[test]
     fn derived_ids_lie_in_the_upper_half_and_heartbeat_ids_need_not() {
         for addr in [
             [0, 0xffff_0000 | (0xc000_0207 << 32)],
