@@ -284,6 +284,22 @@ mod tests {
         }
     }
 
+    /// A model added to the registry is reachable from a spec, and its canonical spec parses
+    /// back to the same detector.
+    #[test]
+    fn every_registered_model_round_trips() {
+        for model in Model::ALL {
+            let params = DetectorParams {
+                model,
+                ..DetectorParams::DEFAULT
+            };
+            let spec = format_spec(&params);
+            let back = parse_spec(&spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
+            assert_eq!(back.model, model, "{spec}");
+            assert_eq!(format_spec(&back), spec);
+        }
+    }
+
     #[test]
     fn errors_name_the_problem() {
         for (spec, expected) in [

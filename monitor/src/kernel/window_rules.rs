@@ -36,3 +36,27 @@ impl DetectorParams {
         self.window_rules().into()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::detector::spec::parse_spec;
+
+    #[test]
+    fn the_rules_a_spec_sets_are_the_programs() {
+        let c = parse_spec("phi:model=loss,window=32,outage_factor=3,max_interval_ms=2000")
+            .unwrap()
+            .window_config();
+        assert_eq!(
+            (c.window, c.outage_factor, c.max_interval_us, c.flags),
+            (32, 3, 2_000_000, XDP_FLAG_GAPLESS_WINDOW)
+        );
+        assert_eq!((c.port, c.index_bits), (XdpConfig::DEFAULT.port, 0));
+        // No cap: every interval counts; a cap beyond the kernel's largest interval is that.
+        let c = parse_spec("phi:model=normal,max_interval_ms=1e12")
+            .unwrap()
+            .window_config();
+        assert_eq!((c.max_interval_us, c.flags), (MAX_INTERVAL_US as u32, 0));
+        assert_eq!(DetectorParams::DEFAULT.window_config().max_interval_us, 0);
+    }
+}
