@@ -155,6 +155,30 @@ pub fn note_bfd(record: &mut crate::maps::PeerRecord, c: &BfdControl) -> bool {
     new_epoch
 }
 
+/// RFC 5880 6.8.3: the least transmit interval of a BFD session that is not Up (µs).
+const BFD_SLOW_TX_US: u64 = 1_000_000;
+
+impl crate::maps::PeerRecord {
+    /// The interval (µs) the peer says it sends at, where its packets say one: for a BFD
+    /// session the Desired Min TX Interval it announces, the rate it says it sends at (the real
+    /// one is the larger of that and our Required Min RX, less up to 25% jitter), and at least
+    /// 1 s while the session is not Up (RFC 5880 6.8.3: a session that is not Up sends once a
+    /// second or slower, whatever it announces, as FRR does). None for other peers, and for a
+    /// session before its first packet (no timers yet). The detector's first-interval estimate
+    /// for the peer.
+    pub fn announced_interval_us(&self) -> Option<u64> {
+        if self.source != SOURCE_BFD || self.bfd_desired_min_tx_us == 0 {
+            return None;
+        }
+        let announced = self.bfd_desired_min_tx_us as u64;
+        Some(if self.bfd_state == BFD_UP {
+            announced
+        } else {
+            announced.max(BFD_SLOW_TX_US)
+        })
+    }
+}
+
 /// The 24 bytes of a control packet (for tests and tools; `decode_bfd` reads them back).
 pub fn encode_bfd(c: &BfdControl) -> [u8; BFD_CONTROL_LEN] {
     let mut b = [0u8; BFD_CONTROL_LEN];
@@ -233,6 +257,25 @@ mod tests {
 
     fn words(b: &[u8; BFD_CONTROL_LEN]) -> [u64; 3] {
         [0, 8, 16].map(|i| u64::from_be_bytes(b[i..i + 8].try_into().unwrap()))
+    }
+
+    #[test]
+    fn a_session_announces_its_interval_and_once_a_second_while_not_up() {
+        use crate::maps::PeerRecord;
+        let mut record = PeerRecord::admitted_passive(1, 0, SOURCE_BFD);
+        // No packet yet: no timers to go by.
+        assert_eq!(record.announced_interval_us(), None);
+        note_bfd(&mut record, &control());
+        assert_eq!(record.announced_interval_us(), Some(100_000));
+        // Not Up: 1 s at the fastest (RFC 5880 6.8.3), slower if it says so.
+        record.bfd_state = BFD_DOWN;
+        assert_eq!(record.announced_interval_us(), Some(1_000_000));
+        record.bfd_desired_min_tx_us = 2_000_000;
+        assert_eq!(record.announced_interval_us(), Some(2_000_000));
+        // A flow, or a heartbeat peer, announces nothing.
+        let mut flow = PeerRecord::admitted_passive(2, 0, SOURCE_FLOW);
+        flow.bfd_desired_min_tx_us = 100_000;
+        assert_eq!(flow.announced_interval_us(), None);
     }
 
     #[test]

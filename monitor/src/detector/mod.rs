@@ -6,6 +6,7 @@
 pub mod levels;
 pub mod loss;
 pub mod model;
+pub mod models;
 pub mod qos;
 pub mod spec;
 pub mod tail;

@@ -1,4 +1,5 @@
-//! The phi models and their parameters.
+//! The parameters of a detector and what every model shares: the estimate of a window, the
+//! level crossings, the floors under the mean.
 //!
 //! - `normal`: the exact normal tail of Hayashibara et al. (2004).
 //! - `akka`: Akka's PhiAccrualFailureDetector (logistic approximation of the normal CDF).
@@ -12,119 +13,32 @@
 //! - `empirical`: Satzger et al. (2007), the empirical tail of the window (`empirical`).
 //! - `2w`: Tomsic et al. (2015), the lower phi of a short and a long window (`two_windows`).
 //!
-//! Each model's maths is in its own module; this one holds the parameters and dispatches.
+//! Each model is a type of its own in `detector::models`, behind the `PhiModel` trait; this
+//! module holds the flat parameters (what a spec, a config file and a reload compare), the
+//! estimate every model starts from, and hands each question to the model the parameters
+//! name.
 //!
 //! Common to the phi models (as in Akka): the acceptable pause is added to the mean, the
 //! standard deviation has a floor, and the window starts with two bootstrap samples around
 //! the first-interval estimate (see `window::WindowSums::with_bootstrap`). Which intervals
 //! enter the window at all is the kernel's rule set (`monitor_common::slot`), configured by
-//! `DetectorParams::window_config`.
+//! `DetectorParams::window_rules` (the kernel side turns them into its load-time config:
+//! `kernel::window_rules`).
 
-use std::f64::consts::LN_10;
+use monitor_common::maps::PeerRecord;
 
-use monitor_common::{
-    config::{XDP_FLAG_GAPLESS_WINDOW, XdpConfig},
-    maps::{MAX_INTERVAL_US, PeerRecord},
-    passive::{BFD_UP, SOURCE_BFD},
+pub use super::models::{
+    Model, akka::akka_phi, chen::Freshness, empirical::EmpiricalTail, two_windows::ShortWindow,
 };
-
-/// RFC 5880 6.8.3: the least transmit interval of a BFD session that is not Up (µs).
-const BFD_SLOW_TX_US: u64 = 1_000_000;
-use serde::{Deserialize, Serialize};
-
 use super::{
     loss::LossOdds,
-    tail,
+    models::{AnyModel, ModelFn, PhiModel, WindowNeeds, WindowView},
     window::{WindowSums, bootstrap_samples},
 };
 
-pub mod bertier;
-pub mod chen;
-pub mod empirical;
-pub mod two_windows;
-
-use chen::Freshness;
-use empirical::EmpiricalTail;
-use two_windows::ShortWindow;
-
-/// How phi is computed; [`Model::about`] says what each model is. Named on the command line
-/// as [`Model::name`] spells it (the clap glue is the CLI's: `cli/run.rs`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Model {
-    Normal,
-    Akka,
-    Exponential,
-    Fixed,
-    Loss,
-    Chen,
-    Bertier,
-    Empirical,
-    #[serde(rename = "2w")]
-    TwoWindows,
-}
-
-impl Model {
-    pub fn name(self) -> &'static str {
-        match self {
-            Model::Normal => "normal",
-            Model::Akka => "akka",
-            Model::Exponential => "exponential",
-            Model::Fixed => "fixed",
-            Model::Loss => "loss",
-            Model::Chen => "chen",
-            Model::Bertier => "bertier",
-            Model::Empirical => "empirical",
-            Model::TwoWindows => "2w",
-        }
-    }
-
-    /// Every model, in the order help texts list them.
-    pub const ALL: [Model; 9] = [
-        Model::Normal,
-        Model::Akka,
-        Model::Exponential,
-        Model::Fixed,
-        Model::Loss,
-        Model::Chen,
-        Model::Bertier,
-        Model::Empirical,
-        Model::TwoWindows,
-    ];
-
-    /// One line on what the model is, for help texts (none for the plain ones).
-    pub fn about(self) -> Option<&'static str> {
-        match self {
-            Model::Normal | Model::Akka | Model::Exponential | Model::Fixed => None,
-            Model::Loss => {
-                Some("Loss-aware normal: a mixture over the number of consecutive lost heartbeats")
-            }
-            Model::Chen => Some("Chen et al.'s expected arrival plus `alpha_ms` (binary)"),
-            Model::Bertier => {
-                Some("Chen's expected arrival plus Bertier et al.'s Jacobson margin (binary)")
-            }
-            Model::Empirical => Some("Satzger et al.'s empirical tail of the window"),
-            Model::TwoWindows => Some("2W-FD: the lower phi of a short and a long window"),
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|m| m.name() == name)
-    }
-
-    /// The safety margin `alpha_ms` takes when not given, for the models that have one:
-    /// `chen` 150 ms (docs/tuning.md), `bertier` 0 (its margin is Jacobson's, as published).
-    pub fn default_alpha_ms(self) -> Option<f64> {
-        match self {
-            Model::Chen => Some(150.0),
-            Model::Bertier => Some(0.0),
-            _ => None,
-        }
-    }
-}
-
 /// Everything that decides how a silence is judged. Defaults in `DetectorParams::DEFAULT`,
-/// justified in docs/tuning.md.
+/// justified in docs/tuning.md. Each model takes the fields it uses as parameters of its own
+/// type (`ModelInfo::from_params`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DetectorParams {
     pub model: Model,
@@ -153,6 +67,20 @@ pub struct DetectorParams {
     pub window_short: u32,
 }
 
+/// Which intervals enter a peer's window: the rules the kernel applies (`monitor_common::slot`)
+/// as a detector's parameters set them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WindowRules {
+    /// Intervals kept per peer.
+    pub window: u32,
+    /// Intervals longer than this are not counted; None: all are.
+    pub max_interval_ms: Option<f64>,
+    /// Intervals longer than this many window means are outages; 0: none are.
+    pub outage_factor: u32,
+    /// Only intervals between consecutive heartbeats enter (`WindowNeeds::gapless`).
+    pub gapless: bool,
+}
+
 impl DetectorParams {
     pub const DEFAULT: Self = Self {
         model: Model::Normal,
@@ -171,33 +99,35 @@ impl DetectorParams {
         window_short: 5,
     };
 
-    /// The kernel's window rules for these parameters (`monitor_common::slot`): the agent
-    /// loads them into the XDP program, replay runs the same rules with them.
-    pub fn window_config(&self) -> XdpConfig {
-        let max_interval_us = self.max_interval_ms.map_or(0, |ms| {
-            ((ms * 1000.0) as u64).clamp(1, MAX_INTERVAL_US) as u32
-        });
-        XdpConfig {
+    /// The model these parameters name, with its parameters.
+    #[inline]
+    pub fn phi_model(&self) -> AnyModel {
+        self.model.with_params(self)
+    }
+
+    /// The window's rules for these parameters: the agent loads them into the XDP program,
+    /// replay runs the same rules with them.
+    pub fn window_rules(&self) -> WindowRules {
+        WindowRules {
             window: self.window,
-            max_interval_us,
+            max_interval_ms: self.max_interval_ms,
             outage_factor: self.outage_factor,
-            // `loss` weighs lost heartbeats through its counters; `chen` and `bertier` read
-            // the window as the sending schedule, on which a lost heartbeat is not a late one.
-            flags: if matches!(self.model, Model::Loss | Model::Chen | Model::Bertier) {
-                XDP_FLAG_GAPLESS_WINDOW
-            } else {
-                0
-            },
-            ..XdpConfig::DEFAULT
+            gapless: self.phi_model().window_needs().gapless,
         }
     }
 
     /// Whether `estimate` needs the window's intervals themselves, not only their sums.
+    #[inline]
     pub fn needs_ring(&self) -> bool {
-        matches!(
-            self.model,
-            Model::Chen | Model::Bertier | Model::Empirical | Model::TwoWindows
-        )
+        struct Needs;
+        impl ModelFn for Needs {
+            type Out = WindowNeeds;
+            #[inline(always)]
+            fn call<M: PhiModel>(self, model: M) -> WindowNeeds {
+                model.window_needs()
+            }
+        }
+        self.model.apply(self, Needs).ring
     }
 
     /// The safety margin in effect: `alpha_ms`, else the model's default, else 0.
@@ -207,50 +137,10 @@ impl DetectorParams {
             .unwrap_or(0.0)
     }
 
-    /// The window as the ring models see it (µs, oldest first): the bootstrap samples that are
-    /// still in a window of `window` (the rule of `WindowSums::with_bootstrap`), then `ring`.
+    /// The window as the ring models see it (µs, oldest first): see `WindowView::intervals_us`.
+    #[cfg(test)]
     fn window_us(&self, ring: &[u32], first_us: u64) -> Vec<u64> {
-        let samples = u32::try_from(ring.len()).unwrap_or(u32::MAX);
-        bootstrap_samples(self.window, samples, first_us)
-            .chain(ring.iter().map(|&us| us as u64))
-            .collect()
-    }
-
-    /// The shape of the models that judge by the window's intervals. `mean` and `std` are
-    /// the (long) window's moments, before pause and floor: what stands in for an empty ring.
-    fn ring_shape(&self, ring: &[u32], mean: f64, std: f64, first_us: u64) -> Shape {
-        let window_us = self.window_us(ring, first_us);
-        let window_ms: Vec<f64> = window_us.iter().map(|&us| us as f64 / 1000.0).collect();
-        match self.model {
-            Model::Chen => Shape::Freshness(Freshness {
-                expected_ms: chen::expected_arrival_ms(&window_ms).unwrap_or(mean),
-                margin_ms: self.alpha() + self.pause_ms,
-            }),
-            Model::Bertier => {
-                let jacobson = bertier::margin(&window_ms);
-                Shape::Freshness(Freshness {
-                    expected_ms: jacobson.expected_ms.unwrap_or(mean),
-                    margin_ms: jacobson.alpha_ms() + self.alpha() + self.pause_ms,
-                })
-            }
-            Model::Empirical => Shape::Empirical(EmpiricalTail::new(
-                window_ms,
-                std.max(self.min_std_ms),
-                self.pause_ms,
-            )),
-            Model::TwoWindows => {
-                let short = self.window_short.clamp(1, self.window.max(1)) as usize;
-                let newest = &window_us[window_us.len().saturating_sub(short)..];
-                let (m, s) = WindowSums::of(newest.iter().copied())
-                    .moments_ms()
-                    .unwrap_or((mean, std));
-                Shape::TwoWindows(ShortWindow {
-                    mean_ms: m + self.pause_ms,
-                    std_ms: s.max(self.min_std_ms),
-                })
-            }
-            _ => Shape::Plain,
-        }
+        super::models::intervals_us(self.window, ring, first_us)
     }
 
     /// The distribution a peer's silence is judged against, from its record and, for the
@@ -263,11 +153,14 @@ impl DetectorParams {
             .with_bootstrap(self.window, first_us)
             .moments_ms()
             .unwrap_or((first_ms, first_ms / 4.0));
-        let shape = match self.model {
-            Model::Loss => Shape::Loss(LossOdds::from_record(record)),
-            _ if self.needs_ring() => self.ring_shape(ring, mean, std, first_us),
-            _ => Shape::Plain,
-        };
+        let shape = self.phi_model().shape(&WindowView {
+            record,
+            ring,
+            window: self.window,
+            first_us,
+            mean_ms: mean,
+            std_ms: std,
+        });
         Estimate {
             mean_ms: mean + self.pause_ms,
             std_ms: std.max(self.min_std_ms),
@@ -277,69 +170,29 @@ impl DetectorParams {
     }
 
     /// phi after `silence_ms` without a heartbeat.
+    #[inline]
     pub fn phi(&self, estimate: &Estimate, silence_ms: f64) -> f64 {
-        let Estimate {
-            mean_ms, std_ms, ..
-        } = *estimate;
-        match self.model {
-            Model::Normal => standardised(silence_ms, mean_ms, std_ms, tail::normal_phi),
-            Model::Akka => standardised(silence_ms, mean_ms, std_ms, akka_phi),
-            Model::Exponential => {
-                if mean_ms <= 0.0 {
-                    return if silence_ms > 0.0 { f64::INFINITY } else { 0.0 };
-                }
-                (silence_ms / (mean_ms * LN_10)).max(0.0)
-            }
-            Model::Fixed => {
-                if silence_ms >= self.timeout_ms {
-                    f64::INFINITY
-                } else {
-                    0.0
-                }
-            }
-            Model::Loss => match &estimate.shape {
-                Shape::Loss(odds) => odds.phi(
-                    silence_ms,
-                    mean_ms - estimate.pause_ms,
-                    std_ms,
-                    estimate.pause_ms,
-                ),
-                _ => standardised(silence_ms, mean_ms, std_ms, tail::normal_phi),
-            },
-            Model::Chen | Model::Bertier | Model::Empirical | Model::TwoWindows => {
-                match &estimate.shape {
-                    Shape::Freshness(freshness) => freshness.phi(silence_ms),
-                    Shape::Empirical(tail) => tail.phi(silence_ms),
-                    Shape::TwoWindows(short) => {
-                        two_windows::phi(mean_ms, std_ms, short, silence_ms)
-                    }
-                    // An estimate made for another model: judged as `normal` would.
-                    _ => standardised(silence_ms, mean_ms, std_ms, tail::normal_phi),
-                }
+        struct Phi<'a>(&'a Estimate, f64);
+        impl ModelFn for Phi<'_> {
+            type Out = f64;
+            #[inline(always)]
+            fn call<M: PhiModel>(self, model: M) -> f64 {
+                model.phi(self.0, self.1)
             }
         }
+        self.model.apply(self, Phi(estimate, silence_ms))
     }
 
     /// Per-level constants for finding, without evaluating phi, the silence at which phi
     /// reaches each level (see `LevelSilences`). For `loss` they give the normal model's
     /// crossing, a lower bound of its own (see `crossing_ms`).
     pub fn level_silences(&self, levels: &[f64]) -> LevelSilences {
+        let model = self.phi_model();
         let k = levels
             .iter()
-            .map(|&level| match self.model {
-                Model::Normal | Model::Loss | Model::TwoWindows => {
-                    tail::invert(tail::normal_phi, level)
-                }
-                Model::Akka => tail::invert(akka_phi, level),
-                Model::Exponential => level * LN_10,
-                Model::Fixed => self.timeout_ms,
-                Model::Chen | Model::Bertier | Model::Empirical => level,
-            })
+            .map(|&level| model.level_constant(level))
             .collect();
-        LevelSilences {
-            model: self.model,
-            k,
-        }
+        LevelSilences { model, k }
     }
 
     /// What bounds the window's mean from below over the next few intervals, from the record's
@@ -361,43 +214,36 @@ impl DetectorParams {
         })
     }
 
-    /// The interval the bootstrap samples stand around (µs): `first_interval_ms`, or for a BFD
-    /// session the Desired Min TX Interval it announces, the rate it says it sends at (the
-    /// real one is the larger of that and our Required Min RX, less up to 25% jitter), and at
-    /// least 1 s while the session is not Up (RFC 5880 6.8.3: a session that is not Up sends
-    /// once a second or slower, whatever it announces, as FRR does).
+    /// The interval the bootstrap samples stand around (µs): the one the peer announces it
+    /// sends at, where its packets say so (a BFD session: `PeerRecord::announced_interval_us`,
+    /// whose rules are the passive side's), else `first_interval_ms`.
     pub fn first_us(&self, record: &PeerRecord) -> u64 {
-        if record.source == SOURCE_BFD && record.bfd_desired_min_tx_us != 0 {
-            let announced = record.bfd_desired_min_tx_us as u64;
-            if record.bfd_state == BFD_UP {
-                announced
-            } else {
-                announced.max(BFD_SLOW_TX_US)
-            }
-        } else {
-            (self.first_interval_ms * 1000.0).round() as u64
-        }
+        record
+            .announced_interval_us()
+            .unwrap_or_else(|| (self.first_interval_ms * 1000.0).round() as u64)
     }
 
     /// The least silence (ms) at which phi can reach `levels[index]` for any estimate whose
     /// window mean is at least `mean_floor_ms` (see `MeanFloor`): the deviation is at
     /// least the floor `min_std_ms`, and loss only ever lowers phi. None where no such bound is
     /// cheap (a level below the mean's phi, the ring models).
+    #[inline]
     pub fn crossing_floor_ms(
         &self,
         silences: &LevelSilences,
         index: usize,
         mean_floor_ms: f64,
     ) -> Option<f64> {
-        let k = silences.k[index];
-        match self.model {
-            Model::Normal | Model::Akka | Model::Loss if k >= 0.0 => {
-                Some(mean_floor_ms + self.pause_ms + k * self.min_std_ms.max(0.0))
+        struct Floor(f64, f64);
+        impl ModelFn for Floor {
+            type Out = Option<f64>;
+            #[inline(always)]
+            fn call<M: PhiModel>(self, model: M) -> Option<f64> {
+                model.crossing_floor_ms(self.0, self.1)
             }
-            Model::Exponential if k >= 0.0 => Some(k * (mean_floor_ms + self.pause_ms)),
-            Model::Fixed => Some(k),
-            _ => None,
         }
+        self.model
+            .apply(self, Floor(silences.k[index], mean_floor_ms))
     }
 
     /// The silence (ms) at which phi reaches `levels[index]` for this estimate: exact for
@@ -413,14 +259,8 @@ impl DetectorParams {
         level: f64,
         estimate: &Estimate,
     ) -> f64 {
-        let lower = silences.silence_ms(index, estimate);
-        match (&estimate.shape, self.model) {
-            (Shape::Loss(odds), Model::Loss) if !odds.is_lossless() => {
-                // To a microsecond: deadlines are kept in nanoseconds, sweeps are milliseconds.
-                tail::invert_from(|t| self.phi(estimate, t), level, lower.max(0.0), 1e-3)
-            }
-            _ => lower,
-        }
+        self.phi_model()
+            .crossing_ms(silences.k[index], level, estimate)
     }
 }
 
@@ -531,33 +371,15 @@ pub enum Shape {
     TwoWindows(ShortWindow),
 }
 
-fn standardised(silence: f64, mean: f64, std: f64, phi_of: fn(f64) -> f64) -> f64 {
-    if std <= 0.0 {
-        // Only reachable with a zero floor and identical intervals: a step at the mean.
-        return if silence > mean { f64::INFINITY } else { 0.0 };
-    }
-    phi_of((silence - mean) / std).max(0.0)
-}
-
-/// Akka's phi of a standardised deviate y:
-/// e = exp(-y (1.5976 + 0.070566 y^2)); phi = -log10(e / (1 + e)) (both of Akka's branches
-/// are this same quantity). Written as log10(1 + 1/e) = softplus(a) / ln 10 with
-/// a = y (1.5976 + 0.070566 y^2), which equals Akka's value wherever Akka's is finite and
-/// keeps growing where Akka's exp underflows to 0 and its phi saturates at infinity.
-pub fn akka_phi(y: f64) -> f64 {
-    let a = y * (1.5976 + 0.070566 * y * y);
-    let softplus = a.max(0.0) + (-a.abs()).exp().ln_1p();
-    softplus / LN_10
-}
-
 /// For each level, the constant k from which the crossing silence follows in a multiply-add:
 /// normal and akka: mean + k std; exponential: k mean; fixed: k; 2w: the later of
 /// mean + k std over its two windows. For chen, bertier and empirical k is the level itself and
 /// the crossing comes from the estimate's shape (the freshness point; the first sample or point
-/// of the decay where phi reaches the level).
+/// of the decay where phi reaches the level). Each model says its own (`PhiModel`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LevelSilences {
-    model: Model,
+    /// The model the constants are for, which finds the silences from them.
+    model: AnyModel,
     k: Vec<f64>,
 }
 
@@ -571,55 +393,18 @@ impl LevelSilences {
     }
 
     /// Silence (ms) at which phi reaches level `index`, for this estimate.
+    #[inline(always)]
     pub fn silence_ms(&self, index: usize, estimate: &Estimate) -> f64 {
-        let k = self.k[index];
-        match self.model {
-            Model::Normal | Model::Akka | Model::Loss => {
-                if estimate.std_ms <= 0.0 {
-                    estimate.mean_ms
-                } else {
-                    estimate.mean_ms + k * estimate.std_ms
-                }
-            }
-            Model::Exponential => k * estimate.mean_ms,
-            Model::Fixed => k,
-            Model::Chen | Model::Bertier | Model::Empirical | Model::TwoWindows => {
-                match &estimate.shape {
-                    // Binary: phi is 0 before the freshness point, so only a level <= 0 is
-                    // reached earlier (at once).
-                    Shape::Freshness(freshness) => {
-                        if k <= 0.0 {
-                            0.0
-                        } else {
-                            freshness.at_ms()
-                        }
-                    }
-                    Shape::Empirical(tail) => tail.crossing_ms(k),
-                    Shape::TwoWindows(short) => {
-                        two_windows::crossing_ms(k, estimate.mean_ms, estimate.std_ms, short)
-                    }
-                    // An estimate made for another model: `phi` judges it as `normal` would.
-                    _ => {
-                        let z = if self.model == Model::TwoWindows {
-                            k
-                        } else {
-                            tail::invert(tail::normal_phi, k)
-                        };
-                        if estimate.std_ms <= 0.0 {
-                            estimate.mean_ms
-                        } else {
-                            estimate.mean_ms + z * estimate.std_ms
-                        }
-                    }
-                }
-            }
-        }
+        self.model.silence_ms(self.k[index], estimate)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use monitor_common::config::XdpConfig;
+    use monitor_common::{
+        config::{XDP_FLAG_GAPLESS_WINDOW, XdpConfig},
+        passive::{BFD_UP, SOURCE_BFD},
+    };
 
     use super::*;
     use crate::detector::window::slot_with_intervals;

@@ -1,66 +1,99 @@
 //! Detector specifications on the command line:
 //! `fixed:timeout_ms=1400` or
 //! `phi:model=normal,threshold=12,window=50,min_std_ms=250,pause_ms=0,first_interval_ms=500,max_interval_ms=2000,outage_factor=4`.
-//! Omitted keys take `DetectorParams::DEFAULT`. Model-specific keys: `alpha_ms` (`chen`,
-//! `bertier`; omitted, the model's default) and `window_short` (`2w`; 1..=window, omitted and
-//! larger than `window`, it is taken as `window`).
+//! Omitted keys take `DetectorParams::DEFAULT`. Model-specific keys are each model's own
+//! (`ModelSpec`, in `detector::models`): `alpha_ms` (`chen`, `bertier`; omitted, the model's
+//! default) and `window_short` (`2w`; 1..=window, omitted and larger than `window`, it is taken
+//! as `window`); `fixed` is a kind of its own, with `timeout_ms`.
 
 use monitor_common::{maps::MAX_WINDOW, slot::MAX_OUTAGE_FACTOR};
 
-use super::model::{DetectorParams, Model};
+use super::{
+    model::{DetectorParams, Model},
+    models::SpecKey,
+};
+
+/// The keys every `phi:` model takes; a model's own keys are its `ModelSpec`'s.
+const COMMON_KEYS: [&str; 8] = [
+    "model",
+    "threshold",
+    "window",
+    "min_std_ms",
+    "pause_ms",
+    "first_interval_ms",
+    "max_interval_ms",
+    "outage_factor",
+];
+
+/// The models named by `phi:model=NAME`: those without a spec kind of their own.
+fn phi_models() -> impl Iterator<Item = Model> {
+    Model::ALL
+        .into_iter()
+        .filter(|m| m.spec().own_kind.is_none())
+}
+
+/// The own key `name` of one of `models`.
+fn own_key(models: impl IntoIterator<Item = Model>, name: &str) -> Option<&'static SpecKey> {
+    models
+        .into_iter()
+        .flat_map(|m| m.spec().keys)
+        .find(|k| k.name == name)
+}
 
 /// Parses a SPEC into parameters; the error names the offending key or value.
 pub fn parse_spec(spec: &str) -> Result<DetectorParams, String> {
     let spec = spec.trim();
     let (kind, rest) = spec.split_once(':').unwrap_or((spec, ""));
     let mut params = DetectorParams::DEFAULT;
-    let allowed: &[&str] = match kind {
-        "fixed" => {
-            params.model = Model::Fixed;
-            &["timeout_ms", "outage_factor"]
+    let mut allowed: Vec<&str> = Vec::new();
+    if kind == "phi" {
+        allowed.extend(COMMON_KEYS);
+        for key in phi_models().flat_map(|m| m.spec().keys) {
+            if !allowed.contains(&key.name) {
+                allowed.push(key.name);
+            }
         }
-        "phi" => &[
-            "model",
-            "threshold",
-            "window",
-            "min_std_ms",
-            "pause_ms",
-            "first_interval_ms",
-            "max_interval_ms",
-            "outage_factor",
-            "alpha_ms",
-            "window_short",
-        ],
-        other => {
+    } else {
+        let own = Model::ALL.into_iter().find_map(|m| {
+            let (own_kind, common) = m.spec().own_kind?;
+            (own_kind == kind).then_some((m, common))
+        });
+        let Some((model, common)) = own else {
+            let kinds: Vec<String> = ["phi"]
+                .into_iter()
+                .chain(Model::ALL.iter().filter_map(|m| Some(m.spec().own_kind?.0)))
+                .map(|k| format!("`{k}:`"))
+                .collect();
             return Err(format!(
-                "{other:?}: a detector spec starts with `phi:` or `fixed:`"
+                "{kind:?}: a detector spec starts with {}",
+                kinds.join(" or ")
             ));
-        }
-    };
-    let mut window_short_given = false;
+        };
+        params.model = model;
+        allowed.extend(model.spec().keys.iter().map(|k| k.name));
+        allowed.extend(common);
+    }
+    let mut given: Vec<&str> = Vec::new();
     for pair in rest.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (key, value) = pair
             .split_once('=')
             .ok_or_else(|| format!("{pair:?}: expected key=value"))?;
         let (key, value) = (key.trim(), value.trim());
-        if !allowed.contains(&key) {
+        let Some(&key) = allowed.iter().find(|&&k| k == key) else {
             return Err(format!(
                 "unknown key {key:?} for `{kind}` (known: {})",
                 allowed.join(", ")
             ));
-        }
+        };
+        given.push(key);
         match key {
             "model" => {
                 params.model = match Model::from_name(value) {
-                    Some(Model::Fixed) | None => {
-                        let names: Vec<&str> = Model::ALL
-                            .iter()
-                            .filter(|m| **m != Model::Fixed)
-                            .map(|m| m.name())
-                            .collect();
+                    Some(model) if model.spec().own_kind.is_none() => model,
+                    _ => {
+                        let names: Vec<&str> = phi_models().map(|m| m.name()).collect();
                         return Err(format!("model {value:?}: one of {}", names.join(", ")));
                     }
-                    Some(model) => model,
                 }
             }
             "outage_factor" => params.outage_factor = parse_outage_factor(value)?,
@@ -80,50 +113,29 @@ pub fn parse_spec(spec: &str) -> Result<DetectorParams, String> {
             "pause_ms" => params.pause_ms = non_negative(key, value)?,
             "first_interval_ms" => params.first_interval_ms = non_negative(key, value)?,
             "max_interval_ms" => params.max_interval_ms = Some(positive(key, value)?),
-            "timeout_ms" => params.timeout_ms = positive(key, value)?,
-            "alpha_ms" => params.alpha_ms = Some(non_negative(key, value)?),
-            "window_short" => {
-                let w: u32 = value
-                    .parse()
-                    .map_err(|_| format!("window_short {value:?} is not an integer"))?;
-                if !(1..=MAX_WINDOW as u32).contains(&w) {
-                    return Err(format!("window_short must be 1..=window, got {w}"));
-                }
-                params.window_short = w;
-                window_short_given = true;
+            own => {
+                let key = own_key(Model::ALL, own).expect("checked against `allowed`");
+                (key.parse)(&mut params, value)?;
             }
-            _ => unreachable!("checked against `allowed`"),
         }
     }
     // Model-specific keys, checked once the model is known (keys come in any order).
-    match params.model.default_alpha_ms() {
-        Some(default) => {
-            params.alpha_ms.get_or_insert(default);
-        }
-        None if params.alpha_ms.is_some() => {
+    let model = params.model;
+    for &key in allowed.iter().filter(|k| given.contains(k)) {
+        let common = COMMON_KEYS.contains(&key) || model.spec().own_kind.is_some();
+        if !common && own_key([model], key).is_none() {
+            let owners: Vec<String> = phi_models()
+                .filter(|&m| own_key([m], key).is_some())
+                .map(|m| format!("model={}", m.name()))
+                .collect();
             return Err(format!(
-                "alpha_ms applies to model=chen and model=bertier, not {}",
-                params.model.name()
+                "{key} applies to {}, not {}",
+                owners.join(" and "),
+                model.name()
             ));
         }
-        None => {}
     }
-    if params.model == Model::TwoWindows {
-        if params.window_short > params.window {
-            if window_short_given {
-                return Err(format!(
-                    "window_short must be 1..=window ({}), got {}",
-                    params.window, params.window_short
-                ));
-            }
-            params.window_short = params.window;
-        }
-    } else if window_short_given {
-        return Err(format!(
-            "window_short applies to model=2w, not {}",
-            params.model.name()
-        ));
-    }
+    (model.spec().finish)(&mut params, &given)?;
     Ok(params)
 }
 
@@ -142,9 +154,10 @@ pub fn parse_outage_factor(value: &str) -> Result<u32, String> {
 
 /// The canonical spec of `params`: every key, so a report says exactly what ran.
 pub fn format_spec(params: &DetectorParams) -> String {
-    if params.model == Model::Fixed {
-        // A timeout never looks at the window; the outage rule only shows in its counters.
-        return format!("fixed:timeout_ms={}", params.timeout_ms);
+    let spec = params.model.spec();
+    let own = (spec.format)(params);
+    if let Some((kind, _)) = spec.own_kind {
+        return format!("{kind}:{}", own.join(","));
     }
     let mut s = format!(
         "phi:model={},threshold={},window={},min_std_ms={},pause_ms={},first_interval_ms={},outage_factor={}",
@@ -159,14 +172,9 @@ pub fn format_spec(params: &DetectorParams) -> String {
     if let Some(max) = params.max_interval_ms {
         s.push_str(&format!(",max_interval_ms={max}"));
     }
-    if params.model.default_alpha_ms().is_some() {
-        s.push_str(&format!(",alpha_ms={}", params.alpha()));
-    }
-    if params.model == Model::TwoWindows {
-        s.push_str(&format!(
-            ",window_short={}",
-            params.window_short.min(params.window)
-        ));
+    for part in own {
+        s.push(',');
+        s.push_str(&part);
     }
     s
 }
@@ -178,7 +186,7 @@ fn number(key: &str, value: &str) -> Result<f64, String> {
     }
 }
 
-fn positive(key: &str, value: &str) -> Result<f64, String> {
+pub(crate) fn positive(key: &str, value: &str) -> Result<f64, String> {
     let v = number(key, value)?;
     if v <= 0.0 {
         return Err(format!("{key} must be greater than 0, got {v}"));
@@ -186,7 +194,7 @@ fn positive(key: &str, value: &str) -> Result<f64, String> {
     Ok(v)
 }
 
-fn non_negative(key: &str, value: &str) -> Result<f64, String> {
+pub(crate) fn non_negative(key: &str, value: &str) -> Result<f64, String> {
     let v = number(key, value)?;
     if v < 0.0 {
         return Err(format!("{key} must not be negative, got {v}"));
@@ -273,6 +281,22 @@ mod tests {
         ] {
             let err = parse_spec(spec).expect_err(spec);
             assert!(err.contains(expected), "{spec}: {err}");
+        }
+    }
+
+    /// A model added to the registry is reachable from a spec, and its canonical spec parses
+    /// back to the same detector.
+    #[test]
+    fn every_registered_model_round_trips() {
+        for model in Model::ALL {
+            let params = DetectorParams {
+                model,
+                ..DetectorParams::DEFAULT
+            };
+            let spec = format_spec(&params);
+            let back = parse_spec(&spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
+            assert_eq!(back.model, model, "{spec}");
+            assert_eq!(format_spec(&back), spec);
         }
     }
 

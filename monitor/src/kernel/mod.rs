@@ -1,7 +1,8 @@
 //! The kernel side: loading and attaching the XDP (or TC) program, pinning its state, and the
 //! agent's handles on its maps: the peer table and its last-heard words, the id index and the
 //! slot registry, the counters, the keys, the destination addresses, the program's log and ring
-//! buffers, and the clock the program stamps arrivals with.
+//! buffers, the clock the program stamps arrivals with, and a detector's window rules as the
+//! program's load-time config.
 
 pub mod clock;
 pub mod counters;
@@ -18,3 +19,4 @@ pub mod pinning;
 pub mod program;
 pub mod registry;
 pub mod ring_reader;
+pub mod window_rules;

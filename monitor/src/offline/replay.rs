@@ -412,7 +412,7 @@ mod tests {
 
     #[test]
     fn chen_detects_at_expected_arrival_plus_alpha() {
-        // (Chen's model, detector/model/chen.rs, run through replay.)
+        // (Chen's model, detector/models/chen.rs, run through replay.)
         // Exactly periodic at 100 ms, ticks every 10 ms: with alpha 50 the freshness point is
         // 150 ms after the last heartbeat (EA = 100), no mistakes while alive.
         let trace: Vec<Arrival> = (1..=50u64)

@@ -16,6 +16,12 @@
 //! the window rules left out (`monitor_common::slot`) is simply absent: the window's intervals
 //! are taken as consecutive.
 
+use super::{ModelInfo, ModelSpec, PhiModel, SpecKey, WindowNeeds, WindowView};
+use crate::detector::{
+    model::{DetectorParams, Estimate, Shape},
+    spec::non_negative,
+};
+
 /// Where the binary models (`chen`, `bertier`) put the freshness point, relative to the last
 /// arrival: phi is 0 before `at_ms()` and infinite from it on.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -82,6 +88,88 @@ pub fn expected_arrival_ms(intervals_ms: &[f64]) -> Option<f64> {
         sums.push(x);
     }
     sums.expected_ms()
+}
+
+/// The `chen` model: the freshness point is Chen's expected arrival plus `alpha_ms` and the
+/// pause.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Chen {
+    /// The safety margin in effect (`DetectorParams::alpha`).
+    pub alpha_ms: f64,
+    pub pause_ms: f64,
+}
+
+/// `alpha_ms` when not given (docs/tuning.md).
+pub const DEFAULT_ALPHA_MS: f64 = 150.0;
+
+/// The safety margin, a key of `chen` and `bertier`.
+pub const ALPHA_KEY: SpecKey = SpecKey {
+    name: "alpha_ms",
+    parse: |params, value| {
+        params.alpha_ms = Some(non_negative("alpha_ms", value)?);
+        Ok(())
+    },
+};
+
+/// The margin in effect, as the canonical spec prints it (parameters built without a spec,
+/// `monitor run --model chen`, print the model's default, which parses back the same).
+pub(crate) fn format_alpha(params: &DetectorParams) -> Vec<String> {
+    vec![format!("alpha_ms={}", params.alpha())]
+}
+
+impl ModelInfo for Chen {
+    const NAME: &'static str = "chen";
+    const ABOUT: Option<&'static str> =
+        Some("Chen et al.'s expected arrival plus `alpha_ms` (binary)");
+    const SPEC: ModelSpec = ModelSpec {
+        own_kind: None,
+        keys: &[ALPHA_KEY],
+        finish: |params, _| {
+            params.alpha_ms.get_or_insert(DEFAULT_ALPHA_MS);
+            Ok(())
+        },
+        format: format_alpha,
+    };
+    const DEFAULT_ALPHA_MS: Option<f64> = Some(DEFAULT_ALPHA_MS);
+
+    fn from_params(params: &DetectorParams) -> Self {
+        Self {
+            alpha_ms: params.alpha(),
+            pause_ms: params.pause_ms,
+        }
+    }
+}
+
+impl PhiModel for Chen {
+    /// It reads the window as the sending schedule, on which a lost heartbeat is not a late
+    /// one.
+    fn window_needs(&self) -> WindowNeeds {
+        WindowNeeds {
+            ring: true,
+            gapless: true,
+        }
+    }
+
+    fn shape(&self, window: &WindowView<'_>) -> Shape {
+        let window_ms = super::intervals_ms(window);
+        Shape::Freshness(Freshness {
+            expected_ms: expected_arrival_ms(&window_ms).unwrap_or(window.mean_ms),
+            margin_ms: self.alpha_ms + self.pause_ms,
+        })
+    }
+
+    fn phi(&self, estimate: &Estimate, silence_ms: f64) -> f64 {
+        super::phi_by_shape(estimate, silence_ms)
+    }
+
+    /// The level itself: the crossing is the freshness point.
+    fn level_constant(&self, level: f64) -> f64 {
+        level
+    }
+
+    fn silence_ms(&self, k: f64, estimate: &Estimate) -> f64 {
+        super::silence_by_shape(k, estimate, false)
+    }
 }
 
 #[cfg(test)]

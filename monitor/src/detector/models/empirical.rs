@@ -18,6 +18,9 @@
 //! phi 0. The pause shifts every sample (the curve moves right by `pause_ms`). An empty window
 //! (no bootstrap) decays from a silence of 0 with n = 0.
 
+use super::{ModelInfo, PauseAndFloor, PhiModel, WindowNeeds, WindowView};
+use crate::detector::model::{DetectorParams, Estimate, Shape};
+
 use std::f64::consts::LN_10;
 
 /// The tail of one window, ready to evaluate.
@@ -91,6 +94,50 @@ impl EmpiricalTail {
             t = t.next_up();
         }
         t
+    }
+}
+
+/// The `empirical` model: the window's own tail, decaying past its largest sample with the
+/// floored deviation as scale.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Empirical(pub PauseAndFloor);
+
+impl ModelInfo for Empirical {
+    const NAME: &'static str = "empirical";
+    const ABOUT: Option<&'static str> = Some("Satzger et al.'s empirical tail of the window");
+
+    fn from_params(params: &DetectorParams) -> Self {
+        Self(PauseAndFloor::of(params))
+    }
+}
+
+impl PhiModel for Empirical {
+    fn window_needs(&self) -> WindowNeeds {
+        WindowNeeds {
+            ring: true,
+            gapless: false,
+        }
+    }
+
+    fn shape(&self, window: &WindowView<'_>) -> Shape {
+        Shape::Empirical(EmpiricalTail::new(
+            super::intervals_ms(window),
+            window.std_ms.max(self.0.min_std_ms),
+            self.0.pause_ms,
+        ))
+    }
+
+    fn phi(&self, estimate: &Estimate, silence_ms: f64) -> f64 {
+        super::phi_by_shape(estimate, silence_ms)
+    }
+
+    /// The level itself: the crossing is a sample, or a point of the decay.
+    fn level_constant(&self, level: f64) -> f64 {
+        level
+    }
+
+    fn silence_ms(&self, k: f64, estimate: &Estimate) -> f64 {
+        super::silence_by_shape(k, estimate, false)
     }
 }
 

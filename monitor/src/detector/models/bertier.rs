@@ -12,6 +12,12 @@
 //! window in order, each EA_k being Chen's estimate from the intervals before k in the window
 //! (`chen::ArrivalSums`), so the kernel's ring is all the state it needs.
 
+use super::{
+    ModelInfo, ModelSpec, PhiModel, WindowNeeds, WindowView,
+    chen::{ALPHA_KEY, Freshness, format_alpha},
+};
+use crate::detector::model::{DetectorParams, Estimate, Shape};
+
 use super::chen::ArrivalSums;
 
 /// Gain of both recursions (Bertier et al.'s gamma).
@@ -58,6 +64,69 @@ pub fn margin(intervals_ms: &[f64]) -> Margin {
         expected_ms: sums.expected_ms(),
         delay_ms: delay,
         var_ms: var,
+    }
+}
+
+/// The `bertier` model: Chen's expected arrival plus Jacobson's margin, `alpha_ms` (0 by
+/// default: the margin is Jacobson's, as published) and the pause.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bertier {
+    /// The safety margin in effect on top of Jacobson's (`DetectorParams::alpha`).
+    pub alpha_ms: f64,
+    pub pause_ms: f64,
+}
+
+impl ModelInfo for Bertier {
+    const NAME: &'static str = "bertier";
+    const ABOUT: Option<&'static str> =
+        Some("Chen's expected arrival plus Bertier et al.'s Jacobson margin (binary)");
+    const SPEC: ModelSpec = ModelSpec {
+        own_kind: None,
+        keys: &[ALPHA_KEY],
+        finish: |params, _| {
+            params.alpha_ms.get_or_insert(0.0);
+            Ok(())
+        },
+        format: format_alpha,
+    };
+    const DEFAULT_ALPHA_MS: Option<f64> = Some(0.0);
+
+    fn from_params(params: &DetectorParams) -> Self {
+        Self {
+            alpha_ms: params.alpha(),
+            pause_ms: params.pause_ms,
+        }
+    }
+}
+
+impl PhiModel for Bertier {
+    /// As `chen`: the window is the sending schedule.
+    fn window_needs(&self) -> WindowNeeds {
+        WindowNeeds {
+            ring: true,
+            gapless: true,
+        }
+    }
+
+    fn shape(&self, window: &WindowView<'_>) -> Shape {
+        let jacobson = margin(&super::intervals_ms(window));
+        Shape::Freshness(Freshness {
+            expected_ms: jacobson.expected_ms.unwrap_or(window.mean_ms),
+            margin_ms: jacobson.alpha_ms() + self.alpha_ms + self.pause_ms,
+        })
+    }
+
+    fn phi(&self, estimate: &Estimate, silence_ms: f64) -> f64 {
+        super::phi_by_shape(estimate, silence_ms)
+    }
+
+    /// The level itself: the crossing is the freshness point.
+    fn level_constant(&self, level: f64) -> f64 {
+        level
+    }
+
+    fn silence_ms(&self, k: f64, estimate: &Estimate) -> f64 {
+        super::silence_by_shape(k, estimate, false)
     }
 }
 

@@ -12,8 +12,16 @@
 //! among them). Since phi_N is monotone in t, phi reaches a level at the later of the two
 //! windows' crossings: mean + k std with the same k = phi_N^{-1}(level) for both.
 
-use super::standardised;
-use crate::detector::tail::normal_phi;
+use monitor_common::maps::MAX_WINDOW;
+
+use super::{
+    ModelInfo, ModelSpec, PauseAndFloor, PhiModel, SpecKey, WindowNeeds, WindowView, standardised,
+};
+use crate::detector::{
+    model::{DetectorParams, Estimate, Shape},
+    tail::{self, normal_phi},
+    window::WindowSums,
+};
 
 /// The short window's estimate, after pause and floor.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -34,6 +42,97 @@ pub fn phi(long_mean_ms: f64, long_std_ms: f64, short: &ShortWindow, silence_ms:
 pub fn crossing_ms(k: f64, long_mean_ms: f64, long_std_ms: f64, short: &ShortWindow) -> f64 {
     let one = |mean: f64, std: f64| if std <= 0.0 { mean } else { mean + k * std };
     one(long_mean_ms, long_std_ms).max(one(short.mean_ms, short.std_ms))
+}
+
+/// The `2w` model: the lower phi of a short window (the newest `window_short` intervals) and
+/// the long one.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TwoWindows {
+    /// Intervals in the short window (more than the window are taken as the window).
+    pub window_short: u32,
+    pub floors: PauseAndFloor,
+}
+
+impl ModelInfo for TwoWindows {
+    const NAME: &'static str = "2w";
+    const ABOUT: Option<&'static str> = Some("2W-FD: the lower phi of a short and a long window");
+    const SPEC: ModelSpec = ModelSpec {
+        own_kind: None,
+        keys: &[SpecKey {
+            name: "window_short",
+            parse: |params, value| {
+                let w: u32 = value
+                    .parse()
+                    .map_err(|_| format!("window_short {value:?} is not an integer"))?;
+                if !(1..=MAX_WINDOW as u32).contains(&w) {
+                    return Err(format!("window_short must be 1..=window, got {w}"));
+                }
+                params.window_short = w;
+                Ok(())
+            },
+        }],
+        // 1..=window; omitted and larger than `window`, it is taken as `window`.
+        finish: |params, given| {
+            if params.window_short > params.window {
+                if given.contains(&"window_short") {
+                    return Err(format!(
+                        "window_short must be 1..=window ({}), got {}",
+                        params.window, params.window_short
+                    ));
+                }
+                params.window_short = params.window;
+            }
+            Ok(())
+        },
+        format: |params| {
+            vec![format!(
+                "window_short={}",
+                params.window_short.min(params.window)
+            )]
+        },
+    };
+
+    fn from_params(params: &DetectorParams) -> Self {
+        Self {
+            window_short: params.window_short,
+            floors: PauseAndFloor::of(params),
+        }
+    }
+}
+
+impl PhiModel for TwoWindows {
+    fn window_needs(&self) -> WindowNeeds {
+        WindowNeeds {
+            ring: true,
+            gapless: false,
+        }
+    }
+
+    fn shape(&self, window: &WindowView<'_>) -> Shape {
+        let window_us = window.intervals_us();
+        let short = self.window_short.clamp(1, window.window.max(1)) as usize;
+        let newest = &window_us[window_us.len().saturating_sub(short)..];
+        let (m, s) = WindowSums::of(newest.iter().copied())
+            .moments_ms()
+            .unwrap_or((window.mean_ms, window.std_ms));
+        Shape::TwoWindows(ShortWindow {
+            mean_ms: m + self.floors.pause_ms,
+            std_ms: s.max(self.floors.min_std_ms),
+        })
+    }
+
+    fn phi(&self, estimate: &Estimate, silence_ms: f64) -> f64 {
+        super::phi_by_shape(estimate, silence_ms)
+    }
+
+    /// The normal deviate at which each window's tail reaches the level.
+    fn level_constant(&self, level: f64) -> f64 {
+        tail::invert(tail::normal_phi, level)
+    }
+
+    fn silence_ms(&self, k: f64, estimate: &Estimate) -> f64 {
+        super::silence_by_shape(k, estimate, true)
+    }
 }
 
 #[cfg(test)]
