@@ -161,7 +161,10 @@ mod tests {
         assert!((paused - p).abs() < 1e-12, "{paused} vs {p}");
         // Just past the second heartbeat's due time by 3 deviations: Q(3) = 0.0013499 for K = 1.
         let late = 10f64.powf(odds.log10_survival(230.0, 100.0, 10.0, 0.0));
-        assert!((late - (0.1 * 0.001_349_898_031_630_1 + 0.1)).abs() < 1e-9, "{late}");
+        assert!(
+            (late - (0.1 * 0.001_349_898_031_630_1 + 0.1)).abs() < 1e-9,
+            "{late}"
+        );
     }
 
     #[test]

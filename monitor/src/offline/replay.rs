@@ -167,7 +167,10 @@ fn detection_stats(mut crossings: Vec<f64>) -> (Option<f64>, Option<f64>) {
     let mean = crossings.iter().sum::<f64>() / crossings.len() as f64;
     crossings.sort_by(f64::total_cmp);
     let rank = (0.99 * crossings.len() as f64).ceil() as usize;
-    (Some(mean), Some(crossings[rank.clamp(1, crossings.len()) - 1]))
+    (
+        Some(mean),
+        Some(crossings[rank.clamp(1, crossings.len()) - 1]),
+    )
 }
 
 /// `replay` in continuous time (tick 0). Every model's phi only grows with the silence until
@@ -188,9 +191,8 @@ fn replay_exact(trace: &[Arrival], params: &DetectorParams, tail_ms: f64) -> Rep
         }
     };
     let threshold = params.level_silences(&[params.threshold]);
-    let crossing = |slot: &PeerSlot| {
-        params.crossing_ms(&threshold, 0, params.threshold, &estimate_of(slot))
-    };
+    let crossing =
+        |slot: &PeerSlot| params.crossing_ms(&threshold, 0, params.threshold, &estimate_of(slot));
     // Registration counts as heard; its silence is judged by the first estimate.
     let (mut since_ns, mut deadline_ms) = (0u64, crossing(&slot));
     let mut crossings: Vec<f64> = Vec::with_capacity(trace.len());
@@ -282,7 +284,10 @@ mod tests {
         let r = run(&trace, "fixed:timeout_ms=250", 0.0, 1000.0);
         assert_eq!((r.false_suspicions, r.mistake_ms), (1, 450.0));
         assert_eq!(r.detection_ms, Some(250.0));
-        assert_eq!((r.mean_detection_ms, r.p99_detection_ms), (Some(250.0), Some(250.0)));
+        assert_eq!(
+            (r.mean_detection_ms, r.p99_detection_ms),
+            (Some(250.0), Some(250.0))
+        );
         // A heartbeat exactly at the deadline is in time, as at a tick.
         let r = run(&[100.0, 350.0], "fixed:timeout_ms=250", 0.0, 1000.0);
         assert_eq!(r.false_suspicions, 0);
@@ -301,11 +306,32 @@ mod tests {
             3,
         ))
         .unwrap();
-        for spec in ["fixed:timeout_ms=150", "phi:threshold=1", "phi:model=2w,threshold=2"] {
+        for spec in [
+            "fixed:timeout_ms=150",
+            "phi:threshold=1",
+            "phi:model=2w,threshold=2",
+        ] {
             let params = parse_spec(spec).unwrap();
-            let exact = replay(&trace, &params, ReplayClock { tick_ms: 0.0, tail_ms: 6000.0 });
-            let ticked = replay(&trace, &params, ReplayClock { tick_ms: 10.0, tail_ms: 6000.0 });
-            assert!(ticked.false_suspicions > 0, "{spec}: the test needs mistakes");
+            let exact = replay(
+                &trace,
+                &params,
+                ReplayClock {
+                    tick_ms: 0.0,
+                    tail_ms: 6000.0,
+                },
+            );
+            let ticked = replay(
+                &trace,
+                &params,
+                ReplayClock {
+                    tick_ms: 10.0,
+                    tail_ms: 6000.0,
+                },
+            );
+            assert!(
+                ticked.false_suspicions > 0,
+                "{spec}: the test needs mistakes"
+            );
             assert!(exact.false_suspicions >= ticked.false_suspicions, "{spec}");
             assert!(exact.mistake_ms >= ticked.mistake_ms, "{spec}");
             assert_eq!(exact.mean_detection_ms, ticked.mean_detection_ms, "{spec}");
