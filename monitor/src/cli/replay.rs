@@ -49,8 +49,11 @@ pub struct ReplayArgs {
     /// against detection time, one panel per trace, one curve per family.
     #[arg(long, requires = "frontier", value_name = "FILE")]
     svg: Option<PathBuf>,
-    /// Step of the virtual clock, ms [default: 50; 10 with --frontier].
-    #[arg(long, value_parser = positive)]
+    /// Step of the virtual clock, ms [default: 50; 10 with --frontier]. 0 scores in
+    /// continuous time: each suspicion at the exact silence where phi reaches the threshold
+    /// (a mistake if the next heartbeat comes later), one computation a heartbeat instead of
+    /// one a tick.
+    #[arg(long, value_parser = non_negative)]
     tick_ms: Option<f64>,
     /// How long the clock runs after the last heartbeat (the crash), ms.
     #[arg(long, default_value_t = 6000.0, value_parser = positive)]
@@ -89,6 +92,13 @@ fn positive(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
         _ => Err(format!("{text:?} is not a positive number")),
+    }
+}
+
+fn non_negative(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("{text:?} is not a number >= 0")),
     }
 }
 
@@ -396,9 +406,10 @@ fn print_frontier(r: &TraceFrontier) {
             }
         );
         println!(
-            "  {:>11}  {:>10}  {:>9}  {:>6}  {:>10}  {:>9}  {:>11}",
+            "  {:>11}  {:>10}  {:>9}  {:>9}  {:>6}  {:>10}  {:>9}  {:>11}",
             f.knob.key().to_uppercase(),
             "TD_MEAN_MS",
+            "TD_P99_MS",
             "DETECT_MS",
             "FALSE",
             "MISTAKE_MS",
@@ -407,9 +418,10 @@ fn print_frontier(r: &TraceFrontier) {
         );
         for p in &f.points {
             println!(
-                "  {:>11}  {:>10.1}  {:>9.0}  {:>6}  {:>10.0}  {:>9.6}  {:>11.1}",
+                "  {:>11}  {:>10.1}  {:>9.0}  {:>9.0}  {:>6}  {:>10.0}  {:>9.6}  {:>11.1}",
                 p.value,
                 p.detection_ms,
+                p.p99_detection_ms,
                 p.last_detection_ms,
                 p.false_suspicions,
                 p.mistake_ms,
@@ -462,16 +474,24 @@ fn print_table(reports: &[ReplayReport], heartbeats: usize) {
         .unwrap_or(8)
         .max(8);
     println!(
-        "{:<width$}  {:>6}  {:>9}  {:>10}  {:>10}  {:>9}  {:>9}",
-        "DETECTOR", "FALSE", "DETECT_MS", "TD_MEAN_MS", "MISTAKE_MS", "RECUR_MS", "ACCURACY"
+        "{:<width$}  {:>6}  {:>9}  {:>10}  {:>9}  {:>10}  {:>9}  {:>9}",
+        "DETECTOR",
+        "FALSE",
+        "DETECT_MS",
+        "TD_MEAN_MS",
+        "TD_P99_MS",
+        "MISTAKE_MS",
+        "RECUR_MS",
+        "ACCURACY"
     );
     for r in reports {
         println!(
-            "{:<width$}  {:>6}  {:>9}  {:>10}  {:>10.0}  {:>9}  {:>9.6}",
+            "{:<width$}  {:>6}  {:>9}  {:>10}  {:>9}  {:>10.0}  {:>9}  {:>9.6}",
             r.spec,
             r.false_suspicions,
             opt(r.detection_ms),
             opt(r.mean_detection_ms),
+            opt(r.p99_detection_ms),
             r.mistake_ms,
             opt(r.mistake_recurrence_ms),
             r.query_accuracy

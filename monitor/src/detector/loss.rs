@@ -1,11 +1,15 @@
 //! Loss-aware suspicion: a live peer's silence may span heartbeats that were lost.
 //!
 //! After an accepted heartbeat, the next one to arrive is the (K+1)-th sent, where K is the
-//! number of consecutive heartbeats lost. With per-heartbeat intervals X ~ N(mu, sigma^2)
-//! (the window holds only intervals between consecutive sequence numbers for this model),
+//! number of consecutive heartbeats lost. The window holds only intervals between
+//! consecutive sequence numbers for this model, N(mu, sigma^2). A sender keeps a schedule
+//! (heartbeat n at n periods from its start, as `monitor send` and the generated traces do),
+//! and each arrival strays from it by its own delay: the gap spanning k losses is (k+1)
+//! periods plus the next arrival's delay minus the last one's, whose deviation is that of a
+//! single interval, whatever k. So the deviation does not widen with the heartbeats lost
+//! (as it would, by sqrt(k+1), were each interval drawn afresh after the one before):
 //!
-//!   P(silence > t) = sum over k >= 0 of P(K = k) * P(X_1 + ... + X_{k+1} > t)
-//!                  = sum_k P(K = k) * Q((t - pause - (k+1) mu) / (sigma sqrt(k+1)))
+//!   P(silence > t) = sum over k >= 0 of P(K = k) * Q((t - pause - (k+1) mu) / sigma)
 //!
 //! and phi = -log10 of it, so levels keep their meaning. K follows the peer's measured loss as
 //! a two-state (Gilbert) chain: P(K >= 1) = p, the chance that a heartbeat is lost after one
@@ -80,8 +84,8 @@ impl LossOdds {
         for k in 0..MAX_TERMS {
             let next = if k == 0 { self.p } else { at_least * self.q };
             let weight = at_least - next;
-            let n = (k + 1) as f64;
-            let (m, s) = (n * mean + pause, std * n.sqrt());
+            // Anchored on the schedule: the (k+1)-th period away, the deviation of one interval.
+            let (m, s) = ((k + 1) as f64 * mean + pause, std);
             let z = if s > 0.0 {
                 (t - m) / s
             } else if t >= m {
@@ -131,15 +135,36 @@ mod tests {
     #[test]
     fn a_hand_computed_mixture() {
         // p = 0.1, q = 0.5: K = 0 w.p. 0.9, 1 w.p. 0.05, 2 w.p. 0.025, ... With mean 100,
-        // std 10 and t = 200: Q((200-100)/10) ~ 7.6e-24, Q((200-200)/(10 sqrt 2)) = 1/2,
-        // Q((200-300)/(10 sqrt 3)) ~ 1 - 3.9e-9 and every later term ~1:
-        // P = 0.9 * 7.6e-24 + 0.05 * 0.5 + 0.05 * (1 - 3.9e-9) ~ 0.075.
+        // std 10 and t = 200: Q((200-100)/10) ~ 7.6e-24, Q((200-200)/10) = 1/2,
+        // Q((200-300)/10) ~ 1 - 7.6e-24 and every later term ~1:
+        // P = 0.9 * 7.6e-24 + 0.05 * 0.5 + 0.05 * (1 - 7.6e-24) ~ 0.075.
         let odds = LossOdds { p: 0.1, q: 0.5 };
         let p = 10f64.powf(odds.log10_survival(200.0, 100.0, 10.0, 0.0));
         assert!((p - 0.075).abs() < 1e-8, "{p}");
         // The weights sum to one: at t = 0 nothing has arrived.
         let p0 = 10f64.powf(odds.log10_survival(0.0, 100.0, 10.0, 0.0));
         assert!((p0 - 1.0).abs() < 1e-12, "{p0}");
+    }
+
+    #[test]
+    fn the_deviation_does_not_widen_with_the_losses() {
+        // p = 0.2, q = 0.5: K = 0 w.p. 0.8, 1 w.p. 0.1, and P(K >= 2) = 0.1. Mean 100, std
+        // 10, t = 210: Q(11) ~ 1.9e-28 for K = 0; Q((210 - 200)/10) = Q(1) = 0.158655 for
+        // K = 1 (widened by sqrt 2 it would be Q(0.707) = 0.2398); K >= 2 is due at 300 or
+        // later, 9 deviations past t, so it counts whole:
+        // P = 0.1 * 0.15865525 + 0.1 = 0.115865525.
+        let odds = LossOdds { p: 0.2, q: 0.5 };
+        let p = 10f64.powf(odds.log10_survival(210.0, 100.0, 10.0, 0.0));
+        assert!((p - 0.115_865_525_393_145_7).abs() < 1e-9, "{p}");
+        // With a pause of 30 it is all 30 later: the pause is added once, not per period.
+        let paused = 10f64.powf(odds.log10_survival(240.0, 100.0, 10.0, 30.0));
+        assert!((paused - p).abs() < 1e-12, "{paused} vs {p}");
+        // Just past the second heartbeat's due time by 3 deviations: Q(3) = 0.0013499 for K = 1.
+        let late = 10f64.powf(odds.log10_survival(230.0, 100.0, 10.0, 0.0));
+        assert!(
+            (late - (0.1 * 0.001_349_898_031_630_1 + 0.1)).abs() < 1e-9,
+            "{late}"
+        );
     }
 
     #[test]

@@ -177,6 +177,8 @@ pub struct Point {
     /// Mean detection time over crash times (`ReplayReport::mean_detection_ms`): the axis the
     /// frontier is drawn on, as Chen, Toueg and Aguilera define T_D.
     pub detection_ms: f64,
+    /// The 99th percentile of the detection time over crash times.
+    pub p99_detection_ms: f64,
     /// Detection of the one crash at the end of the trace, to the tick.
     pub last_detection_ms: f64,
     pub false_suspicions: u64,
@@ -194,6 +196,7 @@ impl Point {
             value,
             spec: report.spec.clone(),
             detection_ms: report.mean_detection_ms?,
+            p99_detection_ms: report.p99_detection_ms?,
             last_detection_ms: report.detection_ms?,
             false_suspicions: report.false_suspicions,
             mistake_ms: report.mistake_ms,
@@ -264,6 +267,7 @@ mod tests {
             value,
             spec: format!("fixed:timeout_ms={value}"),
             detection_ms,
+            p99_detection_ms: detection_ms,
             last_detection_ms: detection_ms,
             false_suspicions,
             mistake_ms,

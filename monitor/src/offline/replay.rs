@@ -37,6 +37,9 @@ pub struct ReplayReport {
     /// point it would never suspect. One crash is one sample of a detector whose deadline
     /// moves with its state (a loss burst, a jittery spell); this is the mean over all of them.
     pub mean_detection_ms: Option<f64>,
+    /// The 99th percentile of those detection times (nearest rank): the slow tail a mean
+    /// hides, such as long deadlines given inside loss bursts. None where the mean is.
+    pub p99_detection_ms: Option<f64>,
     /// Total time wrongly suspected: for each episode, the heartbeat that ended it minus the
     /// tick that began it.
     pub mistake_ms: f64,
@@ -48,6 +51,9 @@ pub struct ReplayReport {
 
 #[derive(Debug, Clone, Copy)]
 pub struct ReplayClock {
+    /// Step of the virtual clock; 0 scores in continuous time: a suspicion at the exact
+    /// silence where the detector's phi reaches its threshold (`crossing_ms`), a mistake if
+    /// the next heartbeat comes later than that.
     pub tick_ms: f64,
     pub tail_ms: f64,
 }
@@ -63,6 +69,9 @@ impl Default for ReplayClock {
 
 /// Runs one detector over the trace (non-empty, in arrival order).
 pub fn replay(trace: &[Arrival], params: &DetectorParams, clock: ReplayClock) -> ReplayReport {
+    if clock.tick_ms <= 0.0 {
+        return replay_exact(trace, params, clock.tail_ms);
+    }
     // Integer nanoseconds throughout, as in the kernel: no drift from summing float ticks.
     let ns = |ms: f64| (ms * 1e6).round() as u64;
     let last_heartbeat = trace.last().expect("non-empty trace").at_ns;
@@ -83,7 +92,7 @@ pub fn replay(trace: &[Arrival], params: &DetectorParams, clock: ReplayClock) ->
     let threshold = params.level_silences(&[params.threshold]);
     let crossing =
         |estimate: &Estimate| params.crossing_ms(&threshold, 0, params.threshold, estimate);
-    let mut crossing_sum = 0.0f64;
+    let mut crossings: Vec<f64> = Vec::with_capacity(trace.len());
     let mut next = 0usize;
     let mut suspected_since: Option<u64> = None;
 
@@ -102,7 +111,7 @@ pub fn replay(trace: &[Arrival], params: &DetectorParams, clock: ReplayClock) ->
                 continue;
             }
             estimate = estimate_of(&slot);
-            crossing_sum += crossing(&estimate);
+            crossings.push(crossing(&estimate));
             if let Some(since) = suspected_since.take() {
                 mistake_ns += a.at_ns - since;
             }
@@ -124,21 +133,102 @@ pub fn replay(trace: &[Arrival], params: &DetectorParams, clock: ReplayClock) ->
         now += tick;
     }
 
-    let recurrence = (mistake_starts.len() >= 2).then(|| {
-        let span = mistake_starts[mistake_starts.len() - 1] - mistake_starts[0];
-        span as f64 / 1e6 / (mistake_starts.len() - 1) as f64
-    });
+    let (mean_detection_ms, p99_detection_ms) = detection_stats(crossings);
     ReplayReport {
         spec: format_spec(params),
         false_suspicions,
         detection_ms: detection.map(|d| d as f64 / 1e6),
-        mean_detection_ms: {
-            let accepted = slot.record.heartbeats;
-            let mean = crossing_sum / accepted.max(1) as f64;
-            (accepted > 0 && mean.is_finite()).then_some(mean)
-        },
+        mean_detection_ms,
+        p99_detection_ms,
         mistake_ms: mistake_ns as f64 / 1e6,
-        mistake_recurrence_ms: recurrence,
+        mistake_recurrence_ms: recurrence_ms(&mistake_starts),
+        query_accuracy: if last_heartbeat == 0 {
+            1.0
+        } else {
+            1.0 - mistake_ns as f64 / last_heartbeat as f64
+        },
+    }
+}
+
+/// Mean time between the starts of consecutive mistakes (ns in, ms out).
+fn recurrence_ms(starts: &[u64]) -> Option<f64> {
+    (starts.len() >= 2).then(|| {
+        let span = starts[starts.len() - 1] - starts[0];
+        span as f64 / 1e6 / (starts.len() - 1) as f64
+    })
+}
+
+/// The mean and the 99th percentile (nearest rank) of the detection times over crash times,
+/// one per accepted heartbeat; None if there is none or one is infinite.
+fn detection_stats(mut crossings: Vec<f64>) -> (Option<f64>, Option<f64>) {
+    if crossings.is_empty() || crossings.iter().any(|c| !c.is_finite()) {
+        return (None, None);
+    }
+    let mean = crossings.iter().sum::<f64>() / crossings.len() as f64;
+    crossings.sort_by(f64::total_cmp);
+    let rank = (0.99 * crossings.len() as f64).ceil() as usize;
+    (
+        Some(mean),
+        Some(crossings[rank.clamp(1, crossings.len()) - 1]),
+    )
+}
+
+/// `replay` in continuous time (tick 0). Every model's phi only grows with the silence until
+/// the next heartbeat, so the detector suspects exactly at its crossing: a mistake if the
+/// next accepted heartbeat comes later (a heartbeat at the crossing itself is in time, as a
+/// heartbeat due at a tick is delivered before the tick's check), the crash detected at the
+/// last heartbeat's crossing. One crossing a heartbeat, no clock: far faster than ticks.
+fn replay_exact(trace: &[Arrival], params: &DetectorParams, tail_ms: f64) -> ReplayReport {
+    let last_heartbeat = trace.last().expect("non-empty trace").at_ns;
+    let config = params.window_config();
+    let mut slot = PeerSlot::admitted(1, 0);
+    let estimate_of = |slot: &PeerSlot| {
+        if params.needs_ring() {
+            let ring: Vec<u32> = window_intervals(slot, config.window).collect();
+            params.estimate(&slot.record, &ring)
+        } else {
+            params.estimate(&slot.record, &[])
+        }
+    };
+    let threshold = params.level_silences(&[params.threshold]);
+    let crossing =
+        |slot: &PeerSlot| params.crossing_ms(&threshold, 0, params.threshold, &estimate_of(slot));
+    // Registration counts as heard; its silence is judged by the first estimate.
+    let (mut since_ns, mut deadline_ms) = (0u64, crossing(&slot));
+    let mut crossings: Vec<f64> = Vec::with_capacity(trace.len());
+    let mut false_suspicions = 0u64;
+    let mut mistake_ns = 0u64;
+    let mut mistake_starts: Vec<u64> = Vec::new();
+    for a in trace {
+        let outcome = arrive(&mut slot, a.at_ns, a.seq, a.incarnation, &config);
+        if !matches!(outcome, Outcome::Accepted { .. }) {
+            continue;
+        }
+        let silence_ms = (a.at_ns - since_ns) as f64 / 1e6;
+        if silence_ms > deadline_ms {
+            let start = since_ns + (deadline_ms * 1e6).ceil() as u64;
+            false_suspicions += 1;
+            mistake_starts.push(start);
+            mistake_ns += a.at_ns.saturating_sub(start);
+        }
+        since_ns = a.at_ns;
+        deadline_ms = crossing(&slot);
+        crossings.push(deadline_ms);
+    }
+    let (mean_detection_ms, p99_detection_ms) = detection_stats(crossings);
+    ReplayReport {
+        spec: format_spec(params),
+        false_suspicions,
+        detection_ms: {
+            // From the trace's last line, as with ticks (a duplicate may come after the last
+            // accepted heartbeat).
+            let d = (since_ns as f64 - last_heartbeat as f64) / 1e6 + deadline_ms;
+            (d <= tail_ms).then_some(d.max(0.0))
+        },
+        mean_detection_ms,
+        p99_detection_ms,
+        mistake_ms: mistake_ns as f64 / 1e6,
+        mistake_recurrence_ms: recurrence_ms(&mistake_starts),
         query_accuracy: if last_heartbeat == 0 {
             1.0
         } else {
@@ -183,6 +273,79 @@ mod tests {
         // Crash after 1800: suspected at tick 2050.
         assert_eq!(r.detection_ms, Some(250.0));
         assert!((r.query_accuracy - (1.0 - 450.0 / 1800.0)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn continuous_time_by_hand() {
+        // The trace of `fixed_timeout_by_hand` at tick 0: the gap 1000 -> 1700 is suspected
+        // at exactly 1250, until 1700; the crash after 1800 is detected at 250.
+        let mut trace: Vec<f64> = (1..=10).map(|k| k as f64 * 100.0).collect();
+        trace.extend([1700.0, 1800.0]);
+        let r = run(&trace, "fixed:timeout_ms=250", 0.0, 1000.0);
+        assert_eq!((r.false_suspicions, r.mistake_ms), (1, 450.0));
+        assert_eq!(r.detection_ms, Some(250.0));
+        assert_eq!(
+            (r.mean_detection_ms, r.p99_detection_ms),
+            (Some(250.0), Some(250.0))
+        );
+        // A heartbeat exactly at the deadline is in time, as at a tick.
+        let r = run(&[100.0, 350.0], "fixed:timeout_ms=250", 0.0, 1000.0);
+        assert_eq!(r.false_suspicions, 0);
+        // A deadline past the tail: not detected.
+        let r = run(&[100.0, 200.0], "fixed:timeout_ms=5000", 0.0, 1000.0);
+        assert_eq!(r.detection_ms, None);
+    }
+
+    #[test]
+    fn continuous_time_counts_every_mistake_ticks_count() {
+        // A tick sees a suspicion at or after the exact crossing, so every mistake it counts is
+        // one in continuous time too; the mean detection time is the same exact crossing.
+        let trace = crate::offline::trace::parse_trace(&crate::offline::generate::generate(
+            crate::offline::generate::TraceKind::Bursty,
+            1000,
+            3,
+        ))
+        .unwrap();
+        for spec in [
+            "fixed:timeout_ms=150",
+            "phi:threshold=1",
+            "phi:model=2w,threshold=2",
+        ] {
+            let params = parse_spec(spec).unwrap();
+            let exact = replay(
+                &trace,
+                &params,
+                ReplayClock {
+                    tick_ms: 0.0,
+                    tail_ms: 6000.0,
+                },
+            );
+            let ticked = replay(
+                &trace,
+                &params,
+                ReplayClock {
+                    tick_ms: 10.0,
+                    tail_ms: 6000.0,
+                },
+            );
+            assert!(
+                ticked.false_suspicions > 0,
+                "{spec}: the test needs mistakes"
+            );
+            assert!(exact.false_suspicions >= ticked.false_suspicions, "{spec}");
+            assert!(exact.mistake_ms >= ticked.mistake_ms, "{spec}");
+            assert_eq!(exact.mean_detection_ms, ticked.mean_detection_ms, "{spec}");
+            assert_eq!(exact.p99_detection_ms, ticked.p99_detection_ms, "{spec}");
+        }
+    }
+
+    #[test]
+    fn p99_is_the_nearest_rank() {
+        let values: Vec<f64> = (1..=100).map(f64::from).rev().collect();
+        assert_eq!(detection_stats(values), (Some(50.5), Some(99.0)));
+        assert_eq!(detection_stats(vec![5.0]), (Some(5.0), Some(5.0)));
+        assert_eq!(detection_stats(vec![]), (None, None));
+        assert_eq!(detection_stats(vec![1.0, f64::INFINITY]), (None, None));
     }
 
     #[test]
