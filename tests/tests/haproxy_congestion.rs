@@ -290,6 +290,31 @@ fn under_congestion_the_agent_check_marks_no_live_backend_down_where_haproxys_ch
         },
     );
 
+    // The agent's own events: how high the live peers' suspicion went (a level below the
+    // policy's `down` reduces a weight or drains; it is not a DOWN, but it is not nothing).
+    let suspicions = Arc::new(Mutex::new(Vec::<(Instant, u64, f64)>::new()));
+    let watcher = {
+        let (mut events, stop, into) = (agent.subscribe(), stop.clone(), suspicions.clone());
+        events
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let Ok(line) = events.read_line() else {
+                    continue;
+                };
+                let event: serde_json::Value = serde_json::from_str(&line).unwrap();
+                if event["event"] == "suspect" {
+                    into.lock().unwrap().push((
+                        Instant::now(),
+                        event["id"].as_u64().unwrap(),
+                        event["level"].as_f64().unwrap(),
+                    ));
+                }
+            }
+        })
+    };
+
     // --- Congestion: bursts of cross traffic; nobody dies, so every DOWN is false.
     let mut iperf_server = NetnsPair::command_in(&pair.ns_a, Path::new("iperf3"));
     iperf_server
@@ -380,12 +405,22 @@ fn under_congestion_the_agent_check_marks_no_live_backend_down_where_haproxys_ch
             .filter(|c| c.server.starts_with(prefix) && c.line.contains(" 0 active and"))
             .count()
     };
+    let raised = |level: f64| {
+        suspicions
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|&&(at, _, l)| at >= begun && at <= ended && l == level)
+            .count()
+    };
+    let (level1, level3, level8) = (raised(1.0), raised(3.0), raised(8.0));
     let failed = |f: usize| load_after[f].1 - load_before[f].1;
     let sent = |f: usize| load_after[f].0 - load_before[f].0;
     eprintln!(
         "congestion: {bursts} bursts, {burst_time:?} of cross traffic in {:?}; false DOWNs: checks \
          {checks_down} (chkdown {}, backend left empty {} times), agent {agent_down} (chkdown {}; \
-         drains {agent_drain}); requests failed: checks {} of {}, agent {} of {}",
+         drains {agent_drain}; suspicions of live peers at level 1 {level1}, 3 {level3}, \
+         8 {level8}); requests failed: checks {} of {}, agent {} of {}",
         ended - begun,
         chkdown("checks/c"),
         none_left("checks/"),
@@ -403,6 +438,7 @@ fn under_congestion_the_agent_check_marks_no_live_backend_down_where_haproxys_ch
         json!({"phase": "congestion", "seconds": (ended - begun).as_secs_f64(), "bursts": bursts,
                "burst_seconds": burst_time.as_secs_f64(),
                "checks_down": checks_down, "agent_down": agent_down, "agent_drain": agent_drain,
+               "level1": level1, "level3": level3, "level8": level8,
                "checks_empty": none_left("checks/"), "agent_empty": none_left("agent/"),
                "checks_failed": failed(0), "checks_sent": sent(0),
                "agent_failed": failed(1), "agent_sent": sent(1)})
@@ -450,6 +486,19 @@ fn under_congestion_the_agent_check_marks_no_live_backend_down_where_haproxys_ch
             "{agent_line}"
         );
         agent_times.push(agent_t);
+        // The event watcher that counted none under congestion does see a real conviction.
+        wait_for(
+            Duration::from_secs(5),
+            "the watcher seeing peer 2 at 8",
+            || {
+                suspicions
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .any(|&(at, id, level)| at >= killed && id == 2 && level == 8.0)
+                    .then_some(())
+            },
+        );
         // Back for the next kill: a new server and a new incarnation of the peer.
         backends.insert(1, start_backend(2));
         all_up("backend 2 up again");
@@ -459,6 +508,7 @@ fn under_congestion_the_agent_check_marks_no_live_backend_down_where_haproxys_ch
     for l in loaders {
         l.join().unwrap();
     }
+    watcher.join().unwrap();
     assert_eq!(
         agent_down, 0,
         "the agent-check marked live backends DOWN under congestion: {during:#?}"

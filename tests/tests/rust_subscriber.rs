@@ -30,11 +30,11 @@ fn link(path: &Path, agent: &AgentProcess) {
 fn follow(socket: &Path) -> (mpsc::Receiver<Update>, mpsc::Sender<()>) {
     let (tx, rx) = mpsc::channel();
     let (go_tx, go_rx) = mpsc::channel::<()>();
-    let mut subscriber =
+    let subscriber =
         Subscriber::new(socket).retry(Duration::from_millis(50), Duration::from_millis(200));
     thread::spawn(move || {
         let mut first = true;
-        while let Some(update) = subscriber.next() {
+        for update in subscriber {
             let update = update.expect("the agent speaks our protocol");
             if tx.send(update).is_err() {
                 return;

@@ -85,6 +85,7 @@ fn tables(rows: &[Value]) -> String {
              | false DOWNs of live servers | {} | {} |\n\
              | times the backend had no server left | {} | {} |\n\
              | drains (agent policy level 3) | - | {} |\n\
+             | suspicions of live peers at level 1 / 3 / 8 | - | {} / {} / {} |\n\
              | requests failed / sent | {} / {} | {} / {} |\n\n\
              {:.0} s with {} bursts of cross traffic, {:.0} s of them in all.\n",
             n(&row["checks_down"]),
@@ -92,6 +93,9 @@ fn tables(rows: &[Value]) -> String {
             n(&row["checks_empty"]),
             n(&row["agent_empty"]),
             n(&row["agent_drain"]),
+            n(&row["level1"]),
+            n(&row["level3"]),
+            n(&row["level8"]),
             n(&row["checks_failed"]),
             n(&row["checks_sent"]),
             n(&row["agent_failed"]),
