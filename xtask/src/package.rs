@@ -97,7 +97,8 @@ fn debian_dbgsym(ddeb: &Path, root: &Path) -> Result<()> {
         .with_context(|| format!("reading {}", control_path.display()))?;
     let mut debugs = None;
     let mut lines = Vec::new();
-    for line in control.lines() {
+    // One paragraph: an empty line (cargo-deb ends with one) would end it before Build-Ids.
+    for line in control.lines().filter(|l| !l.is_empty()) {
         if line.starts_with("Priority: ") {
             lines.push("Priority: optional".to_string());
         } else if let Some(dep) = line.strip_prefix("Recommends: ") {
