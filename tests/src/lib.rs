@@ -4,9 +4,11 @@
 pub mod agent_process;
 pub mod attack;
 pub mod bench;
+pub mod daemon;
 pub mod fixture;
 pub mod fleet_net;
 pub mod frr;
+pub mod haproxy;
 pub mod http;
 pub mod netns;
 pub mod packet;

@@ -9,12 +9,8 @@
 //! Each prints the figures it measured (docs/consumers.md has them).
 
 use std::{
-    collections::HashMap,
-    io::{Read, Write},
-    net::TcpStream,
-    os::{fd::AsRawFd, unix::net::UnixStream},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -25,155 +21,13 @@ use std::{
 
 use integration_tests::{
     agent_process::{AgentProcess, ChildGuard, TempDir, sender, spawn},
+    daemon::{Daemon, enter_netns},
+    haproxy::{BACKEND_PY, Outcome, col, get, num, show_stat},
     monitor_bin,
     netns::NetnsPair,
     require_root, wait_for,
 };
 use serde_json::json;
-
-/// Moves the calling thread into network namespace `ns` (only this thread).
-fn enter_netns(ns: &str) {
-    let file = std::fs::File::open(format!("/run/netns/{ns}")).expect("open the namespace");
-    // SAFETY: setns on a valid descriptor; it changes this thread's network namespace only.
-    let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-    assert_eq!(rc, 0, "setns {ns}: {}", std::io::Error::last_os_error());
-}
-
-/// A process stopped with SIGTERM, then SIGKILL, on drop; `extra_pids` (files holding pids,
-/// such as keepalived's child's) are killed too if still there.
-struct Daemon {
-    child: Child,
-    extra_pids: Vec<PathBuf>,
-    /// The program name (`/proc/PID/comm`) the extra pids must still have.
-    child_name: Option<String>,
-}
-
-impl Daemon {
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let extra: Vec<i32> = self
-            .extra_pids
-            .iter()
-            .filter_map(|p| std::fs::read_to_string(p).ok()?.trim().parse().ok())
-            .collect();
-        // Already reaped (killed by the test): its pid may be another process's by now.
-        if !matches!(self.child.try_wait(), Ok(Some(_))) {
-            // SAFETY: signalling our own child, not yet reaped, by pid.
-            unsafe { libc::kill(self.pid(), libc::SIGTERM) };
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline {
-                if matches!(self.child.try_wait(), Ok(Some(_))) {
-                    break;
-                }
-                thread::sleep(Duration::from_millis(20));
-            }
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        let name = self.child_name.as_deref().unwrap_or_default().to_string();
-        for pid in extra {
-            // The daemon's own child, left behind if the daemon was killed: by the pid it wrote,
-            // and only while that pid still runs the same program.
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            if !name.is_empty() && comm.trim() == name {
-                // SAFETY: a pid the daemon wrote for its child, still running that program.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// HAProxy
-
-/// A backend: prints its name to each GET and appends the Unix time of each to its log.
-const BACKEND_PY: &str = r#"
-import http.server, sys, time
-name, port, log = sys.argv[1], int(sys.argv[2]), open(sys.argv[3], "a", buffering=1)
-class H(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.0"
-    def do_GET(self):
-        log.write(f"{time.time():.6f}\n")
-        body = name.encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-http.server.ThreadingHTTPServer.allow_reuse_address = True
-http.server.ThreadingHTTPServer((sys.argv[4], port), H).serve_forever()
-"#;
-
-/// `show stat` through the stats socket: server name -> column -> value.
-fn show_stat(socket: &Path) -> HashMap<String, HashMap<String, String>> {
-    let mut out = HashMap::new();
-    let Ok(mut s) = UnixStream::connect(socket) else {
-        return out;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    if s.write_all(b"show stat\n").is_err() {
-        return out;
-    }
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
-    let mut lines = text.lines();
-    let Some(header) = lines.next() else {
-        return out;
-    };
-    let cols: Vec<&str> = header.trim_start_matches("# ").split(',').collect();
-    for line in lines {
-        let fields: Vec<&str> = line.split(',').collect();
-        if fields.len() < 2 || fields[1] == "FRONTEND" || fields[1] == "BACKEND" {
-            continue;
-        }
-        let row: HashMap<String, String> = cols
-            .iter()
-            .zip(&fields)
-            .map(|(c, f)| (c.to_string(), f.to_string()))
-            .collect();
-        out.insert(format!("{}/{}", fields[0], fields[1]), row);
-    }
-    out
-}
-
-fn col<'a>(stat: &'a HashMap<String, HashMap<String, String>>, srv: &str, c: &str) -> &'a str {
-    stat.get(srv)
-        .and_then(|r| r.get(c))
-        .map(String::as_str)
-        .unwrap_or("")
-}
-
-fn num(stat: &HashMap<String, HashMap<String, String>>, srv: &str, c: &str) -> u64 {
-    col(stat, srv, c).parse().unwrap_or(0)
-}
-
-/// One request's outcome as the load generator saw it.
-#[derive(Debug, Clone)]
-struct Outcome {
-    started: Instant,
-    ok: bool,
-    backend: String,
-}
-
-/// One HTTP/1.0 GET; the body (the backend's name) if the status is 200.
-fn get(port: u16) -> Option<String> {
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    s.write_all(b"GET / HTTP/1.0\r\nHost: lb\r\n\r\n").ok()?;
-    let mut reply = String::new();
-    s.read_to_string(&mut reply).ok()?;
-    if !reply.starts_with("HTTP/1.0 200") && !reply.starts_with("HTTP/1.1 200") {
-        return None;
-    }
-    reply.split("\r\n\r\n").nth(1).map(str::to_string)
-}
 
 #[test]
 fn haproxy_agent_check_marks_a_dead_backend_down_and_a_lost_agent_changes_nothing() {
@@ -201,11 +55,7 @@ fn haproxy_agent_check_marks_a_dead_backend_down_and_a_lost_agent_changes_nothin
                 &pair.addr_b,
             ])
             .stdin(Stdio::null());
-        let server = Daemon {
-            child: cmd.spawn().expect("python3 backend"),
-            extra_pids: vec![],
-            child_name: None,
-        };
+        let server = Daemon::new(cmd.spawn().expect("python3 backend"));
         let heartbeats = spawn(sender(&pair, i, "20ms", &[]));
         (server, heartbeats, log)
     };
@@ -223,11 +73,7 @@ fn haproxy_agent_check_marks_a_dead_backend_down_and_a_lost_agent_changes_nothin
         .arg(agent.socket())
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null());
-    let responder = Daemon {
-        child: responder.spawn().expect("monitor haproxy-agent"),
-        extra_pids: vec![],
-        child_name: None,
-    };
+    let responder = Daemon::new(responder.spawn().expect("monitor haproxy-agent"));
 
     let mut cfg = format!(
         "global\n  stats socket {} level admin\n  maxconn 2000\n\
@@ -260,11 +106,7 @@ fn haproxy_agent_check_marks_a_dead_backend_down_and_a_lost_agent_changes_nothin
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.0.join("haproxy.log")).unwrap());
-    let _haproxy = Daemon {
-        child: hap.spawn().expect("haproxy"),
-        extra_pids: vec![],
-        child_name: None,
-    };
+    let _haproxy = Daemon::new(hap.spawn().expect("haproxy"));
 
     // Every server answered by the agent: up at full weight.
     wait_for(
@@ -471,11 +313,7 @@ fn keepalived_backup_takes_the_address_when_the_masters_tracked_peer_dies() {
         .args(["--level", "8", "--weight", "fault"])
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null());
-    let _tracker = Daemon {
-        child: tracker.spawn().expect("monitor track-file"),
-        extra_pids: vec![],
-        child_name: None,
-    };
+    let _tracker = Daemon::new(tracker.spawn().expect("monitor track-file"));
     wait_for(Duration::from_secs(10), "the track file at 0", || {
         (std::fs::read_to_string(&track).ok()? == "0\n").then_some(())
     });

@@ -1,8 +1,9 @@
 //! The Debian package that `cargo xtask package` builds (and `cargo xtask test` builds before
 //! the tests, passing its path in HEARTBEAT_MONITOR_DEB), checked with the real tools: lintian
-//! reports no error, `dpkg-deb --contents` lists exactly what README.md says is installed (its
-//! conffiles too), the binary is stripped and its line tables are in the dbgsym package, and the
-//! unit inside passes `systemd-analyze verify` without a diagnostic. Nothing is installed.
+//! reports no error (in the dbgsym package either), `dpkg-deb --contents` lists exactly what
+//! README.md says is installed (its conffiles too), the binary is stripped and its line tables
+//! are in the dbgsym package, and the unit inside passes `systemd-analyze verify` without a
+//! diagnostic. Nothing is installed.
 
 use std::{
     path::{Path, PathBuf},
@@ -77,21 +78,28 @@ fn unpacked(deb: &Path) -> (TempDir, PathBuf, PathBuf) {
 
 #[test]
 fn lintian_reports_no_error() {
-    let out = Command::new("lintian")
-        .args(["--info", "--display-info"])
-        .arg(deb())
-        .output()
-        .expect("lintian (cargo xtask setup installs it)");
-    let said = text(&out.stdout);
-    println!("lintian {}:\n{said}{}", deb().display(), text(&out.stderr));
-    let errors: Vec<&str> = said.lines().filter(|l| l.starts_with("E: ")).collect();
-    assert!(errors.is_empty(), "lintian errors: {errors:#?}");
-    // lintian exits 2 when it could not check the package at all.
-    assert_ne!(out.status.code(), Some(2), "lintian failed to run");
-    assert!(
-        said.lines().all(|l| !l.starts_with("E:")),
-        "lintian errors in {said}"
-    );
+    // The dbgsym package too: made as debhelper makes Debian's (xtask/src/package.rs).
+    for package in [deb(), ddeb()] {
+        let out = Command::new("lintian")
+            .args(["--info", "--display-info"])
+            .arg(&package)
+            .output()
+            .expect("lintian (cargo xtask setup installs it)");
+        let said = text(&out.stdout);
+        println!(
+            "lintian {}:\n{said}{}",
+            package.display(),
+            text(&out.stderr)
+        );
+        let errors: Vec<&str> = said.lines().filter(|l| l.starts_with("E: ")).collect();
+        assert!(errors.is_empty(), "lintian errors: {errors:#?}");
+        // lintian exits 2 when it could not check the package at all.
+        assert_ne!(out.status.code(), Some(2), "lintian failed to run");
+        assert!(
+            said.lines().all(|l| !l.starts_with("E:")),
+            "lintian errors in {said}"
+        );
+    }
 }
 
 /// README.md's list: the fenced block after "The package installs"; each line a path (`*`

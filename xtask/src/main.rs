@@ -5,6 +5,7 @@
 mod attack;
 mod bench;
 mod build;
+mod consumers;
 mod demo;
 mod frr;
 mod fuzz;
@@ -51,6 +52,8 @@ enum Task {
     Bench(bench::BenchArgs),
     /// Record the corpus of real traces (tests/traces/) through impaired veth paths.
     Traces(traces::TracesArgs),
+    /// HAProxy's own checks against the agent-check for minutes: false DOWNs under congestion, time to DOWN after kills.
+    Consumers(consumers::ConsumersArgs),
     /// Run every attack of the security suite against the real agent and kernel; one table.
     Attack(attack::AttackArgs),
 }
@@ -68,5 +71,6 @@ fn main() -> anyhow::Result<()> {
         Task::Soak(args) => soak::run(&args),
         Task::Traces(args) => traces::run(&args),
         Task::Attack(args) => attack::run(&args),
+        Task::Consumers(args) => consumers::run(&args),
     }
 }

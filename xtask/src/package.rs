@@ -4,7 +4,8 @@
 //! Builds the release binary, stages what is generated from it under target/debian/staging/
 //! (the unit with the package's paths, man pages and shell completions, all written by the
 //! binary just built), then runs cargo-deb on monitor/Cargo.toml's `[package.metadata.deb]`,
-//! which strips the binary into the package and its debug data into the dbgsym package.
+//! which strips the binary into the package and its debug data into the dbgsym package. The
+//! dbgsym package is then given what debhelper gives its own (`debian_dbgsym`).
 
 use std::{
     fs,
@@ -61,16 +62,94 @@ pub fn package() -> Result<PathBuf> {
             .args(["deb", "--package", "monitor", "--no-build", "--output"])
             .arg(&out),
     )?;
-    let debs: Vec<PathBuf> = fs::read_dir(&out)?
+    debian_dbgsym(&only(&out, "ddeb")?, &staging.join("dbgsym"))?;
+    only(&out, "deb")
+}
+
+/// The one file in `dir` whose name ends in `.EXT`.
+fn only(dir: &Path, ext: &str) -> Result<PathBuf> {
+    let found: Vec<PathBuf> = fs::read_dir(dir)?
         .map(|e| e.map(|e| e.path()))
         .collect::<Result<Vec<_>, _>>()?
         .into_iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "deb"))
+        .filter(|p| p.extension().is_some_and(|e| e == ext))
         .collect();
-    match debs.as_slice() {
-        [deb] => Ok(deb.clone()),
-        other => bail!("expected one .deb in {}, found {other:?}", out.display()),
+    match found.as_slice() {
+        [one] => Ok(one.clone()),
+        other => bail!("expected one .{ext} in {}, found {other:?}", dir.display()),
     }
+}
+
+/// Remakes cargo-deb's dbgsym package the way debhelper's dh_strip makes Debian's, which
+/// lintian accepts: cargo-deb's has no copyright file and no changelog, and the priority
+/// `extra`, which Debian retired (three lintian errors). debhelper's points its
+/// documentation directory at the package it carries the symbols of
+/// (`usr/share/doc/NAME-dbgsym -> NAME`), which a dependency on that package's exact version
+/// makes the dbgsym package's own copyright and changelog; it says `optional`, and names the
+/// build ids it holds (`Build-Ids`).
+fn debian_dbgsym(ddeb: &Path, root: &Path) -> Result<()> {
+    if root.exists() {
+        fs::remove_dir_all(root)?;
+    }
+    workspace::run(Command::new("dpkg-deb").arg("-R").arg(ddeb).arg(root))?;
+    let control_path = root.join("DEBIAN/control");
+    let control = fs::read_to_string(&control_path)
+        .with_context(|| format!("reading {}", control_path.display()))?;
+    let mut debugs = None;
+    let mut lines = Vec::new();
+    // One paragraph: an empty line (cargo-deb ends with one) would end it before Build-Ids.
+    for line in control.lines().filter(|l| !l.is_empty()) {
+        if line.starts_with("Priority: ") {
+            lines.push("Priority: optional".to_string());
+        } else if let Some(dep) = line.strip_prefix("Recommends: ") {
+            debugs = dep.split(' ').next().map(str::to_string);
+            lines.push(format!("Depends: {dep}"));
+        } else {
+            lines.push(line.to_string());
+        }
+    }
+    let Some(debugs) = debugs else {
+        bail!(
+            "{}: no `Recommends: PACKAGE (= VERSION)` (has cargo-deb changed?)",
+            control_path.display()
+        );
+    };
+    let ids = build_ids(&root.join("usr/lib/debug/.build-id"))?;
+    if ids.is_empty() {
+        bail!("{} holds no debug file", ddeb.display());
+    }
+    lines.push(format!("Build-Ids: {}", ids.join(" ")));
+    fs::write(&control_path, lines.join("\n") + "\n")?;
+    let doc = root.join("usr/share/doc");
+    fs::create_dir_all(&doc)?;
+    std::os::unix::fs::symlink(&debugs, doc.join(format!("{debugs}-dbgsym")))?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    workspace::run(
+        Command::new("dpkg-deb")
+            .args(["--root-owner-group", "-Zxz"])
+            .arg(format!("--threads-max={threads}"))
+            .arg("--build")
+            .arg(root)
+            .arg(ddeb),
+    )?;
+    fs::remove_dir_all(root)?;
+    Ok(())
+}
+
+/// The build ids of the debug files under a `.build-id` directory (`ab/cdef....debug`).
+fn build_ids(dir: &Path) -> Result<Vec<String>> {
+    let mut ids = Vec::new();
+    for prefix in fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let prefix = prefix?;
+        for file in fs::read_dir(prefix.path())? {
+            let name = file?.file_name().to_string_lossy().into_owned();
+            if let Some(rest) = name.strip_suffix(".debug") {
+                ids.push(format!("{}{rest}", prefix.file_name().to_string_lossy()));
+            }
+        }
+    }
+    ids.sort();
+    Ok(ids)
 }
 
 /// packaging/systemd/heartbeat-monitor.service with the package's binary, and the package's

@@ -1,11 +1,12 @@
 //! A local copy of the agent's view of its peers, kept current from its event stream, for the
 //! consumers that answer other systems (`monitor haproxy-agent`, `monitor track-file`).
 //!
-//! It follows the rule of docs/socket-protocol.md, "A consumer that loses nothing": subscribe
-//! first, then read every peer (`peers`) on a second connection and take that as the state;
-//! every change after the subscription arrives as an event as well, so applying the events in
-//! order on top of the snapshot ends where the agent is. After `lagged`, or after the
-//! connection ends (the agent restarted), it starts over. Addresses are not in the events: a
+//! It follows the rule of docs/socket-protocol.md, "A consumer that loses nothing", through the
+//! client library's `Subscriber` (with `every_peer`): subscribe first, then read every peer
+//! (`peers`) on a second connection and take that as the state; every change after the
+//! subscription arrives as an event as well, so applying the events in order on top of the
+//! snapshot ends where the agent is. After `lagged`, or after the connection ends (the agent
+//! restarted), it starts over. Addresses are not in the events: a
 //! second thread re-reads `peers` now and then and takes only their addresses (and peers it
 //! has not seen yet) from it, never a level, which an event may have changed since.
 //!
@@ -22,8 +23,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use monitor::serving::client::Client;
-use serde_json::{Value, json};
+use monitor::serving::client::{Client, Event, PeerView, ResyncReason, Subscriber, Update};
 
 /// What the cache holds of one peer.
 #[derive(Debug, Clone, PartialEq)]
@@ -173,50 +173,33 @@ impl PeerCache {
         self.changed(&mut state);
     }
 
+    /// Follows the agent until it speaks another protocol version (then stays not connected,
+    /// saying so): a resync replaces the copy, events change it, an outage marks it stale.
     fn follow_loop(&self, socket: &Path, retry: Duration) {
-        loop {
-            let why = match self.follow_once(socket) {
-                Ok(()) => "the agent closed the connection".to_string(),
-                Err(e) => format!("{e:#}"),
-            };
-            self.disconnected(why);
-            thread::sleep(retry);
-        }
-    }
-
-    /// One subscription: the snapshot, then events until the connection ends.
-    fn follow_once(&self, socket: &Path) -> anyhow::Result<()> {
-        let mut events = Client::connect(socket)?;
-        events.set_read_timeout(None)?;
-        let reply = events.request(&json!({"op": "subscribe"}))?;
-        if reply["ok"] != json!(true) {
-            anyhow::bail!("subscribe refused: {}", reply["error"]);
-        }
-        self.resync(socket)?;
-        loop {
-            let line = events.read_line()?;
-            let event: Value = serde_json::from_str(&line)?;
-            if event["event"] == json!("lagged") {
-                log::warn!(
-                    "missed {} events of the agent's; reading every peer again",
-                    event["missed"]
-                );
-                self.resync(socket)?;
-            } else {
-                self.apply(&event);
+        let subscriber = Subscriber::new(socket).every_peer().retry(retry, retry);
+        for update in subscriber {
+            match update {
+                Ok(Update::Resync {
+                    reason, suspects, ..
+                }) => {
+                    if let ResyncReason::Lagged { missed } = reason {
+                        log::warn!("missed {missed} events of the agent's; read every peer again");
+                    }
+                    self.resync(socket, &suspects);
+                }
+                Ok(Update::Event(event)) => self.apply(&event),
+                Ok(Update::Unknown(_)) => {}
+                Ok(Update::Disconnected(why)) => self.disconnected(why),
+                Err(e) => self.disconnected(e.to_string()),
             }
         }
     }
 
     /// Takes every peer as the agent says now (after subscribing).
-    fn resync(&self, socket: &Path) -> anyhow::Result<()> {
-        let peers = read_peers(socket)?;
+    fn resync(&self, socket: &Path, peers: &[PeerView]) {
         let mut state = self.lock();
         let now = Instant::now();
-        state.peers = peers
-            .iter()
-            .filter_map(|p| Some((p["id"].as_u64()?, from_view(p, now))))
-            .collect();
+        state.peers = peers.iter().map(|p| (p.id, from_view(p, now))).collect();
         if !state.connected {
             log::info!(
                 "following the agent at {}: {} peers",
@@ -227,36 +210,32 @@ impl PeerCache {
         state.connected = true;
         state.why_not.clear();
         self.changed(&mut state);
-        Ok(())
     }
 
     /// One event on top of the copy.
-    fn apply(&self, event: &Value) {
-        let Some(id) = event["id"].as_u64() else {
-            return;
-        };
+    fn apply(&self, event: &Event) {
         let mut state = self.lock();
         let now = Instant::now();
-        match event["event"].as_str() {
-            Some("suspect") => {
-                let peer = state.peers.entry(id).or_insert_with(|| blank(now));
-                peer.level = event["level"].as_f64();
-                peer.phi = event["phi"].as_f64();
-                peer.silence_ms = event["silence_ms"].as_f64().unwrap_or(0.0);
+        match event {
+            Event::Suspect(s) => {
+                let peer = state.peers.entry(s.id).or_insert_with(|| blank(now));
+                peer.level = Some(s.level);
+                peer.phi = Some(s.phi);
+                peer.silence_ms = s.silence_ms;
                 peer.observed = now;
             }
-            Some("recover") => {
-                let peer = state.peers.entry(id).or_insert_with(|| blank(now));
+            Event::Recover(r) => {
+                let peer = state.peers.entry(r.id).or_insert_with(|| blank(now));
                 peer.level = None;
                 peer.phi = None;
                 peer.silence_ms = 0.0;
                 peer.observed = now;
             }
-            Some("admit") => {
-                state.peers.entry(id).or_insert_with(|| blank(now));
+            Event::Admit { id, .. } => {
+                state.peers.entry(*id).or_insert_with(|| blank(now));
             }
-            Some("forget") => {
-                state.peers.remove(&id);
+            Event::Forget { id, .. } => {
+                state.peers.remove(id);
             }
             _ => return,
         }
@@ -279,9 +258,8 @@ impl PeerCache {
             let now = Instant::now();
             let mut changed = false;
             for p in &peers {
-                let Some(id) = p["id"].as_u64() else { continue };
                 let addr = addr_of(p);
-                match state.peers.get_mut(&id) {
+                match state.peers.get_mut(&p.id) {
                     // Only the address: the level may have changed by an event since.
                     Some(peer) if peer.addr != addr && addr.is_some() => {
                         peer.addr = addr;
@@ -291,7 +269,7 @@ impl PeerCache {
                     // Admitted before this read and after the copy's, its event still to
                     // come on the stream: the event will agree.
                     None => {
-                        state.peers.insert(id, from_view(p, now));
+                        state.peers.insert(p.id, from_view(p, now));
                         changed = true;
                     }
                 }
@@ -313,38 +291,28 @@ fn blank(now: Instant) -> PeerState {
     }
 }
 
-fn addr_of(p: &Value) -> Option<IpAddr> {
-    p["addr"]
-        .as_str()
+fn addr_of(p: &PeerView) -> Option<IpAddr> {
+    p.addr
+        .as_deref()
         .and_then(|a| a.parse::<SocketAddr>().ok())
         .map(|a| a.ip().to_canonical())
 }
 
-fn from_view(p: &Value, now: Instant) -> PeerState {
+fn from_view(p: &PeerView, now: Instant) -> PeerState {
     PeerState {
-        level: p["level"].as_f64(),
-        phi: p["phi"].as_f64(),
-        silence_ms: p["silence_ms"].as_f64().unwrap_or(0.0),
+        level: p.level,
+        phi: Some(p.phi),
+        silence_ms: p.silence_ms,
         observed: now,
         addr: addr_of(p),
     }
 }
 
-/// Every peer, retried while the agent says one is busy.
-fn read_peers(socket: &Path) -> anyhow::Result<Vec<Value>> {
+/// Every peer (a busy reply is repeated by the client).
+fn read_peers(socket: &Path) -> anyhow::Result<Vec<PeerView>> {
     let mut client = Client::connect(socket)?;
     client.set_read_timeout(Some(Duration::from_secs(30)))?;
-    for _ in 0..100 {
-        let reply = client.request(&json!({"op": "peers"}))?;
-        if reply["ok"] == json!(true) {
-            return Ok(reply["peers"].as_array().cloned().unwrap_or_default());
-        }
-        if reply["busy"] != json!(true) {
-            anyhow::bail!("peers refused: {}", reply["error"]);
-        }
-        thread::sleep(Duration::from_millis(5));
-    }
-    anyhow::bail!("peers: a peer stayed busy through 100 tries")
+    Ok(client.peers()?)
 }
 
 #[derive(Debug, PartialEq)]

@@ -271,9 +271,10 @@ pub enum ResyncReason {
 /// What a [`Subscriber`] yields.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Update {
-    /// The suspect set at the subscriber's threshold as the agent says now: take it as the
-    /// state in place of what you held. Peers you hold as suspected that are not in it were
-    /// heard meanwhile. `stats` is the agent's at this subscription.
+    /// The suspect set at the subscriber's threshold as the agent says now (every peer it
+    /// watches, with [`Subscriber::every_peer`]): take it as the state in place of what you
+    /// held. Peers you hold as suspected that are not in it were heard meanwhile. `stats` is
+    /// the agent's at this subscription.
     Resync {
         reason: ResyncReason,
         suspects: Vec<PeerView>,
@@ -299,6 +300,7 @@ pub enum Update {
 pub struct Subscriber {
     socket: PathBuf,
     threshold: Option<f64>,
+    every_peer: bool,
     retry: Duration,
     max_retry: Duration,
     delay: Duration,
@@ -315,6 +317,7 @@ impl Subscriber {
         Self {
             socket: socket.to_path_buf(),
             threshold: None,
+            every_peer: false,
             retry: Duration::from_millis(100),
             max_retry: Duration::from_secs(5),
             delay: Duration::from_millis(100),
@@ -331,6 +334,15 @@ impl Subscriber {
         self
     }
 
+    /// Resyncs with every peer the agent watches (`peers`) instead of the suspect set, for a
+    /// consumer that keeps every peer's state: the peers below every level too, and their
+    /// addresses (`monitor haproxy-agent` answers for servers named by address). The
+    /// threshold is then not used.
+    pub fn every_peer(mut self) -> Self {
+        self.every_peer = true;
+        self
+    }
+
     /// The first wait before reconnecting, and the longest.
     pub fn retry(mut self, first: Duration, max: Duration) -> Self {
         self.retry = first;
@@ -344,10 +356,16 @@ impl Subscriber {
         self.events.is_some()
     }
 
-    /// The agent's stats and its suspect set, from a connection of its own.
+    /// The agent's stats and its suspect set (or every peer), from a connection of its own.
     fn snapshot(&self) -> Result<(AgentStats, Vec<PeerView>), ClientError> {
         let mut client = Client::connect(&self.socket)?;
         let stats = client.stats()?;
+        if self.every_peer {
+            // Tens of thousands of peers are a reply of megabytes, written while the agent
+            // sweeps: more than the usual wait.
+            client.set_read_timeout(Some(Duration::from_secs(30)))?;
+            return Ok((stats, client.peers()?));
+        }
         Ok((stats, client.suspects(self.threshold)?))
     }
 
