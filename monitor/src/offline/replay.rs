@@ -74,9 +74,9 @@ pub fn replay(trace: &[Arrival], params: &DetectorParams, clock: ReplayClock) ->
     let estimate_of = |slot: &PeerSlot| {
         if params.needs_ring() {
             let ring: Vec<u32> = window_intervals(slot, config.window).collect();
-            params.estimate(&slot.record, &ring)
+            params.estimate(&slot.record(), &ring)
         } else {
-            params.estimate(&slot.record, &[])
+            params.estimate(&slot.record(), &[])
         }
     };
     let mut estimate = estimate_of(&slot);
@@ -107,7 +107,7 @@ pub fn replay(trace: &[Arrival], params: &DetectorParams, clock: ReplayClock) ->
                 mistake_ns += a.at_ns - since;
             }
         }
-        let silence_ms = (now - slot.record.last_arrival_ns) as f64 / 1e6;
+        let silence_ms = (now - slot.record().last_arrival_ns) as f64 / 1e6;
         let suspected = match params.model {
             Model::Fixed => silence_ms >= params.timeout_ms,
             _ => params.phi(&estimate, silence_ms) >= params.threshold,
@@ -133,7 +133,7 @@ pub fn replay(trace: &[Arrival], params: &DetectorParams, clock: ReplayClock) ->
         false_suspicions,
         detection_ms: detection.map(|d| d as f64 / 1e6),
         mean_detection_ms: {
-            let accepted = slot.record.heartbeats;
+            let accepted = slot.record().heartbeats;
             let mean = crossing_sum / accepted.max(1) as f64;
             (accepted > 0 && mean.is_finite()).then_some(mean)
         },
