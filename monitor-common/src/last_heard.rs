@@ -53,7 +53,10 @@ pub const fn word(arrival_ns: u64, count: u64) -> u64 {
 /// The word the kernel stores for a slot whose hot line is `hot`.
 #[inline(always)]
 pub const fn of_hot(hot: &crate::maps::PeerHot) -> u64 {
-    word(hot.last_arrival_ns, count(hot.heartbeats as u64, hot.left_out))
+    word(
+        hot.last_arrival_ns,
+        count(hot.heartbeats as u64, hot.left_out),
+    )
 }
 
 /// The same word, from the agent's view of the slot.

@@ -451,7 +451,9 @@ const _: () = assert!(core::mem::size_of::<PeerSlot>() == 704);
 // The lock and the hot fields fill the first line exactly; the cold ones the next two.
 const _: () = assert!(core::mem::offset_of!(PeerSlot, hot) == 8);
 const _: () = assert!(core::mem::offset_of!(PeerSlot, cold) == 64);
-const _: () = assert!(core::mem::offset_of!(PeerSlot, cold) + core::mem::offset_of!(PeerCold, auth_failures) == 128);
+const _: () = assert!(
+    core::mem::offset_of!(PeerSlot, cold) + core::mem::offset_of!(PeerCold, auth_failures) == 128
+);
 const _: () = assert!(core::mem::offset_of!(PeerSlot, ring_us) == 192);
 // The kernel writes source addresses as two 8-byte words.
 const _: () = assert!(core::mem::offset_of!(PeerCold, src_addr) % 8 == 0);

@@ -315,10 +315,7 @@ mod tests {
             ),
             "a state change"
         );
-        assert!(
-            note_bfd(&mut slot, &control()),
-            "Up at 100 ms: new timers"
-        );
+        assert!(note_bfd(&mut slot, &control()), "Up at 100 ms: new timers");
         let up = BfdControl {
             final_: false,
             ..control()

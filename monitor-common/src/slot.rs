@@ -561,7 +561,10 @@ mod tests {
         assert_eq!(slot.record().lost, 98);
         // Exactly 63 and 64 lost: the shifts at the edge.
         let slot = after([1, 65]);
-        assert_eq!((slot.record().lost, slot.record().missing), (63, u64::MAX >> 1));
+        assert_eq!(
+            (slot.record().lost, slot.record().missing),
+            (63, u64::MAX >> 1)
+        );
         let slot = after([1, 66]);
         assert_eq!((slot.record().lost, slot.record().missing), (64, u64::MAX));
         // Older gaps move up as newer heartbeats arrive, and still fill.

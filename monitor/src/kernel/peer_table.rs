@@ -332,8 +332,7 @@ impl PeerTable {
                 continue;
             }
             let id = owner(slot);
-            let fresh =
-                PeerSlot::admitted(id.unwrap_or(0), if id.is_some() { now_ns } else { 0 });
+            let fresh = PeerSlot::admitted(id.unwrap_or(0), if id.is_some() { now_ns } else { 0 });
             // SAFETY: we hold the slot's lock; the fields written are plain integers.
             unsafe { write_all_but_lock(self.slot_ptr(slot), &fresh) };
             self.last_heard_words()[slot as usize]
