@@ -406,6 +406,7 @@ pub fn window_intervals(slot: &PeerSlot, window: u32) -> impl Iterator<Item = u3
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::maps::PeerCold;
 
     const MS: u64 = 1_000_000;
 
@@ -472,6 +473,86 @@ mod tests {
         );
         slot.hot.left_out = u16::MAX;
         assert_eq!(step(&mut slot, 10, 9, 4, &c), (0, 0), "it wraps");
+    }
+
+    /// The one-line promise: an accepted heartbeat of the current incarnation with no gap
+    /// before it neither reads nor writes the cold lines. Writes: the cold part is unchanged
+    /// byte for byte. Reads: a slot whose cold part is garbage ends with the same hot line
+    /// and ring as one whose cold part is not.
+    #[test]
+    fn an_in_order_heartbeat_touches_the_hot_line_and_one_ring_entry_only() {
+        let c = XdpConfig {
+            window: 8,
+            max_interval_us: 500_000,
+            outage_factor: 4,
+            ..XdpConfig::default()
+        };
+        let mut clean = after([1, 2, 4, 5, 6]);
+        let mut garbage = clean;
+        garbage.cold = PeerCold {
+            highest_incarnation: u32::MAX,
+            previous_incarnation: 1,
+            lost: u64::MAX,
+            loss_gaps: u32::MAX,
+            loss_lost: u32::MAX,
+            burst_gaps: u32::MAX,
+            outages: u32::MAX,
+            restarts: u32::MAX,
+            ..garbage.cold
+        };
+        for seq in 7..40 {
+            let at = clean.hot.last_arrival_ns + (9 + seq % 3) * MS;
+            let (cold_before, ring_before) = (clean.cold, clean.ring_us);
+            let outcome = arrive(&mut clean, at, seq, 1, &c);
+            assert_eq!(outcome, Outcome::Accepted { lost: 0 });
+            assert_eq!(clean.cold, cold_before, "seq {seq}: a cold line written");
+            let changed = (0..MAX_WINDOW)
+                .filter(|&i| clean.ring_us[i] != ring_before[i])
+                .count();
+            assert!(changed <= 1, "seq {seq}: {changed} ring entries written");
+            assert_eq!(arrive(&mut garbage, at, seq, 1, &c), outcome);
+            assert_eq!(garbage.hot, clean.hot, "seq {seq}: the cold line was read");
+            assert_eq!(garbage.ring_us, clean.ring_us);
+        }
+    }
+
+    /// The view's sums are the ring's: what the kernel's running sums were before it stopped
+    /// keeping them, over a ring that wrapped several times.
+    #[test]
+    fn the_views_sums_are_the_windows() {
+        let mut slot = PeerSlot::admitted(7, 0);
+        let c = config();
+        const W: usize = 8;
+        assert_eq!(c.window as usize, W);
+        // The window as it should be, oldest first: the last `len` of the intervals.
+        let (mut window, mut len) = ([0u64; W], 0);
+        let mut at = 0;
+        for seq in 1..60u64 {
+            let gap = (seq * 7919) % 13 + 5;
+            at += gap * MS;
+            arrive(&mut slot, at, seq, 1, &c);
+            if seq > 1 {
+                if len == W {
+                    window.copy_within(1.., 0);
+                    len -= 1;
+                }
+                window[len] = gap * 1000;
+                len += 1;
+            }
+            let expected = &window[..len];
+            let r = slot.record();
+            assert_eq!(r.samples as usize, len);
+            assert_eq!(r.interval_sum_us, expected.iter().sum::<u64>());
+            assert_eq!(
+                r.interval_sum_sq_us,
+                expected.iter().map(|us| us * us).sum::<u64>()
+            );
+            assert!(
+                window_intervals(&slot, c.window)
+                    .map(u64::from)
+                    .eq(expected.iter().copied())
+            );
+        }
     }
 
     #[test]
