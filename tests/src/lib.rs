@@ -8,6 +8,7 @@ pub mod fixture;
 pub mod fleet_net;
 pub mod frr;
 pub mod http;
+pub mod limit;
 pub mod netns;
 pub mod packet;
 pub mod soak;
