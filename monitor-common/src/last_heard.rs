@@ -1,7 +1,7 @@
 //! The last-heard words: one `u64` per slot in a dense array (`LAST_HEARD`, ARRAY,
 //! BPF_F_MMAPABLE) that the kernel writes with every accepted heartbeat and the agent's sweep
 //! scans. Eight peers share a cache line, so a sweep over 50,000 peers reads 400 KiB in
-//! order instead of one line of each 700-byte slot; only a peer whose word says its estimate
+//! order instead of one line of each slot; only a peer whose word says its estimate
 //! may have to change costs a read of its slot (see the agent's tracker).
 //!
 //! A word packs the arrival time and the heartbeat count, written with one store so a reader
@@ -50,7 +50,16 @@ pub const fn word(arrival_ns: u64, count: u64) -> u64 {
     ((arrival_ns >> UNIT_SHIFT) << COUNT_BITS) | (count & COUNT_MASK)
 }
 
-/// The word the kernel stores for `record`.
+/// The word the kernel stores for a slot whose hot line is `hot`.
+#[inline(always)]
+pub const fn of_hot(hot: &crate::maps::PeerHot) -> u64 {
+    word(
+        hot.last_arrival_ns,
+        count(hot.heartbeats as u64, hot.left_out),
+    )
+}
+
+/// The same word, from the agent's view of the slot.
 #[inline(always)]
 pub const fn of_record(record: &crate::maps::PeerRecord) -> u64 {
     word(

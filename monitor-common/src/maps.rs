@@ -73,78 +73,302 @@ pub const FAMILY_NONE: u16 = 0;
 pub const FAMILY_IPV4: u16 = 4;
 pub const FAMILY_IPV6: u16 = 6;
 
-/// One slot of the mmapable array: a sequence counter, the peer's record, and its ring of
-/// recent intervals.
+/// One slot of the mmapable array: a sequence counter and the peer's hot line, its cold
+/// lines, and its ring of recent intervals.
 ///
 /// Concurrency: `lock` is a sequence counter. A writer (the XDP program on any CPU, or the
 /// agent while it (re)initialises a slot) moves it from even to odd with a compare-and-swap,
 /// writes, and adds one again; a reader copies what it needs and retries when the counter was
 /// odd or changed meanwhile. A CPU that finds the slot odd does not wait: it counts the
 /// heartbeat as `contended` and moves on (one peer's heartbeats normally land on one RX queue,
-/// so this is rare). The record comes first so that a reader that needs no ring copies only it.
+/// so this is rare).
 ///
 /// Cache lines: slots are 64-byte aligned and a multiple of 64 bytes long (the array's values
-/// start on a page), so an accepted heartbeat touches the slot's first two lines (the lock and
-/// the record's hot fields, see [`PeerRecord`]) and the line of its ring entry.
+/// start on a page). An accepted, in-order heartbeat reads one line of the slot, the first:
+/// the lock and [`PeerHot`], everything the window rules (`crate::slot`) read and write on that
+/// path. It also stores, without reading anything there, the source address in the first cold
+/// line and the interval into its ring entry; the kernel keeps no running sums, so nothing of
+/// the ring is ever read in the kernel. The agent computes the window's sums from the ring when
+/// it reads a slot ([`PeerSlot::record`]), which it does for a few heartbeats in a hundred.
+/// [`PeerCold`] holds what only the rare paths touch: duplicates, late heartbeats, gaps,
+/// restarts, outages, authentication failures and BFD.
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Debug)]
 pub struct PeerSlot {
     /// Sequence counter, see above. 64 bits: the BPF target has no 32-bit atomics.
     pub lock: u64,
-    pub record: PeerRecord,
-    /// The last `record.samples` intervals in microseconds, a ring ending before
-    /// `record.ring_head`.
+    /// The rest of the first line.
+    pub hot: PeerHot,
+    /// The next two lines.
+    pub cold: PeerCold,
+    /// The last `hot.samples` intervals in microseconds: a ring ending before `hot.ring_head`
+    /// once full, its first `hot.samples` entries while it fills. Written by the kernel, read
+    /// by the agent only.
     pub ring_us: [u32; MAX_WINDOW],
 }
 
-impl PeerSlot {
-    /// A free-standing slot for a peer admitted at `now_ns` (offline replay keeps one).
-    pub const fn admitted(peer_id: u64, now_ns: u64) -> Self {
-        Self {
-            lock: 0,
-            record: PeerRecord::admitted(peer_id, now_ns),
-            ring_us: [0; MAX_WINDOW],
-        }
-    }
-}
-
-/// Everything about a peer except its ring of intervals.
-///
-/// Ordered by how often the kernel touches a field: with the slot's lock, the first 56 bytes
-/// fill the slot's first cache line (every heartbeat reads or writes them); the next 64 bytes
-/// are its second line (every accepted heartbeat, or every loss); the counters of duplicates,
-/// late heartbeats, authentication failures, outages and restarts come last, beside the ring,
-/// and are written only when those happen.
+/// What every accepted, in-order heartbeat reads or writes: with the slot's lock, one cache
+/// line. Widths are what the rules need, not more: see each field.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PeerRecord {
+pub struct PeerHot {
     /// Peer id the agent stamped into this slot; the kernel ignores heartbeats whose id differs.
     pub peer_id: u64,
     /// bpf_ktime_get_ns (CLOCK_MONOTONIC) of the last accepted heartbeat, or of admission
     /// while `heartbeats` is zero.
     pub last_arrival_ns: u64,
-    /// Sequence number of the last accepted heartbeat.
+    /// Sequence number of the last accepted heartbeat (the wire's 64 bits).
     pub last_seq: u64,
-    /// Heartbeats accepted (in order, not duplicates).
-    pub heartbeats: u64,
-    /// Sum of the intervals in the window, microseconds.
-    pub interval_sum_us: u64,
-    /// Sum of the squared intervals in the window, microseconds squared.
-    pub interval_sum_sq_us: u64,
-    /// Intervals in the window (0..=window).
-    pub samples: u32,
-    /// Next ring position to write.
-    pub ring_head: u16,
+    /// Which of the [`crate::slot::MISSING_SPAN`] sequence numbers below `last_seq` were
+    /// counted in `lost` and have not arrived since: bit i is `last_seq - 1 - i`. Only a late
+    /// heartbeat whose bit is set takes one off `lost` (and clears it).
+    pub missing: u64,
+    /// Heartbeats accepted (in order, not duplicates), modulo 2^32 with 0 skipped: zero means
+    /// none yet. 32 bits are 13 years of heartbeats at 10 Hz; the last-heard word keeps only 20
+    /// of them, and the agent only ever takes differences.
+    pub heartbeats: u32,
+    /// Incarnation (sender epoch) of the last accepted heartbeat.
+    pub incarnation: u32,
+    /// The window's running mean interval for the outage rule (rule 5 of `crate::slot`), in
+    /// 1/[`crate::slot::MEAN_SCALE`] µs: an exponentially weighted mean, integers only, so
+    /// replay computes the very same. At most `MAX_INTERVAL_US * MEAN_SCALE`, below 2^32.
+    pub mean_scaled_us: u32,
+    /// Recent loss (`crate::slot`), the counts every heartbeat moves: `loss_heartbeats`
+    /// accepted heartbeats that followed another of the same incarnation, `burst_heartbeats`
+    /// of them within [`crate::slot::BURST_MEMORY`] heartbeats of a gap. Halved (with the gap
+    /// counts in [`PeerCold`]) when `loss_heartbeats` reaches [`crate::slot::LOSS_MEMORY`],
+    /// so 16 bits hold them.
+    pub loss_heartbeats: u16,
+    pub burst_heartbeats: u16,
+    /// Intervals in the window (0..=window, at most [`MAX_WINDOW`]: 8 bits).
+    pub samples: u8,
+    /// Next ring position to write (below [`MAX_WINDOW`]).
+    pub ring_head: u8,
     /// Intervals left out of the window since admission (rules 2-5 of `crate::slot`: across a
     /// restart or a new epoch, over the cap, across lost heartbeats in a gapless window, an
     /// outage), modulo 2^16. It advances the last-heard word's count too
     /// (`crate::last_heard::count`), so a reader of the words alone knows whether every
     /// interval since it last read the slot entered the window.
     pub left_out: u16,
-    // The slot's second line.
-    /// Which of the [`crate::slot::MISSING_SPAN`] sequence numbers below `last_seq` were
-    /// counted in `lost` and have not arrived since: bit i is `last_seq - 1 - i`. Only a late
-    /// heartbeat whose bit is set takes one off `lost` (and clears it).
+    /// Consecutive intervals that were outages (at most [`crate::slot::OUTAGE_RUN`]); a run
+    /// of them is the path, not an outage.
+    pub outage_run: u8,
+    /// Heartbeats left in the current loss burst: set to [`crate::slot::BURST_MEMORY`] by a
+    /// heartbeat that came after a gap, counted down by each one that did not; 0 = no recent loss.
+    pub burst_left: u8,
+    /// Non-zero: every arrival of this peer is also written to the ARRIVALS ring buffer
+    /// (`monitor record`). Set and cleared by the agent.
+    pub traced: u8,
+    /// [`crate::passive::SOURCE_HEARTBEAT`], `SOURCE_BFD` or `SOURCE_FLOW`: stamped by the agent
+    /// at admission; the kernel records a passive packet only into a slot of its source.
+    pub source: u8,
+}
+
+/// What only the rare paths read: the first line takes the source address (stored by every
+/// accepted heartbeat, never read by the kernel) and the counts of gaps and repeats; the second
+/// restarts, outages, authentication failures (an atomic add from any CPU, kept off the line
+/// every heartbeat stores into) and BFD.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerCold {
+    /// Source address of the last accepted heartbeat; IPv4 as the last 4 bytes of an
+    /// IPv4-mapped IPv6 address.
+    pub src_addr: [u8; 16],
+    /// [`FAMILY_IPV4`], [`FAMILY_IPV6`] or [`FAMILY_NONE`].
+    pub src_family: u16,
+    /// Source UDP port of the last accepted heartbeat, host order.
+    pub src_port: u16,
+    /// Of `PeerHot::loss_heartbeats`, those that came after a gap in the sequence; the gaps
+    /// lost `loss_lost` heartbeats; `burst_gaps` of the gaps came inside a burst
+    /// (`PeerHot::burst_heartbeats`). Written only by a heartbeat after a gap, and halved with
+    /// the hot counts.
+    pub loss_gaps: u32,
+    pub loss_lost: u32,
+    pub burst_gaps: u32,
+    /// Sequence numbers skipped (net of late arrivals that filled a counted gap).
+    pub lost: u64,
+    /// Heartbeats repeating the last accepted sequence number.
+    pub duplicates: u64,
+    /// Heartbeats older than the last accepted one (or from an older incarnation).
+    pub out_of_order: u64,
+    pub _pad0: u64,
+    // The second cold line.
+    /// Heartbeats whose authentication failed.
+    pub auth_failures: u64,
+    /// Intervals left out of the window as outages (`crate::slot`), since admission.
+    pub outages: u32,
+    /// Times a new incarnation (sender restart) was accepted, since admission.
+    pub restarts: u32,
+    /// The highest incarnation accepted since admission: one above it is a restart whatever
+    /// its sequence number (it cannot be a replay of anything this slot heard).
+    pub highest_incarnation: u32,
+    /// The incarnation before the current one (0 before the first restart): with
+    /// authentication, never taken back by a restart that goes backwards (`crate::slot`).
+    pub previous_incarnation: u32,
+    /// BFD (`crate::passive`): the session state the peer reported in its last packet
+    /// (`crate::passive::BFD_UP`...).
+    pub bfd_state: u8,
+    /// BFD: the diagnostic code of its last packet.
+    pub bfd_diag: u8,
+    /// BFD: its Detect Mult.
+    pub bfd_detect_mult: u8,
+    pub _pad1: u8,
+    /// BFD: times the reported state changed, so a reader that looks now and then still sees
+    /// a Down that came and went between two looks.
+    pub bfd_transitions: u32,
+    /// BFD: the peer's Desired Min TX Interval (µs). A change starts a fresh window.
+    pub bfd_desired_min_tx_us: u32,
+    /// BFD: the peer's Required Min RX Interval (µs).
+    pub bfd_required_min_rx_us: u32,
+    /// BFD: My Discriminator of the peer (the session's key, with the source address).
+    pub bfd_my_discriminator: u32,
+    /// BFD: Your Discriminator (ours, as the peer knows it).
+    pub bfd_your_discriminator: u32,
+    pub _pad2: [u32; 4],
+}
+
+impl PeerSlot {
+    /// A slot for a heartbeat peer admitted at `now_ns`, with no heartbeat yet: its silence
+    /// counts from admission (offline replay keeps one of its own).
+    pub const fn admitted(peer_id: u64, now_ns: u64) -> Self {
+        Self::admitted_passive(peer_id, now_ns, crate::passive::SOURCE_HEARTBEAT)
+    }
+
+    /// A slot for a peer of `source` (`crate::passive`) admitted at `now_ns`.
+    pub const fn admitted_passive(peer_id: u64, now_ns: u64, source: u8) -> Self {
+        Self {
+            lock: 0,
+            hot: PeerHot {
+                peer_id,
+                last_arrival_ns: now_ns,
+                last_seq: 0,
+                missing: 0,
+                heartbeats: 0,
+                incarnation: 0,
+                mean_scaled_us: 0,
+                loss_heartbeats: 0,
+                burst_heartbeats: 0,
+                samples: 0,
+                ring_head: 0,
+                left_out: 0,
+                outage_run: 0,
+                burst_left: 0,
+                traced: 0,
+                source,
+            },
+            cold: PeerCold {
+                src_addr: [0; 16],
+                src_family: FAMILY_NONE,
+                src_port: 0,
+                loss_gaps: 0,
+                loss_lost: 0,
+                burst_gaps: 0,
+                lost: 0,
+                duplicates: 0,
+                out_of_order: 0,
+                _pad0: 0,
+                auth_failures: 0,
+                outages: 0,
+                restarts: 0,
+                highest_incarnation: 0,
+                previous_incarnation: 0,
+                bfd_state: 0,
+                bfd_diag: 0,
+                bfd_detect_mult: 0,
+                _pad1: 0,
+                bfd_transitions: 0,
+                bfd_desired_min_tx_us: 0,
+                bfd_required_min_rx_us: 0,
+                bfd_my_discriminator: 0,
+                bfd_your_discriminator: 0,
+                _pad2: [0; 4],
+            },
+            ring_us: [0; MAX_WINDOW],
+        }
+    }
+
+    /// The userspace view of the slot: its fields, and the window's sums computed from the
+    /// ring (the kernel keeps none). The window is the ring's first `samples` entries whatever
+    /// `ring_head` says: while it fills those are the ones written, once full all of them are.
+    pub fn record(&self) -> PeerRecord {
+        let (h, c) = (&self.hot, &self.cold);
+        let samples = (h.samples as usize).min(MAX_WINDOW);
+        let (mut sum, mut sum_sq) = (0u64, 0u64);
+        for &us in &self.ring_us[..samples] {
+            let us = us as u64;
+            sum += us;
+            sum_sq += us * us;
+        }
+        PeerRecord {
+            peer_id: h.peer_id,
+            last_arrival_ns: h.last_arrival_ns,
+            last_seq: h.last_seq,
+            heartbeats: h.heartbeats as u64,
+            interval_sum_us: sum,
+            interval_sum_sq_us: sum_sq,
+            samples: samples as u32,
+            ring_head: h.ring_head as u16,
+            left_out: h.left_out,
+            missing: h.missing,
+            lost: c.lost,
+            incarnation: h.incarnation,
+            loss_heartbeats: h.loss_heartbeats as u32,
+            src_family: c.src_family,
+            src_port: c.src_port,
+            outage_run: h.outage_run as u16,
+            burst_left: h.burst_left,
+            traced: h.traced,
+            src_addr: c.src_addr,
+            loss_gaps: c.loss_gaps,
+            loss_lost: c.loss_lost,
+            burst_heartbeats: h.burst_heartbeats as u32,
+            burst_gaps: c.burst_gaps,
+            duplicates: c.duplicates,
+            out_of_order: c.out_of_order,
+            auth_failures: c.auth_failures,
+            outages: c.outages,
+            restarts: c.restarts,
+            highest_incarnation: c.highest_incarnation,
+            previous_incarnation: c.previous_incarnation,
+            source: h.source,
+            bfd_state: c.bfd_state,
+            bfd_diag: c.bfd_diag,
+            bfd_detect_mult: c.bfd_detect_mult,
+            bfd_transitions: c.bfd_transitions,
+            bfd_desired_min_tx_us: c.bfd_desired_min_tx_us,
+            bfd_required_min_rx_us: c.bfd_required_min_rx_us,
+            bfd_my_discriminator: c.bfd_my_discriminator,
+            bfd_your_discriminator: c.bfd_your_discriminator,
+        }
+    }
+}
+
+/// A slot as the agent sees it ([`PeerSlot::record`]): every field of the slot, widened, and
+/// the window's sums, which the kernel no longer keeps, filled in from the ring. Nothing
+/// stores this in a map; the detector and the socket read it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerRecord {
+    /// Peer id the agent stamped into this slot.
+    pub peer_id: u64,
+    /// bpf_ktime_get_ns (CLOCK_MONOTONIC) of the last accepted heartbeat, or of admission
+    /// while `heartbeats` is zero.
+    pub last_arrival_ns: u64,
+    /// Sequence number of the last accepted heartbeat.
+    pub last_seq: u64,
+    /// Heartbeats accepted (in order, not duplicates): `PeerHot::heartbeats`.
+    pub heartbeats: u64,
+    /// Sum of the intervals in the window, microseconds (from the ring).
+    pub interval_sum_us: u64,
+    /// Sum of the squared intervals in the window, microseconds squared (from the ring).
+    pub interval_sum_sq_us: u64,
+    /// Intervals in the window (0..=window).
+    pub samples: u32,
+    /// Next ring position to write.
+    pub ring_head: u16,
+    /// `PeerHot::left_out`.
+    pub left_out: u16,
+    /// `PeerHot::missing`.
     pub missing: u64,
     /// Sequence numbers skipped (net of late arrivals that filled a counted gap).
     pub lost: u64,
@@ -165,11 +389,9 @@ pub struct PeerRecord {
     pub src_port: u16,
     /// Consecutive intervals that were outages; a run of them is the path, not an outage.
     pub outage_run: u16,
-    /// Heartbeats left in the current loss burst: set to [`crate::slot::BURST_MEMORY`] by a
-    /// heartbeat that came after a gap, counted down by each one that did not; 0 = no recent loss.
+    /// `PeerHot::burst_left`.
     pub burst_left: u8,
-    /// Non-zero: every arrival of this peer is also written to the ARRIVALS ring buffer
-    /// (`monitor record`). Set and cleared by the agent.
+    /// Non-zero: the peer's arrivals are traced (`monitor record`).
     pub traced: u8,
     /// Source address of the last accepted heartbeat; IPv4 as the last 4 bytes of an
     /// IPv4-mapped IPv6 address.
@@ -178,7 +400,6 @@ pub struct PeerRecord {
     pub loss_lost: u32,
     pub burst_heartbeats: u32,
     pub burst_gaps: u32,
-    // Cold: written only when what they count happens.
     /// Heartbeats repeating the last accepted sequence number.
     pub duplicates: u64,
     /// Heartbeats older than the last accepted one (or from an older incarnation).
@@ -189,16 +410,11 @@ pub struct PeerRecord {
     pub outages: u32,
     /// Times a new incarnation (sender restart) was accepted, since admission.
     pub restarts: u32,
-    /// The highest incarnation accepted since admission: one above it is a restart whatever
-    /// its sequence number (it cannot be a replay of anything this slot heard).
+    /// `PeerCold::highest_incarnation`.
     pub highest_incarnation: u32,
-    /// The incarnation before the current one (0 before the first restart): with
-    /// authentication, never taken back by a restart that goes backwards (`crate::slot`).
+    /// `PeerCold::previous_incarnation`.
     pub previous_incarnation: u32,
-    // Passive sources (`crate::passive`), cold too: set at admission, or written by BFD
-    // packets only.
-    /// [`crate::passive::SOURCE_HEARTBEAT`], `SOURCE_BFD` or `SOURCE_FLOW`: stamped by the agent
-    /// at admission; the kernel records a passive packet only into a slot of its source.
+    /// [`crate::passive::SOURCE_HEARTBEAT`], `SOURCE_BFD` or `SOURCE_FLOW`.
     pub source: u8,
     /// BFD: the session state the peer reported in its last packet (`crate::passive::BFD_UP`...).
     pub bfd_state: u8,
@@ -206,92 +422,48 @@ pub struct PeerRecord {
     pub bfd_diag: u8,
     /// BFD: its Detect Mult.
     pub bfd_detect_mult: u8,
-    /// BFD: times the reported state changed, so a reader that looks now and then still sees
-    /// a Down that came and went between two looks.
+    /// BFD: times the reported state changed.
     pub bfd_transitions: u32,
-    /// BFD: the peer's Desired Min TX Interval (µs). A change starts a fresh window.
+    /// BFD: the peer's Desired Min TX Interval (µs).
     pub bfd_desired_min_tx_us: u32,
     /// BFD: the peer's Required Min RX Interval (µs).
     pub bfd_required_min_rx_us: u32,
-    /// BFD: My Discriminator of the peer (the session's key, with the source address).
+    /// BFD: My Discriminator of the peer.
     pub bfd_my_discriminator: u32,
     /// BFD: Your Discriminator (ours, as the peer knows it).
     pub bfd_your_discriminator: u32,
 }
 
 impl PeerRecord {
-    /// A peer admitted at `now_ns`, with no heartbeat yet: its silence counts from admission.
-    pub const fn admitted(peer_id: u64, now_ns: u64) -> Self {
-        Self {
-            peer_id,
-            last_arrival_ns: now_ns,
-            last_seq: 0,
-            heartbeats: 0,
-            lost: 0,
-            missing: 0,
-            duplicates: 0,
-            out_of_order: 0,
-            auth_failures: 0,
-            interval_sum_us: 0,
-            interval_sum_sq_us: 0,
-            samples: 0,
-            ring_head: 0,
-            left_out: 0,
-            incarnation: 0,
-            src_family: FAMILY_NONE,
-            src_port: 0,
-            src_addr: [0; 16],
-            loss_heartbeats: 0,
-            loss_gaps: 0,
-            loss_lost: 0,
-            burst_heartbeats: 0,
-            burst_gaps: 0,
-            outages: 0,
-            restarts: 0,
-            highest_incarnation: 0,
-            previous_incarnation: 0,
-            outage_run: 0,
-            burst_left: 0,
-            traced: 0,
-            source: crate::passive::SOURCE_HEARTBEAT,
-            bfd_state: 0,
-            bfd_diag: 0,
-            bfd_detect_mult: 0,
-            bfd_transitions: 0,
-            bfd_desired_min_tx_us: 0,
-            bfd_required_min_rx_us: 0,
-            bfd_my_discriminator: 0,
-            bfd_your_discriminator: 0,
-        }
+    /// The view of [`PeerSlot::admitted`].
+    pub fn admitted(peer_id: u64, now_ns: u64) -> Self {
+        PeerSlot::admitted(peer_id, now_ns).record()
     }
 
-    /// A passive peer of `source` (`crate::passive`) admitted at `now_ns`.
-    pub const fn admitted_passive(peer_id: u64, now_ns: u64, source: u8) -> Self {
-        let mut record = Self::admitted(peer_id, now_ns);
-        record.source = source;
-        record
+    /// The view of [`PeerSlot::admitted_passive`].
+    pub fn admitted_passive(peer_id: u64, now_ns: u64, source: u8) -> Self {
+        PeerSlot::admitted_passive(peer_id, now_ns, source).record()
     }
 }
 
-// The kernel writes source addresses as two 8-byte words.
-const _: () = assert!(core::mem::size_of::<PeerSlot>().is_multiple_of(64));
-// Eleven cache lines; the passive sources' fields fit in what alignment left over.
+// Eleven cache lines: the hot one, two cold ones, eight of ring.
 const _: () = assert!(core::mem::size_of::<PeerSlot>() == 704);
-// The hot fields: the lock and the record up to `left_out` in the first line, the rest up to
-// `burst_gaps` in the second.
+// The lock and the hot fields fill the first line exactly; the cold ones the next two.
+const _: () = assert!(core::mem::offset_of!(PeerSlot, hot) == 8);
+const _: () = assert!(core::mem::offset_of!(PeerSlot, cold) == 64);
 const _: () = assert!(
-    core::mem::offset_of!(PeerSlot, record) + core::mem::offset_of!(PeerRecord, missing) == 64
+    core::mem::offset_of!(PeerSlot, cold) + core::mem::offset_of!(PeerCold, auth_failures) == 128
 );
-const _: () = assert!(
-    core::mem::offset_of!(PeerSlot, record) + core::mem::offset_of!(PeerRecord, duplicates) == 128
-);
-const _: () = assert!(core::mem::offset_of!(PeerSlot, record) % 8 == 0);
-const _: () = assert!(core::mem::offset_of!(PeerRecord, src_addr) % 8 == 0);
+const _: () = assert!(core::mem::offset_of!(PeerSlot, ring_us) == 192);
+// The kernel writes source addresses as two 8-byte words.
+const _: () = assert!(core::mem::offset_of!(PeerCold, src_addr) % 8 == 0);
 const _: () = assert!(core::mem::offset_of!(UnknownPeerReport, src_addr) % 8 == 0);
+// `samples` (up to the window) and `ring_head` are bytes.
+const _: () = assert!(MAX_WINDOW <= u8::MAX as usize);
 
 /// Version of everything a restarted agent reads from pinned maps: bump it whenever a map's
 /// layout or meaning changes, so an agent never misreads state pinned by another build.
-pub const LAYOUT_VERSION: u32 = 13;
+pub const LAYOUT_VERSION: u32 = 14;
 /// "HBMPIN\0\0".
 pub const META_MAGIC: u64 = u64::from_le_bytes(*b"HBMPIN\0\0");
 

@@ -137,21 +137,22 @@ pub fn decode_bfd(words: [u64; 3], payload_len: usize) -> Result<BfdControl, Bfd
 /// answers a Poll with Final (our side changed its Required Min RX Interval, which bounds the
 /// peer's rate too).
 #[inline(always)]
-pub fn note_bfd(record: &mut crate::maps::PeerRecord, c: &BfdControl) -> bool {
-    let heard = record.heartbeats != 0;
-    let changed = heard && record.bfd_state != c.state;
+pub fn note_bfd(slot: &mut crate::maps::PeerSlot, c: &BfdControl) -> bool {
+    let heard = slot.hot.heartbeats != 0;
+    let cold = &mut slot.cold;
+    let changed = heard && cold.bfd_state != c.state;
     let new_epoch =
-        heard && (changed || record.bfd_desired_min_tx_us != c.desired_min_tx_us || c.final_);
+        heard && (changed || cold.bfd_desired_min_tx_us != c.desired_min_tx_us || c.final_);
     if changed {
-        record.bfd_transitions += 1;
+        cold.bfd_transitions += 1;
     }
-    record.bfd_state = c.state;
-    record.bfd_diag = c.diag;
-    record.bfd_detect_mult = c.detect_mult;
-    record.bfd_desired_min_tx_us = c.desired_min_tx_us;
-    record.bfd_required_min_rx_us = c.required_min_rx_us;
-    record.bfd_my_discriminator = c.my_discriminator;
-    record.bfd_your_discriminator = c.your_discriminator;
+    cold.bfd_state = c.state;
+    cold.bfd_diag = c.diag;
+    cold.bfd_detect_mult = c.detect_mult;
+    cold.bfd_desired_min_tx_us = c.desired_min_tx_us;
+    cold.bfd_required_min_rx_us = c.required_min_rx_us;
+    cold.bfd_my_discriminator = c.my_discriminator;
+    cold.bfd_your_discriminator = c.your_discriminator;
     new_epoch
 }
 
@@ -261,11 +262,12 @@ mod tests {
 
     #[test]
     fn a_session_announces_its_interval_and_once_a_second_while_not_up() {
-        use crate::maps::PeerRecord;
-        let mut record = PeerRecord::admitted_passive(1, 0, SOURCE_BFD);
+        use crate::maps::PeerSlot;
+        let mut slot = PeerSlot::admitted_passive(1, 0, SOURCE_BFD);
         // No packet yet: no timers to go by.
-        assert_eq!(record.announced_interval_us(), None);
-        note_bfd(&mut record, &control());
+        assert_eq!(slot.record().announced_interval_us(), None);
+        note_bfd(&mut slot, &control());
+        let mut record = slot.record();
         assert_eq!(record.announced_interval_us(), Some(100_000));
         // Not Up: 1 s at the fastest (RFC 5880 6.8.3), slower if it says so.
         record.bfd_state = BFD_DOWN;
@@ -273,7 +275,7 @@ mod tests {
         record.bfd_desired_min_tx_us = 2_000_000;
         assert_eq!(record.announced_interval_us(), Some(2_000_000));
         // A flow, or a heartbeat peer, announces nothing.
-        let mut flow = PeerRecord::admitted_passive(2, 0, SOURCE_FLOW);
+        let mut flow = PeerSlot::admitted_passive(2, 0, SOURCE_FLOW).record();
         flow.bfd_desired_min_tx_us = 100_000;
         assert_eq!(flow.announced_interval_us(), None);
     }
@@ -335,7 +337,7 @@ mod tests {
 
     #[test]
     fn a_session_records_its_state_changes_and_new_timers() {
-        let mut record = crate::maps::PeerRecord::admitted_passive(1, 0, SOURCE_BFD);
+        let mut slot = crate::maps::PeerSlot::admitted_passive(1, 0, SOURCE_BFD);
         let slow = BfdControl {
             state: BFD_DOWN,
             desired_min_tx_us: 1_000_000,
@@ -343,13 +345,13 @@ mod tests {
             ..control()
         };
         assert!(
-            !note_bfd(&mut record, &slow),
+            !note_bfd(&mut slot, &slow),
             "the first packet is no new epoch"
         );
-        record.heartbeats = 1;
+        slot.hot.heartbeats = 1;
         assert!(
             note_bfd(
-                &mut record,
+                &mut slot,
                 &BfdControl {
                     state: BFD_INIT,
                     ..slow
@@ -357,44 +359,41 @@ mod tests {
             ),
             "a state change"
         );
-        assert!(
-            note_bfd(&mut record, &control()),
-            "Up at 100 ms: new timers"
-        );
+        assert!(note_bfd(&mut slot, &control()), "Up at 100 ms: new timers");
         let up = BfdControl {
             final_: false,
             ..control()
         };
-        assert!(!note_bfd(&mut record, &up));
-        assert_eq!(record.bfd_transitions, 2);
+        assert!(!note_bfd(&mut slot, &up));
+        assert_eq!(slot.cold.bfd_transitions, 2);
         assert_eq!(
-            (record.bfd_state, record.bfd_desired_min_tx_us),
+            (slot.cold.bfd_state, slot.cold.bfd_desired_min_tx_us),
             (BFD_UP, 100_000)
         );
         // Every state change, with the timers it had while Down (FRR announces its
         // configured interval throughout, and sends once a second until Up): the first packet
         // is admission's, then Down, Init, Up and Down again.
-        let mut record = crate::maps::PeerRecord::admitted_passive(1, 0, SOURCE_BFD);
+        let mut slot = crate::maps::PeerSlot::admitted_passive(1, 0, SOURCE_BFD);
         let down = BfdControl {
             state: BFD_DOWN,
             ..up
         };
-        assert!(!note_bfd(&mut record, &down), "the first packet");
-        record.heartbeats = 1;
-        assert!(!note_bfd(&mut record, &down), "still Down");
+        assert!(!note_bfd(&mut slot, &down), "the first packet");
+        slot.hot.heartbeats = 1;
+        assert!(!note_bfd(&mut slot, &down), "still Down");
         assert!(note_bfd(
-            &mut record,
+            &mut slot,
             &BfdControl {
                 state: BFD_INIT,
                 ..up
             }
         ));
-        assert!(note_bfd(&mut record, &up), "Init to Up");
-        assert!(!note_bfd(&mut record, &up));
+        assert!(note_bfd(&mut slot, &up), "Init to Up");
+        assert!(!note_bfd(&mut slot, &up));
         // A Final answers our side's Poll: our Required Min RX changed.
-        assert!(note_bfd(&mut record, &BfdControl { final_: true, ..up }));
+        assert!(note_bfd(&mut slot, &BfdControl { final_: true, ..up }));
         // Going Down: once a second from now on.
-        assert!(note_bfd(&mut record, &down));
+        assert!(note_bfd(&mut slot, &down));
     }
 
     #[test]

@@ -20,7 +20,9 @@
 //! 4. With [`XDP_FLAG_GAPLESS_WINDOW`], an interval that spans lost heartbeats is not counted
 //!    (the loss-aware model weighs loss through the loss counters instead).
 //! 5. Outages: with `outage_factor` K, once the window holds [`OUTAGE_MIN_SAMPLES`], an
-//!    interval longer than K times the window's mean is an outage (a crash, a partition, a
+//!    interval longer than K times the window's running mean (an exponentially weighted mean
+//!    of the intervals it took, [`MEAN_SCALE`]; the kernel keeps no sums over the window) is
+//!    an outage (a crash, a partition, a
 //!    pause), not a sample of the path: not counted, so one outage does not teach the detector
 //!    to wait out the next one. A run of more than [`OUTAGE_RUN`] such intervals in a row is
 //!    the path itself (the sender slowed down, the route changed): from then on they count,
@@ -36,13 +38,13 @@
 
 use crate::{
     config::{XDP_FLAG_GAPLESS_WINDOW, XDP_FLAG_REQUIRE_AUTH, XdpConfig},
-    maps::{MAX_INTERVAL_US, MAX_WINDOW, PeerRecord, PeerSlot},
+    maps::{MAX_INTERVAL_US, MAX_WINDOW, PeerSlot},
 };
 
 /// The outage rule applies once the window holds this many samples (a mean of fewer is noise).
 pub const OUTAGE_MIN_SAMPLES: u32 = 4;
 /// Consecutive outages left out before long intervals are taken as the path's new normal.
-pub const OUTAGE_RUN: u16 = 3;
+pub const OUTAGE_RUN: u8 = 3;
 /// A peer is inside a loss burst until this many heartbeats have arrived without a gap since
 /// the last gap. Long enough to span the good stretches inside a burst (a path that loses 40%
 /// delivers runs of a few), short enough that one stray loss is forgotten within seconds.
@@ -72,7 +74,7 @@ pub const fn fresh_incarnation(incarnation: u32, wall_s: u64) -> bool {
 }
 
 /// Whether a heartbeat of another incarnation than the current one, but not above every one
-/// `record` has seen, is its sender restarting all the same (rule 1):
+/// `slot` has seen, is its sender restarting all the same (rule 1):
 /// - its sequence starts over (below [`RESTART_SEQ`]): a straggler of an older epoch carries
 ///   that epoch's later numbers;
 /// - with [`XDP_FLAG_REQUIRE_AUTH`], also: not the incarnation before the current one, and
@@ -85,17 +87,17 @@ pub const fn fresh_incarnation(incarnation: u32, wall_s: u64) -> bool {
 /// numbers look like a replay, or very late heartbeats): `monitor send` never reuses one.
 #[inline(always)]
 pub fn is_rebirth(
-    record: &PeerRecord,
+    slot: &PeerSlot,
     seq: u64,
     incarnation: u32,
     fresh: bool,
     config: &XdpConfig,
 ) -> bool {
-    if seq >= RESTART_SEQ || incarnation == record.incarnation {
+    if seq >= RESTART_SEQ || incarnation == slot.hot.incarnation {
         return false;
     }
     config.flags & XDP_FLAG_REQUIRE_AUTH == 0
-        || (fresh && incarnation != record.previous_incarnation)
+        || (fresh && incarnation != slot.cold.previous_incarnation)
 }
 
 /// What the slot made of a heartbeat.
@@ -138,6 +140,10 @@ pub fn arrive(
 /// [`arrive`], with `fresh`: whether `incarnation` is within [`FRESH_SECS`] of the caller's
 /// wall clock ([`fresh_incarnation`]), which only matters to an incarnation that went
 /// backwards under authentication ([`is_rebirth`]).
+///
+/// An accepted heartbeat of the current incarnation with no gap before it reads and writes
+/// `slot.hot` only, and stores its interval into the ring: everything else in `slot.cold` is
+/// read or written only by what it counts (a gap, a repeat, a restart, an outage).
 #[inline(always)]
 pub fn arrive_at(
     slot: &mut PeerSlot,
@@ -147,64 +153,74 @@ pub fn arrive_at(
     fresh: bool,
     config: &XdpConfig,
 ) -> Outcome {
-    let record = &mut slot.record;
-    let first = record.heartbeats == 0;
+    let first = slot.hot.heartbeats == 0;
+    let same_epoch = incarnation == slot.hot.incarnation;
     let restarted = !first
-        && ((incarnation != record.incarnation && incarnation > record.highest_incarnation)
-            || is_rebirth(record, seq, incarnation, fresh, config));
+        && !same_epoch
+        && (incarnation > slot.cold.highest_incarnation
+            || is_rebirth(slot, seq, incarnation, fresh, config));
+    let last_seq = slot.hot.last_seq;
     let lost = if first || restarted {
         0
-    } else if incarnation != record.incarnation {
+    } else if !same_epoch {
         // A straggler or replay from another epoch: that epoch's gaps are no longer tracked.
-        record.out_of_order += 1;
+        slot.cold.out_of_order += 1;
         return Outcome::OutOfOrder;
-    } else if seq < record.last_seq {
-        record.out_of_order += 1;
+    } else if seq < last_seq {
+        slot.cold.out_of_order += 1;
         // A late heartbeat fills a gap that was counted as lost, once, if the gap is within
         // the MISSING_SPAN sequence numbers below the last accepted one and this number is
         // still missing there. A replay of a number that arrived, a second copy of a late one,
         // or anything older than the tracked span changes nothing.
-        let back = record.last_seq - 1 - seq;
+        let back = last_seq - 1 - seq;
         if back < MISSING_SPAN {
             let bit = 1u64 << back;
-            if record.missing & bit != 0 {
-                record.missing &= !bit;
-                record.lost = record.lost.saturating_sub(1);
+            if slot.hot.missing & bit != 0 {
+                slot.hot.missing &= !bit;
+                slot.cold.lost = slot.cold.lost.saturating_sub(1);
             }
         }
         return Outcome::OutOfOrder;
-    } else if seq == record.last_seq {
-        record.duplicates += 1;
+    } else if seq == last_seq {
+        slot.cold.duplicates += 1;
         return Outcome::Duplicate;
     } else {
-        seq - record.last_seq - 1
+        seq - last_seq - 1
     };
 
-    record.lost += lost;
-    record.missing = if first || restarted {
+    if lost > 0 {
+        slot.cold.lost += lost;
+    }
+    slot.hot.missing = if first || restarted {
         0
     } else {
-        track_missing(record.missing, lost)
+        track_missing(slot.hot.missing, lost)
     };
     if restarted {
-        record.restarts += 1;
-        record.burst_left = 0;
+        slot.cold.restarts += 1;
+        slot.hot.burst_left = 0;
         // Rule 2: the interval across the restart is left out.
-        record.left_out = record.left_out.wrapping_add(1);
+        slot.hot.left_out = slot.hot.left_out.wrapping_add(1);
     } else if !first {
         count_loss(slot, lost);
         push_interval(slot, now_ns, lost, config);
     }
-    let record = &mut slot.record;
-    record.heartbeats += 1;
-    record.last_arrival_ns = now_ns;
-    record.last_seq = seq;
-    if incarnation != record.incarnation {
-        record.previous_incarnation = record.incarnation;
-        record.incarnation = incarnation;
-    }
-    if first || incarnation > record.highest_incarnation {
-        record.highest_incarnation = incarnation;
+    let hot = &mut slot.hot;
+    // Zero means "none yet": a count that wraps skips it.
+    hot.heartbeats = match hot.heartbeats.wrapping_add(1) {
+        0 => 1,
+        n => n,
+    };
+    hot.last_arrival_ns = now_ns;
+    hot.last_seq = seq;
+    if !same_epoch {
+        // The current incarnation is never above the highest: only a new one can be.
+        let cold = &mut slot.cold;
+        cold.previous_incarnation = hot.incarnation;
+        hot.incarnation = incarnation;
+        if first || incarnation > cold.highest_incarnation {
+            cold.highest_incarnation = incarnation;
+        }
     }
     Outcome::Accepted { lost }
 }
@@ -220,25 +236,24 @@ pub fn arrive_passive(
     new_epoch: bool,
     config: &XdpConfig,
 ) -> Outcome {
-    let record = &mut slot.record;
-    let mut incarnation = record.incarnation;
-    if new_epoch && record.heartbeats != 0 {
-        record.samples = 0;
-        record.ring_head = 0;
-        record.interval_sum_us = 0;
-        record.interval_sum_sq_us = 0;
-        record.outage_run = 0;
+    let hot = &mut slot.hot;
+    let mut incarnation = hot.incarnation;
+    if new_epoch && hot.heartbeats != 0 {
+        // The window is the ring's first `samples` entries: emptied by its count alone.
+        hot.samples = 0;
+        hot.ring_head = 0;
+        hot.outage_run = 0;
         incarnation += 1;
     }
-    let seq = record.last_seq + 1;
+    let seq = hot.last_seq + 1;
     arrive(slot, now_ns, seq, incarnation, config)
 }
 
 /// Sequence numbers below the last accepted one whose late arrival is recognised as filling a
-/// counted gap (the width of `PeerRecord::missing`).
+/// counted gap (the width of `PeerHot::missing`).
 pub const MISSING_SPAN: u64 = 64;
 
-/// `PeerRecord::missing` after an accepted heartbeat `lost + 1` numbers above the previous
+/// `PeerHot::missing` after an accepted heartbeat `lost + 1` numbers above the previous
 /// one: the old bits move up by that much (numbers that fall out of the span are forgotten),
 /// and the `lost` numbers just skipped become the lowest bits. Shifts by 64 or more are
 /// spelled out (they are undefined on the BPF target and panic in debug builds).
@@ -257,54 +272,69 @@ fn track_missing(missing: u64, lost: u64) -> u64 {
     moved | skipped
 }
 
+/// The loss counts (rule 6's picture of recent loss): the hot ones with every heartbeat, the
+/// cold ones only after a gap, and all of them when they are halved.
 #[inline(always)]
 fn count_loss(slot: &mut PeerSlot, lost: u64) {
-    let r = &mut slot.record;
     let gapped = lost > 0;
-    r.loss_heartbeats += 1;
-    if r.burst_left != 0 {
-        r.burst_heartbeats += 1;
+    let hot = &mut slot.hot;
+    hot.loss_heartbeats += 1;
+    if hot.burst_left != 0 {
+        hot.burst_heartbeats += 1;
         if gapped {
-            r.burst_gaps += 1;
+            slot.cold.burst_gaps += 1;
         }
     }
     if gapped {
-        r.loss_gaps += 1;
+        let cold = &mut slot.cold;
+        cold.loss_gaps += 1;
         let lost = if lost > u16::MAX as u64 {
             u16::MAX as u32
         } else {
             lost as u32
         };
-        r.loss_lost = r.loss_lost.saturating_add(lost);
+        cold.loss_lost = cold.loss_lost.saturating_add(lost);
     }
-    r.burst_left = if gapped {
+    hot.burst_left = if gapped {
         BURST_MEMORY
     } else {
-        r.burst_left.saturating_sub(1)
+        hot.burst_left.saturating_sub(1)
     };
-    if r.loss_heartbeats >= LOSS_MEMORY {
-        r.loss_heartbeats >>= 1;
-        r.loss_gaps >>= 1;
-        r.loss_lost >>= 1;
-        r.burst_heartbeats >>= 1;
-        r.burst_gaps >>= 1;
+    if hot.loss_heartbeats as u32 >= LOSS_MEMORY {
+        hot.loss_heartbeats >>= 1;
+        hot.burst_heartbeats >>= 1;
+        let cold = &mut slot.cold;
+        cold.loss_gaps >>= 1;
+        cold.loss_lost >>= 1;
+        cold.burst_gaps >>= 1;
     }
 }
 
-/// Rules 3-5 (see the module docs), then the ring and its running sums; an interval they
+/// Rules 3-5 (see the module docs), then the ring and the running mean; an interval they
 /// leave out is counted in `left_out`.
 #[inline(always)]
 fn push_interval(slot: &mut PeerSlot, now_ns: u64, lost: u64, config: &XdpConfig) {
     if !window_takes(slot, now_ns, lost, config) {
-        slot.record.left_out = slot.record.left_out.wrapping_add(1);
+        slot.hot.left_out = slot.hot.left_out.wrapping_add(1);
     }
 }
 
+/// The outage rule's mean (`PeerHot::mean_scaled_us`) is kept in units of 1/MEAN_SCALE µs,
+/// as `mean += (interval - mean) / MEAN_SCALE`: an exponentially weighted mean whose weight,
+/// a power of two, makes the update a shift. Sixteen weighs about the last sixteen intervals,
+/// the window a mean of fewer than [`OUTAGE_MIN_SAMPLES`] would not be trusted below anyway.
+pub const MEAN_SCALE: u32 = 16;
+const MEAN_SHIFT: u32 = MEAN_SCALE.trailing_zeros();
+const _: () = assert!(MEAN_SCALE.is_power_of_two());
+// The scaled mean of intervals up to MAX_INTERVAL_US fits its u32.
+const _: () = assert!(MAX_INTERVAL_US * (MEAN_SCALE as u64) <= u32::MAX as u64);
+
 /// Pushes the interval that ends at `now_ns` into the window unless rules 3-5 leave it out;
-/// whether it did.
+/// whether it did. The ring entry is only stored: the window's sums are the agent's to take.
 #[inline(always)]
 fn window_takes(slot: &mut PeerSlot, now_ns: u64, lost: u64, config: &XdpConfig) -> bool {
-    let mut interval = ns_to_us(now_ns.saturating_sub(slot.record.last_arrival_ns));
+    let hot = &mut slot.hot;
+    let mut interval = ns_to_us(now_ns.saturating_sub(hot.last_arrival_ns));
     if interval > MAX_INTERVAL_US {
         interval = MAX_INTERVAL_US;
     }
@@ -314,36 +344,38 @@ fn window_takes(slot: &mut PeerSlot, now_ns: u64, lost: u64, config: &XdpConfig)
     if config.flags & XDP_FLAG_GAPLESS_WINDOW != 0 && lost > 0 {
         return false;
     }
-    let samples = slot.record.samples;
+    let samples = hot.samples as u32;
     if config.outage_factor != 0
         && samples >= OUTAGE_MIN_SAMPLES
-        // interval > K * (sum / samples), without a division. At most 2^28 * 2^7 on the
-        // left and 2^10 * 2^35 on the right (outage_factor is at most 1024): no overflow.
-        && interval * samples as u64 > config.outage_factor as u64 * slot.record.interval_sum_us
+        // interval > K * mean, without a division. At most 2^28 * 2^4 on the left and
+        // 2^10 * 2^32 on the right (outage_factor is at most 1024): no overflow.
+        && interval * MEAN_SCALE as u64 > config.outage_factor as u64 * hot.mean_scaled_us as u64
     {
-        if slot.record.outage_run < OUTAGE_RUN {
-            slot.record.outage_run += 1;
-            slot.record.outages += 1;
+        if hot.outage_run < OUTAGE_RUN {
+            hot.outage_run += 1;
+            slot.cold.outages += 1;
             return false;
         }
     } else {
-        slot.record.outage_run = 0;
+        hot.outage_run = 0;
     }
 
     let window = config.window;
-    let head = slot.record.ring_head as u32 & RING_MASK;
-    if samples >= window {
-        let old = slot.ring_us[head as usize] as u64;
-        slot.record.interval_sum_us -= old;
-        slot.record.interval_sum_sq_us -= old * old;
-    } else {
-        slot.record.samples = samples + 1;
+    let head = hot.ring_head as u32 & RING_MASK;
+    if samples < window {
+        hot.samples = (samples + 1) as u8;
     }
-    slot.ring_us[head as usize] = interval as u32;
-    slot.record.interval_sum_us += interval;
-    slot.record.interval_sum_sq_us += interval * interval;
+    // The first interval of a window is its mean; later ones move it by 1/MEAN_SCALE of the
+    // difference (mean * (1 - 1/S) + interval, in scaled units: never negative).
+    let mean = hot.mean_scaled_us;
+    hot.mean_scaled_us = if samples == 0 {
+        (interval as u32) << MEAN_SHIFT
+    } else {
+        mean - (mean >> MEAN_SHIFT) + interval as u32
+    };
     let next = head + 1;
-    slot.record.ring_head = if next >= window { 0 } else { next as u16 };
+    hot.ring_head = if next >= window { 0 } else { next as u8 };
+    slot.ring_us[head as usize] = interval as u32;
     true
 }
 
@@ -364,8 +396,8 @@ pub const MAX_OUTAGE_FACTOR: u32 = 1024;
 
 /// The slot's window, oldest interval first (userspace helper; the kernel never needs it).
 pub fn window_intervals(slot: &PeerSlot, window: u32) -> impl Iterator<Item = u32> + '_ {
-    let samples = slot.record.samples.min(window);
-    let head = slot.record.ring_head as u32;
+    let samples = (slot.hot.samples as u32).min(window);
+    let head = slot.hot.ring_head as u32;
     // The oldest sample sits at `head` when the ring is full, at 0 before.
     let start = if samples >= window { head } else { 0 };
     (0..samples).map(move |i| slot.ring_us[((start + i) % window) as usize])
@@ -374,6 +406,7 @@ pub fn window_intervals(slot: &PeerSlot, window: u32) -> impl Iterator<Item = u3
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::maps::PeerCold;
 
     const MS: u64 = 1_000_000;
 
@@ -413,9 +446,9 @@ mod tests {
         };
         // Each heartbeat `ms` after the last: (left_out, samples) after it.
         fn step(slot: &mut PeerSlot, ms: u64, seq: u64, inc: u32, c: &XdpConfig) -> (u16, u32) {
-            let at = slot.record.last_arrival_ns + ms * MS;
+            let at = slot.record().last_arrival_ns + ms * MS;
             arrive(slot, at, seq, inc, c);
-            (slot.record.left_out, slot.record.samples)
+            (slot.record().left_out, slot.record().samples)
         }
         let mut slot = PeerSlot::admitted(7, 0);
         assert_eq!(step(&mut slot, 10, 1, 1, &c), (0, 0), "first");
@@ -431,15 +464,95 @@ mod tests {
             ..c
         };
         assert_eq!(step(&mut slot, 10, 5, 2, &gapless), (4, 6), "a gapless gap");
-        let at = slot.record.last_arrival_ns + 10 * MS;
+        let at = slot.record().last_arrival_ns + 10 * MS;
         arrive_passive(&mut slot, at, true, &c);
         assert_eq!(
-            (slot.record.left_out, slot.record.samples),
+            (slot.record().left_out, slot.record().samples),
             (5, 0),
             "a new epoch"
         );
-        slot.record.left_out = u16::MAX;
+        slot.hot.left_out = u16::MAX;
         assert_eq!(step(&mut slot, 10, 9, 4, &c), (0, 0), "it wraps");
+    }
+
+    /// The one-line promise: an accepted heartbeat of the current incarnation with no gap
+    /// before it neither reads nor writes the cold lines. Writes: the cold part is unchanged
+    /// byte for byte. Reads: a slot whose cold part is garbage ends with the same hot line
+    /// and ring as one whose cold part is not.
+    #[test]
+    fn an_in_order_heartbeat_touches_the_hot_line_and_one_ring_entry_only() {
+        let c = XdpConfig {
+            window: 8,
+            max_interval_us: 500_000,
+            outage_factor: 4,
+            ..XdpConfig::default()
+        };
+        let mut clean = after([1, 2, 4, 5, 6]);
+        let mut garbage = clean;
+        garbage.cold = PeerCold {
+            highest_incarnation: u32::MAX,
+            previous_incarnation: 1,
+            lost: u64::MAX,
+            loss_gaps: u32::MAX,
+            loss_lost: u32::MAX,
+            burst_gaps: u32::MAX,
+            outages: u32::MAX,
+            restarts: u32::MAX,
+            ..garbage.cold
+        };
+        for seq in 7..40 {
+            let at = clean.hot.last_arrival_ns + (9 + seq % 3) * MS;
+            let (cold_before, ring_before) = (clean.cold, clean.ring_us);
+            let outcome = arrive(&mut clean, at, seq, 1, &c);
+            assert_eq!(outcome, Outcome::Accepted { lost: 0 });
+            assert_eq!(clean.cold, cold_before, "seq {seq}: a cold line written");
+            let changed = (0..MAX_WINDOW)
+                .filter(|&i| clean.ring_us[i] != ring_before[i])
+                .count();
+            assert!(changed <= 1, "seq {seq}: {changed} ring entries written");
+            assert_eq!(arrive(&mut garbage, at, seq, 1, &c), outcome);
+            assert_eq!(garbage.hot, clean.hot, "seq {seq}: the cold line was read");
+            assert_eq!(garbage.ring_us, clean.ring_us);
+        }
+    }
+
+    /// The view's sums are the ring's: what the kernel's running sums were before it stopped
+    /// keeping them, over a ring that wrapped several times.
+    #[test]
+    fn the_views_sums_are_the_windows() {
+        let mut slot = PeerSlot::admitted(7, 0);
+        let c = config();
+        const W: usize = 8;
+        assert_eq!(c.window as usize, W);
+        // The window as it should be, oldest first: the last `len` of the intervals.
+        let (mut window, mut len) = ([0u64; W], 0);
+        let mut at = 0;
+        for seq in 1..60u64 {
+            let gap = (seq * 7919) % 13 + 5;
+            at += gap * MS;
+            arrive(&mut slot, at, seq, 1, &c);
+            if seq > 1 {
+                if len == W {
+                    window.copy_within(1.., 0);
+                    len -= 1;
+                }
+                window[len] = gap * 1000;
+                len += 1;
+            }
+            let expected = &window[..len];
+            let r = slot.record();
+            assert_eq!(r.samples as usize, len);
+            assert_eq!(r.interval_sum_us, expected.iter().sum::<u64>());
+            assert_eq!(
+                r.interval_sum_sq_us,
+                expected.iter().map(|us| us * us).sum::<u64>()
+            );
+            assert!(
+                window_intervals(&slot, c.window)
+                    .map(u64::from)
+                    .eq(expected.iter().copied())
+            );
+        }
     }
 
     #[test]
@@ -471,13 +584,13 @@ mod tests {
     #[test]
     fn a_late_heartbeat_fills_its_counted_gap_once() {
         let mut slot = after([1, 2, 5]);
-        assert_eq!(slot.record.lost, 2);
-        assert_eq!(slot.record.missing, 0b11);
+        assert_eq!(slot.record().lost, 2);
+        assert_eq!(slot.record().missing, 0b11);
         assert_eq!(late(&mut slot, 3), Outcome::OutOfOrder);
-        assert_eq!((slot.record.lost, slot.record.missing), (1, 0b01));
+        assert_eq!((slot.record().lost, slot.record().missing), (1, 0b01));
         assert_eq!(late(&mut slot, 4), Outcome::OutOfOrder);
-        assert_eq!((slot.record.lost, slot.record.missing), (0, 0));
-        assert_eq!(slot.record.out_of_order, 2);
+        assert_eq!((slot.record().lost, slot.record().missing), (0, 0));
+        assert_eq!(slot.record().out_of_order, 2);
     }
 
     #[test]
@@ -485,58 +598,61 @@ mod tests {
         let mut slot = after([1, 2, 5]);
         late(&mut slot, 3);
         assert_eq!(late(&mut slot, 3), Outcome::OutOfOrder);
-        assert_eq!(slot.record.lost, 1, "4 is still missing");
-        assert_eq!(slot.record.out_of_order, 2);
+        assert_eq!(slot.record().lost, 1, "4 is still missing");
+        assert_eq!(slot.record().out_of_order, 2);
     }
 
     #[test]
     fn a_replayed_old_heartbeat_fills_nothing() {
         // 102 arrived; 104 and 105 did not.
         let mut slot = after([101, 102, 103, 106]);
-        assert_eq!(slot.record.lost, 2);
+        assert_eq!(slot.record().lost, 2);
         for seq in [101, 102, 103] {
             assert_eq!(late(&mut slot, seq), Outcome::OutOfOrder);
         }
-        assert_eq!(slot.record.lost, 2);
-        assert_eq!(slot.record.out_of_order, 3);
+        assert_eq!(slot.record().lost, 2);
+        assert_eq!(slot.record().out_of_order, 3);
         // From an older incarnation, even a number that is missing in this one. (A number
         // below RESTART_SEQ would be a sender that restarted backwards: see the rebirth tests.)
         assert_eq!(arrive(&mut slot, 0, 104, 0, &config()), Outcome::OutOfOrder);
-        assert_eq!(slot.record.lost, 2);
+        assert_eq!(slot.record().lost, 2);
     }
 
     #[test]
     fn a_late_heartbeat_below_the_tracked_span_fills_nothing() {
         // 2 is lost, then 3..=67 arrive in order: 67 - 1 - 2 = 64, out of the span.
         let mut slot = after([1].into_iter().chain(3..=3 + MISSING_SPAN));
-        assert_eq!((slot.record.lost, slot.record.missing), (1, 0));
+        assert_eq!((slot.record().lost, slot.record().missing), (1, 0));
         late(&mut slot, 2);
-        assert_eq!(slot.record.lost, 1);
+        assert_eq!(slot.record().lost, 1);
         // One fewer in order (up to 66) and it is still inside: bit 63.
         let mut slot = after([1].into_iter().chain(3..3 + MISSING_SPAN));
-        assert_eq!(slot.record.missing, 1 << 63);
+        assert_eq!(slot.record().missing, 1 << 63);
         late(&mut slot, 2);
-        assert_eq!((slot.record.lost, slot.record.missing), (0, 0));
+        assert_eq!((slot.record().lost, slot.record().missing), (0, 0));
     }
 
     #[test]
     fn gaps_wider_than_the_span_track_their_newest_numbers() {
         let mut slot = after([1, 102]);
-        assert_eq!((slot.record.lost, slot.record.missing), (100, u64::MAX));
+        assert_eq!((slot.record().lost, slot.record().missing), (100, u64::MAX));
         late(&mut slot, 101);
         late(&mut slot, 38); // 102 - 1 - 63: the oldest tracked
         late(&mut slot, 37); // beyond the span
-        assert_eq!(slot.record.lost, 98);
+        assert_eq!(slot.record().lost, 98);
         // Exactly 63 and 64 lost: the shifts at the edge.
         let slot = after([1, 65]);
-        assert_eq!((slot.record.lost, slot.record.missing), (63, u64::MAX >> 1));
+        assert_eq!(
+            (slot.record().lost, slot.record().missing),
+            (63, u64::MAX >> 1)
+        );
         let slot = after([1, 66]);
-        assert_eq!((slot.record.lost, slot.record.missing), (64, u64::MAX));
+        assert_eq!((slot.record().lost, slot.record().missing), (64, u64::MAX));
         // Older gaps move up as newer heartbeats arrive, and still fill.
         let mut slot = after([1, 3, 4, 7]);
-        assert_eq!(slot.record.missing, 0b1_0011);
+        assert_eq!(slot.record().missing, 0b1_0011);
         late(&mut slot, 2);
-        assert_eq!((slot.record.lost, slot.record.missing), (2, 0b0_0011));
+        assert_eq!((slot.record().lost, slot.record().missing), (2, 0b0_0011));
     }
 
     #[test]
@@ -547,32 +663,32 @@ mod tests {
             assert_eq!(outcome, Outcome::Accepted { lost: 0 });
         }
         assert_eq!(
-            (slot.record.samples, slot.record.interval_sum_us),
+            (slot.record().samples, slot.record().interval_sum_us),
             (4, 40_000)
         );
         // The timers changed: the interval across the change is not counted, nor the old ones.
         arrive_passive(&mut slot, 500 * MS, true, &config());
-        assert_eq!((slot.record.samples, slot.record.restarts), (0, 1));
+        assert_eq!((slot.record().samples, slot.record().restarts), (0, 1));
         arrive_passive(&mut slot, 600 * MS, false, &config());
         assert_eq!(
-            (slot.record.samples, slot.record.interval_sum_us),
+            (slot.record().samples, slot.record().interval_sum_us),
             (1, 100_000)
         );
-        assert_eq!(slot.record.lost, 0);
+        assert_eq!(slot.record().lost, 0);
         // A new epoch on the very first packet is just the first packet.
         let mut slot = PeerSlot::admitted(7, 0);
         arrive_passive(&mut slot, MS, true, &config());
-        assert_eq!((slot.record.heartbeats, slot.record.restarts), (1, 0));
+        assert_eq!((slot.record().heartbeats, slot.record().restarts), (1, 0));
     }
 
     #[test]
     fn a_restart_forgets_the_old_epochs_gaps() {
         let mut slot = after([1, 4]);
-        assert_eq!(slot.record.lost, 2);
+        assert_eq!(slot.record().lost, 2);
         arrive(&mut slot, 100 * MS, 10, 2, &config());
-        assert_eq!(slot.record.missing, 0);
+        assert_eq!(slot.record().missing, 0);
         late(&mut slot, 2);
-        assert_eq!(slot.record.lost, 2);
+        assert_eq!(slot.record().lost, 2);
     }
 
     fn authenticated() -> XdpConfig {

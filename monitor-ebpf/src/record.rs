@@ -11,7 +11,7 @@ use monitor_common::{
     auth::{KEY_CURRENT, KEY_PREVIOUS, siphash24_24},
     config::{XDP_FLAG_REQUIRE_AUTH, XdpConfig},
     index, last_heard,
-    maps::{ArrivalRecord, Counters, PeerRecord, UnknownPeerReport},
+    maps::{ArrivalRecord, Counters, PeerHot, UnknownPeerReport},
     passive::{self, SOURCE_BFD, SOURCE_HEARTBEAT},
     slot::{self, Outcome},
     wire::FLAG_AUTH,
@@ -49,8 +49,8 @@ pub fn record<C: EbpfContext>(
             // SAFETY: in the map value. The id is read without the lock: a slot the agent is
             // handing to another peer at this instant may count one failure that was not its.
             let slot = unsafe { &mut *slot };
-            if unsafe { core::ptr::read_volatile(&raw const slot.record.peer_id) } == peer_id {
-                count_auth_failure(&mut slot.record.auth_failures);
+            if unsafe { core::ptr::read_volatile(&raw const slot.hot.peer_id) } == peer_id {
+                count_auth_failure(&mut slot.cold.auth_failures);
             }
         }
         return;
@@ -88,14 +88,14 @@ pub fn record<C: EbpfContext>(
     }
     // Checked under the lock: the agent may have forgotten this peer and handed the slot to
     // another between our index lookup and now (it resets slots under the same lock).
-    if slot.record.peer_id != peer_id {
+    if slot.hot.peer_id != peer_id {
         unlock(&mut slot.lock);
         counters.unknown_peer += 1;
         return;
     }
 
     // Only an incarnation that went backwards under authentication asks for the wall clock.
-    let fresh = hb.incarnation == slot.record.incarnation
+    let fresh = hb.incarnation == slot.hot.incarnation
         || config.flags & XDP_FLAG_REQUIRE_AUTH == 0
         || slot::fresh_incarnation(hb.incarnation, wall_s(config));
     let outcome = slot::arrive_at(slot, now, hb.seq, hb.incarnation, fresh, config);
@@ -103,14 +103,15 @@ pub fn record<C: EbpfContext>(
         Outcome::Duplicate => counters.duplicates += 1,
         Outcome::OutOfOrder => counters.out_of_order += 1,
         Outcome::Accepted { .. } => {
-            slot.record.src_family = hb.src_family;
-            slot.record.src_port = hb.src_port;
-            set_src_addr(&mut slot.record.src_addr, hb.src_words);
+            // Stores only, into the first cold line: nothing there is read on this path.
+            slot.cold.src_family = hb.src_family;
+            slot.cold.src_port = hb.src_port;
+            set_src_addr(&mut slot.cold.src_addr, hb.src_words);
             counters.heartbeats += 1;
-            store_last_heard(index, &slot.record);
+            store_last_heard(index, &slot.hot);
         }
     }
-    let traced = slot.record.traced != 0;
+    let traced = slot.hot.traced != 0;
     unlock(&mut slot.lock);
     if traced {
         trace_arrival(peer_id, now, hb.seq, hb.incarnation, outcome, counters);
@@ -152,24 +153,24 @@ pub fn record_passive(p: &Heartbeat, config: &XdpConfig, counters: &mut Counters
         return;
     }
     // The slot must be this source's: a heartbeat peer may have picked the same id.
-    if slot.record.peer_id != p.peer_id || slot.record.source != p.source {
+    if slot.hot.peer_id != p.peer_id || slot.hot.source != p.source {
         unlock(&mut slot.lock);
         counters.unknown_peer += 1;
         return;
     }
-    let new_epoch = p.source == SOURCE_BFD && passive::note_bfd(&mut slot.record, &p.bfd);
+    let new_epoch = p.source == SOURCE_BFD && passive::note_bfd(slot, &p.bfd);
     let outcome = slot::arrive_passive(slot, now, new_epoch, config);
-    slot.record.src_family = p.src_family;
-    slot.record.src_port = p.src_port;
-    set_src_addr(&mut slot.record.src_addr, p.src_words);
+    slot.cold.src_family = p.src_family;
+    slot.cold.src_port = p.src_port;
+    set_src_addr(&mut slot.cold.src_addr, p.src_words);
     if p.source == SOURCE_BFD {
         counters.bfd += 1;
     } else {
         counters.flow += 1;
     }
-    store_last_heard(index, &slot.record);
-    let traced = slot.record.traced != 0;
-    let (seq, incarnation) = (slot.record.last_seq, slot.record.incarnation);
+    store_last_heard(index, &slot.hot);
+    let traced = slot.hot.traced != 0;
+    let (seq, incarnation) = (slot.hot.last_seq, slot.hot.incarnation);
     unlock(&mut slot.lock);
     if traced {
         trace_arrival(p.peer_id, now, seq, incarnation, outcome, counters);
@@ -194,12 +195,12 @@ fn count_auth_failure(count: &mut u64) {
 }
 
 /// Stores the slot's last-heard word after an accepted arrival, the word the agent computes
-/// from the same record (`monitor_common::last_heard::of_record`): one store, under the slot's
-/// lock like the record it summarises.
+/// from its view of the slot (`monitor_common::last_heard::of_record`): one store, under the
+/// slot's lock like the hot line it summarises.
 #[inline(always)]
-fn store_last_heard(index: u32, record: &PeerRecord) {
+fn store_last_heard(index: u32, hot: &PeerHot) {
     if let Some(word) = LAST_HEARD.get_ptr_mut(index) {
-        unsafe { core::ptr::write_volatile(word, last_heard::of_record(record)) };
+        unsafe { core::ptr::write_volatile(word, last_heard::of_hot(hot)) };
     }
 }
 

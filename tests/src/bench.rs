@@ -244,7 +244,7 @@ pub fn sweep_timings(peers: u32) -> SweepTimings {
         median_ms(3, || {
             let mut heartbeats = 0u64;
             for slot in array.iter() {
-                heartbeats += slot.expect("read").record.heartbeats;
+                heartbeats += slot.expect("read").record().heartbeats;
             }
             std::hint::black_box(heartbeats);
         })

@@ -105,7 +105,7 @@ fn recorded_arrivals_replay_to_the_kernels_window() {
     for a in &trace {
         arrive(&mut slot, a.at_ns, a.seq, a.incarnation, &config);
     }
-    let r = &slot.record;
+    let r = &slot.record();
     let ring: Vec<u32> = window_intervals(&slot, config.window).collect();
     let replayed = json!({
         "heartbeats": r.heartbeats,

@@ -934,6 +934,22 @@ struct FloorRow {
     /// is the difference to `monitor`, which checks against the interface's addresses.
     monitor_any: Receiver,
     socket: Receiver,
+    /// The probe's `limit` at this row's peers: one dependent miss over their state, and what
+    /// a heartbeat touches of it.
+    limit: Value,
+}
+
+impl FloorRow {
+    /// One dependent miss over this row's peers' state, ns.
+    fn miss_ns(&self) -> Option<f64> {
+        self.limit["ns_per_miss"].as_f64()
+    }
+
+    /// The physical limit of a heartbeat at this row: the floor + clock's kernel ns in the
+    /// same stream, plus one dependent miss.
+    fn limit_ns(&self) -> Option<f64> {
+        Some(self.floor_clock.kernel_ns? + self.miss_ns()?)
+    }
 }
 
 /// The floor program's TEST_RUN and live rows beside the monitor's, rendered: 1,000 peers
@@ -1067,6 +1083,7 @@ fn floor_comparison(
         kernel_ns: None,
         machine_s_per_m: per_m(busy1 - busy0, sent_n),
     };
+    let limit = probe_json(&tools.probe, &["limit", "--peers", &peers.to_string()])?;
     Ok(FloorRow {
         peers,
         pps,
@@ -1076,6 +1093,7 @@ fn floor_comparison(
         monitor_tc,
         monitor_any,
         socket,
+        limit,
     })
 }
 
@@ -1096,10 +1114,31 @@ fn render_floor(test_run_ns: [f64; 3], rows: &[FloorRow]) -> String {
     );
     let _ = writeln!(
         t,
-        "| peers | pps | receiver | sent | kernel ns/pkt (bpf_stats) | x floor | x floor + clock | machine CPU-s per 1M pkts | x floor |"
+        "The limit: floor + clock, plus one dependent miss over a table the size of the peers' \
+         kernel state (a pointer chase in userspace over 4 KiB pages, `hbm-bench limit`), in the \
+         same run; \"x limit\" is each receiver against it.\n"
     );
-    let _ = writeln!(t, "|---:|---:|---|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        t,
+        "| peers | pps | receiver | sent | kernel ns/pkt (bpf_stats) | x floor | x floor + clock | x limit | machine CPU-s per 1M pkts | x floor |"
+    );
+    let _ = writeln!(t, "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
+        if let (Some(limit), Some(miss)) = (r.limit_ns(), r.miss_ns()) {
+            let mib = r.limit["table_bytes"].as_f64().unwrap_or(0.0) / (1 << 20) as f64;
+            let _ = writeln!(
+                t,
+                "| {} | {:.0} | limit (floor + clock + one miss, {miss:.0} ns over {mib:.1} MiB) | - | {limit:.0} | {} | {} | 1.0x | - | - |",
+                r.peers,
+                r.pps,
+                r.floor
+                    .kernel_ns
+                    .map_or("-".into(), |f| format!("{:.1}x", limit / f)),
+                r.floor_clock
+                    .kernel_ns
+                    .map_or("-".into(), |c| format!("{:.1}x", limit / c)),
+            );
+        }
         for (name, x) in [
             ("floor", &r.floor),
             ("floor + clock", &r.floor_clock),
@@ -1113,9 +1152,13 @@ fn render_floor(test_run_ns: [f64; 3], rows: &[FloorRow]) -> String {
                 (Some(a), Some(b)) if b > 0.0 => format!("{:.1}x", a / b),
                 _ => "-".into(),
             };
+            let limit_ratio = match (x.kernel_ns, r.limit_ns()) {
+                (Some(a), Some(b)) if b > 0.0 => format!("{:.1}x", a / b),
+                _ => "-".into(),
+            };
             let _ = writeln!(
                 t,
-                "| {} | {:.0} | {name} | {} | {ns} | {} | {} | {:.3} | {:.2}x |",
+                "| {} | {:.0} | {name} | {} | {ns} | {} | {} | {limit_ratio} | {:.3} | {:.2}x |",
                 r.peers,
                 r.pps,
                 x.sent,
@@ -1125,6 +1168,23 @@ fn render_floor(test_run_ns: [f64; 3], rows: &[FloorRow]) -> String {
                 x.machine_s_per_m / r.floor.machine_s_per_m,
             );
         }
+    }
+    if let Some(touched) = rows.first().map(|r| &r.limit["touched"]) {
+        let n = |k: &str| touched[k].as_u64().unwrap_or(0);
+        let _ = writeln!(
+            t,
+            "\nPer-peer state one accepted, in-order heartbeat touches: {} lines read ({} bytes: \
+             the index bucket and the slot's hot line), {} lines written ({} bytes; {} of them \
+             stored into without being read: the source address, the ring entry, the last-heard \
+             word); the hot state is {} bytes a peer ({:.1} MiB at 50,000 peers).",
+            n("lines_read"),
+            n("bytes_read"),
+            n("lines_written"),
+            n("bytes_written"),
+            n("lines_stored_only"),
+            n("hot_bytes_per_peer"),
+            n("hot_bytes_per_peer") as f64 * 50_000.0 / (1 << 20) as f64,
+        );
     }
     t.push('\n');
     t

@@ -415,7 +415,7 @@ mod tests {
             window: 128,
             ..XdpConfig::DEFAULT
         };
-        p.estimate(&slot_with_intervals(intervals_us, &c).record, &[])
+        p.estimate(&slot_with_intervals(intervals_us, &c).record(), &[])
     }
 
     fn params(model: Model) -> DetectorParams {
@@ -585,7 +585,7 @@ mod tests {
         let slot = slot_with_intervals(intervals_us.iter().copied(), &c);
         let ring: Vec<u32> = monitor_common::slot::window_intervals(&slot, c.window).collect();
         assert!(p.needs_ring());
-        p.estimate(&slot.record, &ring)
+        p.estimate(&slot.record(), &ring)
     }
 
     const RING_MODELS: [Model; 4] = [
@@ -855,12 +855,12 @@ mod tests {
                 let intervals: Vec<u64> = (0..count).map(|_| jitter(&mut rng)).collect();
                 let mut slot = slot_with_intervals(intervals, &config);
                 let more = 1 + rng.u64(0..32);
-                let Some(floor) = p.mean_floor(&slot.record).map(|f| f.after_ms(more)) else {
+                let Some(floor) = p.mean_floor(&slot.record()).map(|f| f.after_ms(more)) else {
                     continue;
                 };
                 checked += 1;
                 let crossing = |slot: &monitor_common::maps::PeerSlot, index: usize| {
-                    let est = p.estimate(&slot.record, &[]);
+                    let est = p.estimate(&slot.record(), &[]);
                     p.crossing_ms(&silences, index, levels[index], &est)
                 };
                 for index in 0..levels.len() {
@@ -872,8 +872,8 @@ mod tests {
                         "{model:?} case {case}"
                     );
                 }
-                let mut at = slot.record.last_arrival_ns;
-                let mut seq = slot.record.last_seq;
+                let mut at = slot.record().last_arrival_ns;
+                let mut seq = slot.record().last_seq;
                 for step in 0..more {
                     at += jitter(&mut rng) * 1000;
                     seq += 1 + (rng.u8(0..8) == 0) as u64 * rng.u64(1..4);
@@ -920,20 +920,20 @@ mod tests {
                 let spread = if steady { 1 } else { base / 2 };
                 let intervals: Vec<u64> = (0..count).map(|_| base + rng.u64(0..spread)).collect();
                 let mut slot = slot_with_intervals(intervals, &config);
-                let floor = p.mean_floor(&slot.record).unwrap();
-                let (t0, left_out) = (slot.record.last_arrival_ns, slot.record.left_out);
-                let mut seq = slot.record.last_seq;
+                let floor = p.mean_floor(&slot.record()).unwrap();
+                let (t0, left_out) = (slot.record().last_arrival_ns, slot.record().left_out);
+                let mut seq = slot.record().last_seq;
                 let mut arrive = |slot: &mut monitor_common::maps::PeerSlot, rng: &mut _| {
                     seq += 1;
-                    let at = slot.record.last_arrival_ns + jitter(rng);
+                    let at = slot.record().last_arrival_ns + jitter(rng);
                     monitor_common::slot::arrive(slot, at, seq, 1, &config);
-                    slot.record.left_out == left_out
+                    slot.record().left_out == left_out
                 };
                 let heard = rng.u64(0..p.window as u64);
                 if !(0..heard).all(|_| arrive(&mut slot, &mut rng)) {
                     continue;
                 }
-                let heard_us = (slot.record.last_arrival_ns - t0) as f64 / 1000.0 - heard as f64;
+                let heard_us = (slot.record().last_arrival_ns - t0) as f64 / 1000.0 - heard as f64;
                 let more = rng.u64(0..33);
                 let Some(mean) = floor.after_heard_ms(heard, heard_us, more) else {
                     assert!(heard + more > p.window as u64);
@@ -942,7 +942,7 @@ mod tests {
                 checked += 1;
                 let bound = p.crossing_floor_ms(&silences, 0, mean).unwrap();
                 for step in 0..=more {
-                    let est = p.estimate(&slot.record, &[]);
+                    let est = p.estimate(&slot.record(), &[]);
                     let exact = p.crossing_ms(&silences, 0, 1.0, &est);
                     assert!(
                         bound <= exact + 1e-9,

@@ -877,7 +877,7 @@ mod tests {
                             &self.xdp,
                         )
                     {
-                        self.word = last_heard::of_record(&self.slot.record);
+                        self.word = last_heard::of_hot(&self.slot.hot);
                     }
                 }
                 self.next_send += if rng.u16(0..500) == 0 {
@@ -1043,14 +1043,14 @@ mod tests {
         for (model, cfg, xdp) in models_with_floors() {
             let mut stream = Stream::new(11, xdp);
             let (mut eager_events, mut lazy_events) = (Vec::new(), Vec::new());
-            let mut eager = Tracked::new(&stream.slot.record, &cfg);
+            let mut eager = Tracked::new(&stream.slot.record(), &cfg);
             let mut lazy = eager.clone();
             let mut reads = 0;
             let sweeps = 60_000u64;
             for step in 1..=sweeps {
                 let now = step * 10 * MS;
                 stream.until(now);
-                let (record, word) = (&stream.slot.record, stream.word);
+                let (record, word) = (&stream.slot.record(), stream.word);
                 let time = at(now, now as f64 / 1e6, false);
                 eager.observe(record, &[], &cfg, time, &mut |e| eager_events.push(e));
                 if lazy.step(word, &cfg, time, &mut |e| lazy_events.push(e)) == SweepStep::Refresh {
@@ -1067,7 +1067,7 @@ mod tests {
                 "{model:?}: the stream crossed levels"
             );
             assert_eq!(lazy_events, eager_events, "{model:?}");
-            let heartbeats = stream.slot.record.heartbeats;
+            let heartbeats = stream.slot.record().heartbeats;
             // 211 of 5209 with refloors, 449 without (for normal).
             assert!(
                 reads * 16 < heartbeats,
@@ -1096,14 +1096,14 @@ mod tests {
             );
             assert_eq!(new.params.window_config(), xdp);
             let mut stream = Stream::new(13, xdp);
-            let mut live = Tracked::new(&stream.slot.record, &old);
-            let mut all_along = Tracked::new(&stream.slot.record, &new);
+            let mut live = Tracked::new(&stream.slot.record(), &old);
+            let mut all_along = Tracked::new(&stream.slot.record(), &new);
             let (mut live_events, mut all_along_events) = (Vec::new(), Vec::new());
             let mut switched = None;
             for step in 1..=60_000u64 {
                 let now = step * 10 * MS;
                 stream.until(now);
-                let (record, word) = (&stream.slot.record, stream.word);
+                let (record, word) = (&stream.slot.record(), stream.word);
                 let time = at(now, now as f64 / 1e6, false);
                 let silent = now.saturating_sub(record.last_arrival_ns) >= 300 * MS;
                 if switched.is_none() && step >= 20_000 && silent {
@@ -1166,7 +1166,7 @@ mod tests {
     fn below_first_level_is_never_wrong_and_usually_answers() {
         for (model, cfg, xdp) in models_with_floors() {
             let mut stream = Stream::new(12, xdp);
-            let mut tracked = Tracked::new(&stream.slot.record, &cfg);
+            let mut tracked = Tracked::new(&stream.slot.record(), &cfg);
             let (mut asked, mut passed) = (0u64, 0u64);
             for step in 1..=30_000u64 {
                 let now = step * 10 * MS;
@@ -1177,14 +1177,14 @@ mod tests {
                 asked += 1;
                 if tracked.lazy.below_first_level(&tracked.watch, word, query) {
                     passed += 1;
-                    let estimate = cfg.estimate(&slot.record, &[]);
-                    let silence = query.saturating_sub(slot.record.last_arrival_ns) as f64 / 1e6;
+                    let estimate = cfg.estimate(&slot.record(), &[]);
+                    let silence = query.saturating_sub(slot.record().last_arrival_ns) as f64 / 1e6;
                     let phi = cfg.params.phi(&estimate, silence);
                     assert!(phi < 1.0, "{model:?} at {query}: phi {phi} passed over");
                 }
                 let time = at(now, now as f64 / 1e6, false);
                 if tracked.step(word, &cfg, time, &mut |_| {}) == SweepStep::Refresh {
-                    tracked.observe(&slot.record, &[], &cfg, time, &mut |_| {});
+                    tracked.observe(&slot.record(), &[], &cfg, time, &mut |_| {});
                 }
             }
             assert!(
@@ -1204,15 +1204,15 @@ mod tests {
             (0..200).map(|i| 100_000 + i % 7 * 1000),
             &xdp,
         );
-        let mut tracked = Tracked::new(&slot.record, &cfg);
-        let (mut arrival, mut seq, mut incarnation) = (slot.record.last_arrival_ns, 201, 1);
+        let mut tracked = Tracked::new(&slot.record(), &cfg);
+        let (mut arrival, mut seq, mut incarnation) = (slot.record().last_arrival_ns, 201, 1);
         let mut reads = 0;
         let sweep = |slot: &monitor_common::maps::PeerSlot, tracked: &mut Tracked| {
-            let word = last_heard::of_record(&slot.record);
-            let time = at(slot.record.last_arrival_ns + MS, 0.0, false);
+            let word = last_heard::of_record(&slot.record());
+            let time = at(slot.record().last_arrival_ns + MS, 0.0, false);
             let read = tracked.step(word, &cfg, time, &mut |_| {}) == SweepStep::Refresh;
             if read {
-                tracked.observe(&slot.record, &[], &cfg, time, &mut |_| {});
+                tracked.observe(&slot.record(), &[], &cfg, time, &mut |_| {});
             }
             read
         };
@@ -1222,7 +1222,7 @@ mod tests {
             monitor_common::slot::arrive(&mut slot, arrival, seq, incarnation, &xdp);
             reads += sweep(&slot, &mut tracked) as u32;
         }
-        assert_eq!(slot.record.left_out, 0);
+        assert_eq!(slot.record().left_out, 0);
         // Once every 128 heartbeats (32 with a read at the end of every span).
         assert!((10..=12).contains(&reads), "{reads} reads");
         arrival += 100 * MS;
@@ -1238,36 +1238,32 @@ mod tests {
     #[test]
     fn a_bfd_timer_change_is_read() {
         use monitor_common::{
-            maps::{MAX_WINDOW, PeerSlot},
+            maps::PeerSlot,
             passive::{BFD_UP, SOURCE_BFD},
             slot::arrive_passive,
         };
         let (cfg, xdp) = defaults();
-        let mut slot = PeerSlot {
-            lock: 0,
-            record: PeerRecord::admitted_passive(9, 0, SOURCE_BFD),
-            ring_us: [0; MAX_WINDOW],
-        };
-        slot.record.bfd_state = BFD_UP;
-        slot.record.bfd_desired_min_tx_us = 1_000_000;
+        let mut slot = PeerSlot::admitted_passive(9, 0, SOURCE_BFD);
+        slot.cold.bfd_state = BFD_UP;
+        slot.cold.bfd_desired_min_tx_us = 1_000_000;
         let mut arrival = 0;
         for _ in 0..200 {
             arrival += 1000 * MS;
             arrive_passive(&mut slot, arrival, false, &xdp);
         }
-        let mut tracked = Tracked::new(&slot.record, &cfg);
+        let mut tracked = Tracked::new(&slot.record(), &cfg);
         assert_ne!(tracked.lazy.floor_ns, NO_FLOOR, "a 1 s session has a floor");
         // The session now sends every 300 ms: a new epoch, its window emptied.
-        slot.record.bfd_desired_min_tx_us = 300_000;
+        slot.cold.bfd_desired_min_tx_us = 300_000;
         arrival += 300 * MS;
         arrive_passive(&mut slot, arrival, true, &xdp);
         let time = at(arrival + MS, 0.0, false);
-        let word = last_heard::of_record(&slot.record);
+        let word = last_heard::of_record(&slot.record());
         assert_eq!(
             tracked.step(word, &cfg, time, &mut |_| {}),
             SweepStep::Refresh
         );
-        tracked.observe(&slot.record, &[], &cfg, time, &mut |_| {});
+        tracked.observe(&slot.record(), &[], &cfg, time, &mut |_| {});
         // 300 ms and a deviation of 75 (the bootstrap): the first level at about 396 ms.
         let deadline_ms = (tracked.watch.deadline_ns - arrival) as f64 / 1e6;
         assert!(
@@ -1283,9 +1279,9 @@ mod tests {
     fn a_word_that_reads_older_is_read() {
         let (cfg, xdp) = defaults();
         let slot = crate::detector::window::slot_with_intervals([100_000; 200], &xdp);
-        let mut tracked = Tracked::new(&slot.record, &cfg);
-        let word = last_heard::of_record(&slot.record);
-        let arrival = slot.record.last_arrival_ns + 100 * MS;
+        let mut tracked = Tracked::new(&slot.record(), &cfg);
+        let word = last_heard::of_record(&slot.record());
+        let arrival = slot.record().last_arrival_ns + 100 * MS;
         let count = last_heard::count_of(word) + (1 << (last_heard::COUNT_BITS - 1)) + 1;
         let later = last_heard::word(arrival, count);
         assert_eq!(last_heard::heartbeats_since(word, later), None);

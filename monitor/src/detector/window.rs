@@ -118,7 +118,7 @@ mod tests {
     }
 
     fn sums(intervals: &[u64], c: &XdpConfig) -> WindowSums {
-        WindowSums::from_record(&slot_with_intervals(intervals.iter().copied(), c).record)
+        WindowSums::from_record(&slot_with_intervals(intervals.iter().copied(), c).record())
     }
 
     #[test]
@@ -155,9 +155,9 @@ mod tests {
         let mut intervals = vec![100_000; 10];
         intervals.push(3_000_000);
         let slot = slot_with_intervals(intervals.iter().copied(), &c);
-        assert_eq!((slot.record.samples, slot.record.outages), (10, 1));
+        assert_eq!((slot.record().samples, slot.record().outages), (10, 1));
         assert_eq!(
-            WindowSums::from_record(&slot.record).moments_ms(),
+            WindowSums::from_record(&slot.record()).moments_ms(),
             Some((100.0, 0.0))
         );
         // The sender slows to one a second: three left out, then the path has changed.
@@ -165,11 +165,11 @@ mod tests {
             100_000, 1_000_000, 1_000_000, 1_000_000, 1_000_000, 1_000_000,
         ]);
         let slot = slot_with_intervals(intervals.iter().copied(), &c);
-        assert_eq!((slot.record.samples, slot.record.outages), (13, 4));
-        assert_eq!(slot.record.outage_run, 3);
+        assert_eq!((slot.record().samples, slot.record().outages), (13, 4));
+        assert_eq!(slot.record().outage_run, 3);
         // Below OUTAGE_MIN_SAMPLES everything counts.
         let slot = slot_with_intervals([100_000, 3_000_000], &c);
-        assert_eq!(slot.record.samples, 2);
+        assert_eq!(slot.record().samples, 2);
     }
 
     #[test]

@@ -147,25 +147,32 @@ impl PeerTable {
         unsafe { AtomicU64::from_ptr(&raw mut (*self.slot_ptr(slot)).lock) }
     }
 
-    /// A consistent copy of a slot's record (no ring), or None if writers kept it busy.
-    pub fn record(&self, slot: u32) -> Option<PeerRecord> {
+    /// A consistent copy of a slot, or None if writers kept it busy.
+    fn copy(&self, slot: u32) -> Option<PeerSlot> {
         let lock = self.lock(slot);
-        // SAFETY: in bounds; the value may be torn, which the sequence check detects.
-        let src = unsafe { &raw const (*self.slot_ptr(slot)).record };
+        let src = self.slot_ptr(slot);
         for _ in 0..READ_ATTEMPTS {
             let before = lock.load(Ordering::Acquire);
             if before & 1 != 0 {
                 std::hint::spin_loop();
                 continue;
             }
-            // SAFETY: a volatile copy of plain integers; any bit pattern is valid.
-            let copy = unsafe { std::ptr::read_volatile(src) };
+            // SAFETY: in bounds; a volatile copy of plain integers (any bit pattern is valid),
+            // which may be torn: the sequence check detects it.
+            let copy: PeerSlot = unsafe { std::ptr::read_volatile(src) };
             fence(Ordering::Acquire);
             if lock.load(Ordering::Relaxed) == before {
                 return Some(copy);
             }
         }
         None
+    }
+
+    /// A consistent view of a slot (`PeerSlot::record`: its fields, and the window's sums,
+    /// which the kernel does not keep, taken from the ring), or None if writers kept it busy.
+    /// This is where the agent reads a slot: the kernel's layout stops here.
+    pub fn record(&self, slot: u32) -> Option<PeerRecord> {
+        self.copy(slot).map(|copy| copy.record())
     }
 
     /// Every slot's last-heard word (`monitor_common::last_heard`), the dense array the kernel
@@ -188,26 +195,12 @@ impl PeerTable {
 
     /// A consistent copy of a slot's record and its window's intervals (oldest first, µs).
     pub fn snapshot(&self, slot: u32) -> Option<(PeerRecord, Vec<u32>)> {
-        let lock = self.lock(slot);
-        let src = self.slot_ptr(slot);
-        for _ in 0..READ_ATTEMPTS {
-            let before = lock.load(Ordering::Acquire);
-            if before & 1 != 0 {
-                std::hint::spin_loop();
-                continue;
-            }
-            // SAFETY: as in `record`.
-            let copy: PeerSlot = unsafe { std::ptr::read_volatile(src) };
-            fence(Ordering::Acquire);
-            if lock.load(Ordering::Relaxed) == before {
-                let window = (copy.record.samples as usize).clamp(1, MAX_WINDOW) as u32;
-                // The ring wraps at the configured window, which the slot does not store;
-                // while the window is filling (or exactly full) `samples` is that window.
-                let ring = window_intervals(&copy, window).collect();
-                return Some((copy.record, ring));
-            }
-        }
-        None
+        let copy = self.copy(slot)?;
+        let window = (copy.hot.samples as usize).clamp(1, MAX_WINDOW) as u32;
+        // The ring wraps at the configured window, which the slot does not store; while the
+        // window is filling (or exactly full) `samples` is that window.
+        let ring = window_intervals(&copy, window).collect();
+        Some((copy.record(), ring))
     }
 
     /// [`Self::record`] for a client: retried for a while before the slot is reported busy.
@@ -232,18 +225,15 @@ impl PeerTable {
         Err(Busy(slot))
     }
 
-    /// Resets a slot to `record` (ring cleared) under the slot's lock, so a kernel writer still
-    /// holding a stale pointer never interleaves with the reset; its last-heard word becomes
-    /// the record's, so no word of the slot's previous peer is taken for this one's.
-    pub fn reset(&self, slot: u32, record: PeerRecord) {
+    /// Resets a slot to `fresh` (all but its lock) under the slot's lock, so a kernel writer
+    /// still holding a stale pointer never interleaves with the reset; its last-heard word
+    /// becomes the fresh slot's, so no word of the slot's previous peer is taken for this one's.
+    pub fn reset(&self, slot: u32, fresh: &PeerSlot) {
         self.locked(slot, |ptr| {
             // SAFETY: we hold the slot's lock; the fields written are plain integers.
-            unsafe {
-                std::ptr::write_volatile(&raw mut (*ptr).record, record);
-                std::ptr::write_volatile(&raw mut (*ptr).ring_us, [0; MAX_WINDOW]);
-            }
+            unsafe { write_all_but_lock(ptr, fresh) };
             self.last_heard_words()[slot as usize]
-                .store(last_heard::of_record(&record), Ordering::Relaxed);
+                .store(last_heard::of_hot(&fresh.hot), Ordering::Relaxed);
         });
     }
 
@@ -253,10 +243,10 @@ impl PeerTable {
         self.locked(slot, |ptr| {
             // SAFETY: we hold the slot's lock; plain integer fields.
             unsafe {
-                if std::ptr::read_volatile(&raw const (*ptr).record.peer_id) != peer_id {
+                if std::ptr::read_volatile(&raw const (*ptr).hot.peer_id) != peer_id {
                     return false;
                 }
-                std::ptr::write_volatile(&raw mut (*ptr).record.traced, on as u8);
+                std::ptr::write_volatile(&raw mut (*ptr).hot.traced, on as u8);
                 true
             }
         })
@@ -342,16 +332,11 @@ impl PeerTable {
                 continue;
             }
             let id = owner(slot);
-            let record =
-                PeerRecord::admitted(id.unwrap_or(0), if id.is_some() { now_ns } else { 0 });
+            let fresh = PeerSlot::admitted(id.unwrap_or(0), if id.is_some() { now_ns } else { 0 });
             // SAFETY: we hold the slot's lock; the fields written are plain integers.
-            unsafe {
-                let ptr = self.slot_ptr(slot);
-                std::ptr::write_volatile(&raw mut (*ptr).record, record);
-                std::ptr::write_volatile(&raw mut (*ptr).ring_us, [0; MAX_WINDOW]);
-            }
+            unsafe { write_all_but_lock(self.slot_ptr(slot), &fresh) };
             self.last_heard_words()[slot as usize]
-                .store(last_heard::of_record(&record), Ordering::Relaxed);
+                .store(last_heard::of_hot(&fresh.hot), Ordering::Relaxed);
             lock.fetch_add(1, Ordering::Release);
             repaired.push((slot, id));
         }
@@ -376,6 +361,19 @@ impl Drop for PeerTable {
 
 const _: () = assert!(offset_of!(PeerSlot, lock) == 0);
 
+/// Writes every field of `fresh` but the lock into the slot at `ptr`.
+///
+/// # Safety
+/// `ptr` is a slot of the mapping whose lock the caller holds.
+unsafe fn write_all_but_lock(ptr: *mut PeerSlot, fresh: &PeerSlot) {
+    // SAFETY: the caller's; plain integer fields.
+    unsafe {
+        std::ptr::write_volatile(&raw mut (*ptr).hot, fresh.hot);
+        std::ptr::write_volatile(&raw mut (*ptr).cold, fresh.cold);
+        std::ptr::write_volatile(&raw mut (*ptr).ring_us, fresh.ring_us);
+    }
+}
+
 #[cfg(test)]
 impl PeerTable {
     /// A table over anonymous memory instead of BPF maps: the same protocol, no kernel.
@@ -399,7 +397,7 @@ mod tests {
     #[test]
     fn a_slot_held_by_a_writer_is_busy_and_read_once_released() {
         let table = PeerTable::anonymous(2);
-        table.reset(1, PeerRecord::admitted(7, 5));
+        table.reset(1, &PeerSlot::admitted(7, 5));
         assert_eq!(table.record_patiently(1).map(|r| r.peer_id), Ok(7));
         // A writer holds the slot (odd counter) through every attempt: busy, not a record.
         table.lock(1).fetch_add(1, Ordering::AcqRel);
@@ -424,7 +422,7 @@ mod tests {
     #[test]
     fn a_lock_left_odd_by_a_dead_writer_is_taken_over_not_waited_on() {
         let table = PeerTable::anonymous(2);
-        table.reset(1, PeerRecord::admitted(7, 5));
+        table.reset(1, &PeerSlot::admitted(7, 5));
         // A writer died holding the slot.
         table.lock(1).fetch_add(1, Ordering::AcqRel);
         let started = std::time::Instant::now();
@@ -438,7 +436,7 @@ mod tests {
     fn adoption_repairs_the_slots_a_dead_agent_left_locked() {
         let table = PeerTable::anonymous(4);
         for (slot, id) in [(0, 10), (1, 11), (2, 12)] {
-            table.reset(slot, PeerRecord::admitted(id, 5));
+            table.reset(slot, &PeerSlot::admitted(id, 5));
         }
         assert!(
             table.repair_stale_locks(|_| None, 0).is_empty(),

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use monitor_common::{
-    maps::PeerRecord,
+    maps::PeerSlot,
     passive::{SOURCE_HEARTBEAT, is_derived_id},
 };
 
@@ -136,11 +136,11 @@ impl Registry {
         if self.derived_ids_reserved && source == SOURCE_HEARTBEAT && is_derived_id(id) {
             return Err(AdmitError::Reserved(id));
         }
-        self.admit_record(table, PeerRecord::admitted_passive(id, now_ns, source))
+        self.admit_slot(table, PeerSlot::admitted_passive(id, now_ns, source))
     }
 
-    fn admit_record(&mut self, table: &PeerTable, record: PeerRecord) -> Result<u32, AdmitError> {
-        let id = record.peer_id;
+    fn admit_slot(&mut self, table: &PeerTable, fresh: PeerSlot) -> Result<u32, AdmitError> {
+        let id = fresh.hot.peer_id;
         if self.slots.contains_key(&id) {
             return Err(AdmitError::Exists(id));
         }
@@ -152,7 +152,7 @@ impl Registry {
             }
             None => return Err(AdmitError::Full(self.capacity)),
         };
-        table.reset(slot, record);
+        table.reset(slot, &fresh);
         if let Err(source) = self.index.insert(id, slot) {
             self.free.push(slot);
             return Err(AdmitError::Index { id, source });
@@ -176,7 +176,7 @@ impl Registry {
         debug_assert!(indexed, "peer {id} was not in the kernel's index");
         self.slots.remove(&id);
         self.owners[slot as usize] = None;
-        table.reset(slot, PeerRecord::admitted(0, 0));
+        table.reset(slot, &PeerSlot::admitted(0, 0));
         self.free.push(slot);
         Ok(slot)
     }

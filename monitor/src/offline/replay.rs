@@ -83,9 +83,9 @@ pub fn replay(trace: &[Arrival], params: &DetectorParams, clock: ReplayClock) ->
     let estimate_of = |slot: &PeerSlot| {
         if params.needs_ring() {
             let ring: Vec<u32> = window_intervals(slot, config.window).collect();
-            params.estimate(&slot.record, &ring)
+            params.estimate(&slot.record(), &ring)
         } else {
-            params.estimate(&slot.record, &[])
+            params.estimate(&slot.record(), &[])
         }
     };
     let mut estimate = estimate_of(&slot);
@@ -116,7 +116,7 @@ pub fn replay(trace: &[Arrival], params: &DetectorParams, clock: ReplayClock) ->
                 mistake_ns += a.at_ns - since;
             }
         }
-        let silence_ms = (now - slot.record.last_arrival_ns) as f64 / 1e6;
+        let silence_ms = (now - slot.record().last_arrival_ns) as f64 / 1e6;
         let suspected = match params.model {
             Model::Fixed => silence_ms >= params.timeout_ms,
             _ => params.phi(&estimate, silence_ms) >= params.threshold,
@@ -185,9 +185,9 @@ fn replay_exact(trace: &[Arrival], params: &DetectorParams, tail_ms: f64) -> Rep
     let estimate_of = |slot: &PeerSlot| {
         if params.needs_ring() {
             let ring: Vec<u32> = window_intervals(slot, config.window).collect();
-            params.estimate(&slot.record, &ring)
+            params.estimate(&slot.record(), &ring)
         } else {
-            params.estimate(&slot.record, &[])
+            params.estimate(&slot.record(), &[])
         }
     };
     let threshold = params.level_silences(&[params.threshold]);

@@ -102,6 +102,12 @@ enum Probe {
         #[arg(long, default_value_t = 5)]
         period_s: u64,
     },
+    /// One dependent memory miss over a table the size of N peers' kernel state (a pointer
+    /// chase), ns, and what per-peer state one heartbeat touches: the limit's third term.
+    Limit {
+        #[arg(long)]
+        peers: u64,
+    },
     /// A userspace UDP receiver feeding the same statistics, for comparison with XDP.
     Receiver {
         #[arg(long, default_value = "0.0.0.0:18498")]
@@ -183,6 +189,7 @@ fn main() {
         } => soak(
             &socket, &monitor, &ns, &to, peers, rate, seconds, churn, period_s,
         ),
+        Probe::Limit { peers } => integration_tests::limit::limit_report(peers),
         Probe::Receiver { bind, duration_s } => serde_json::to_value(bench::udp_receiver(
             &bind,
             Duration::from_secs(duration_s),
