@@ -24,7 +24,7 @@ impl Agent {
             std::collections::HashMap::with_capacity(wanted.len());
         let mut all: Vec<(f64, u64, f64, u8)> = Vec::new();
         {
-            let trackers = self.trackers.lock().expect("trackers lock");
+            let trackers = self.trackers.lock();
             for (t, watch) in trackers.peers.iter().zip(&trackers.watch) {
                 let Some(t) = t else { continue };
                 let crossed = t.crossed();

@@ -52,7 +52,7 @@ pub struct Agent {
     table: PeerTable,
     registry: RwLock<Registry>,
     /// Sweep state, indexed by slot.
-    trackers: Mutex<Trackers>,
+    trackers: parking_lot::Mutex<Trackers>,
     /// Replaced whole when SIGHUP changes the levels or the detector (`set_detector`), always
     /// while the trackers are locked, so each chunk of a sweep sees one config for all its
     /// peers. Its model says whether a read copies the window (`needs_ring`).
@@ -165,7 +165,7 @@ impl Agent {
         Self {
             table: parts.table,
             registry: RwLock::new(parts.registry),
-            trackers: Mutex::new(Trackers::new(capacity)),
+            trackers: parking_lot::Mutex::new(Trackers::new(capacity)),
             detector: RwLock::new(Arc::new(parts.detector)),
             program: parts.program,
             events,

@@ -19,7 +19,7 @@ use crate::{
 
 impl Agent {
     fn qos(&self, slot: u32, id: u64, now: u64) -> Option<crate::detector::qos::QosReport> {
-        let trackers = self.trackers.lock().expect("trackers lock");
+        let trackers = self.trackers.lock();
         trackers.of(slot, id).map(|t| t.qos(now))
     }
 
@@ -37,7 +37,7 @@ impl Agent {
     /// new suspicions are held, the level raised before the hold. Returns whether they are.
     fn add_tracked(&self, views: &mut [(u32, PeerView)], levels: &Levels, now: u64) -> bool {
         let holding = self.holding();
-        let trackers = self.trackers.lock().expect("trackers lock");
+        let trackers = self.trackers.lock();
         for (slot, view) in views.iter_mut() {
             view.qos = trackers.of(*slot, view.id).map(|t| t.qos(now));
             if holding {
@@ -70,7 +70,7 @@ impl Agent {
         let now = monotonic_ns();
         let mut view = PeerView::new(&record, &ring, now, &detector, self.qos(slot, id, now));
         if self.holding() {
-            let trackers = self.trackers.lock().expect("trackers lock");
+            let trackers = self.trackers.lock();
             view.hold(Self::raised(&trackers, slot, id, &detector.levels));
         }
         if window {
@@ -116,7 +116,7 @@ impl Agent {
         let now = monotonic_ns();
         let candidates: Vec<(u64, u32)> = {
             let registry = self.registry.read().expect("registry lock");
-            let trackers = self.trackers.lock().expect("trackers lock");
+            let trackers = self.trackers.lock();
             // At or above the first level, a peer whose dense state says it is below that
             // level is passed over without its tracker (under half the bytes a peer costs
             // otherwise). The levels are read under the trackers lock, which `set_detector`

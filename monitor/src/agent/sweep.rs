@@ -52,7 +52,7 @@ impl Agent {
         // `peers`' QoS, a metrics scrape) waits for one chunk, not for the whole sweep.
         for start in (0..used).step_by(SWEEP_CHUNK) {
             let end = (start + SWEEP_CHUNK).min(used);
-            let mut trackers = self.trackers.lock().expect("trackers lock");
+            let mut trackers = self.trackers.lock();
             // Under the trackers lock: the levels cannot change during a chunk (`set_detector`
             // takes it to re-level every peer).
             let detector = self.detector();
@@ -119,8 +119,11 @@ impl Agent {
                 t.observe(&record, &ring, watch, lazy, &detector, time, &mut emit);
                 *tracker = Some(t);
             }
+            // Handed to a waiting query, if any: an unfair unlock lets this loop take the lock
+            // straight back, chunk after chunk, while the query waits out the whole sweep.
+            parking_lot::MutexGuard::unlock_fair(trackers);
         }
-        let trackers = self.trackers.lock().expect("trackers lock");
+        let trackers = self.trackers.lock();
         let expired = self.expired(&registry, &trackers, now_ns);
         drop(trackers);
         self.look_at_bfd_sessions(&registry);

@@ -61,7 +61,7 @@ impl Agent {
         let mut registry = self.registry.write().expect("registry lock");
         let slot = registry.forget(&self.table, id)?;
         admission.forgotten(id);
-        self.trackers.lock().expect("trackers lock").clear(slot);
+        self.trackers.lock().clear(slot);
         drop(registry);
         drop(admission);
         self.publish(Event::Forget {
