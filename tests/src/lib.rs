@@ -4,6 +4,7 @@
 pub mod agent_process;
 pub mod attack;
 pub mod bench;
+pub mod cgroup;
 pub mod daemon;
 pub mod fixture;
 pub mod fleet_net;

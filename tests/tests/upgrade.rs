@@ -46,6 +46,10 @@ fn variant_bin() -> PathBuf {
         .expect("<target>/<profile>/monitor")
         .join("upgrade-variant");
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    seed_from_tested_build(
+        monitor_bin().parent().expect("<target>/<profile>"),
+        &target.join("debug"),
+    );
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let out = Command::new(cargo)
         .args(["build", "-p", "monitor", "--bin", "monitor"])
@@ -65,6 +69,50 @@ fn variant_bin() -> PathBuf {
         "the second build has no XDP program: put bpf-linker on PATH (cargo xtask test does)"
     );
     target.join("debug").join("monitor")
+}
+
+/// Gives a new variant target directory the libraries the tested build already compiled, with
+/// their fingerprints (copies, times kept, so that neither build ever writes into the other's
+/// files): both builds are `cargo build -p monitor` with the same features, so cargo then
+/// rebuilds only what the variant changes (monitor's build script and the crate), where a
+/// fresh clone would otherwise compile every dependency a second time.
+fn seed_from_tested_build(tested: &Path, variant: &Path) {
+    if variant.exists() {
+        return;
+    }
+    // Copied beside it and renamed into place: a copy cut short (a killed run) is never taken
+    // for a seeded directory.
+    let staging = variant.with_extension("seeding");
+    let _ = std::fs::remove_dir_all(&staging);
+    let deps = staging.join("deps");
+    std::fs::create_dir_all(&deps).unwrap();
+    // Libraries and their dep-info only: the test and binary executables are big and unused.
+    let libraries: Vec<PathBuf> = std::fs::read_dir(tested.join("deps"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.extension()
+                .is_some_and(|e| ["rlib", "rmeta", "so", "d"].iter().any(|x| e == *x))
+        })
+        .collect();
+    for (what, sources, into) in [
+        ("libraries", libraries, deps),
+        (
+            "build scripts and fingerprints",
+            vec![tested.join("build"), tested.join(".fingerprint")],
+            staging.clone(),
+        ),
+    ] {
+        let status = Command::new("cp")
+            .arg("-a")
+            .args(&sources)
+            .arg(&into)
+            .status()
+            .expect("spawn cp");
+        assert!(status.success(), "copying the tested build's {what}");
+    }
+    std::fs::rename(&staging, variant).unwrap();
 }
 
 /// A script in `dir` that runs `bin` with only the capabilities the systemd unit leaves the
