@@ -65,6 +65,22 @@ pub fn unique_name(prefix: &str) -> String {
     format!("{prefix}{}x{n}", std::process::id() % 100_000)
 }
 
+/// Polls `check` every 20 ms until it says `Ok`, and returns that; if `limit` passes first,
+/// the last `Err` it gave, for the caller's assertion to show what was seen.
+pub fn poll_until<T, E>(
+    limit: std::time::Duration,
+    mut check: impl FnMut() -> Result<T, E>,
+) -> Result<T, E> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        match check() {
+            Ok(value) => return Ok(value),
+            Err(last) if std::time::Instant::now() >= deadline => return Err(last),
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
+    }
+}
+
 /// Polls `check` every 20 ms until it gives a value, and returns it; panics naming `what` if
 /// `limit` passes first. For waiting on an observable condition instead of sleeping.
 pub fn wait_for<T>(

@@ -31,6 +31,24 @@ pub fn ip(args: &[&str]) {
 }
 
 impl NetnsPair {
+    /// Packets the veth itself dropped between the two ends (b's transmit and a's receive
+    /// drops: on a loaded host the receiving end's queue can overflow before any XDP program
+    /// sees the packet); a sender's count includes them.
+    pub fn dropped_on_the_way(&self) -> u64 {
+        let stat = |ns: &str, iface: &str, dir: &str| -> u64 {
+            let out = Command::new("ip")
+                .args(["-n", ns, "-s", "-j", "link", "show", "dev", iface])
+                .output()
+                .expect("running ip (iproute2)");
+            let links: serde_json::Value =
+                serde_json::from_slice(&out.stdout).expect("ip -j link show");
+            links[0]["stats64"][dir]["dropped"]
+                .as_u64()
+                .expect("the link's dropped count")
+        };
+        stat(&self.ns_b, &self.iface_b, "tx") + stat(&self.ns_a, &self.iface_a, "rx")
+    }
+
     /// Creates the pair; `subnet` is the third octet of 10.211.<subnet>.0/24.
     pub fn new(subnet: u8) -> Self {
         Self::named(subnet, ["hbma", "hbmb"], ["hbva", "hbvb"])
