@@ -4,6 +4,7 @@
 use std::{
     io::{BufRead, BufReader},
     process::{Command, Stdio},
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, bail};
@@ -22,9 +23,10 @@ pub struct TestArgs {
 }
 
 pub fn run(args: &TestArgs) -> Result<()> {
-    setup::ensure()?;
+    let mut phases = Phases::start();
+    phases.time("setup", setup::ensure)?;
     workspace::require_root("test")?;
-    build::build(false)?;
+    phases.time("build", || build::build(false))?;
     // tests/tests/deb_package.rs checks the .deb: the release build (incremental: seconds when
     // nothing changed, minutes after a change to the agent) and cargo-deb (strip, xz: ~20 s).
     // A run limited to other test files (`-- --test NAME`) does not need it.
@@ -40,14 +42,14 @@ pub fn run(args: &TestArgs) -> Result<()> {
         )
         .collect();
     let deb = if only_files.is_empty() || only_files.contains(&"deb_package") {
-        build::build(true)?;
-        Some(package::package()?)
+        phases.time("release build", || build::build(true))?;
+        Some(phases.time("package", package::package)?)
     } else {
         None
     };
     // A test filter asks for some tests, not for a review of the tree.
     if args.cargo_args.is_empty() {
-        lint::lint()?;
+        phases.time("lint", lint::lint)?;
     }
     let mut cmd = workspace::cargo();
     // Default members: every crate but the eBPF one, which only builds for the BPF target.
@@ -57,15 +59,55 @@ pub fn run(args: &TestArgs) -> Result<()> {
     if let Some(deb) = &deb {
         cmd.env("HEARTBEAT_MONITOR_DEB", deb);
     }
-    let (passed, failed) = run_counting(&mut cmd)?;
+    let (passed, failed) = phases.time("tests (build and run)", || run_counting(&mut cmd))?;
     if args.fuzz_seconds > 0 && args.cargo_args.is_empty() {
-        for target in fuzz::TARGETS {
-            fuzz::fuzz(target, args.fuzz_seconds)?;
-        }
+        phases.time("fuzz (build and run)", || {
+            fuzz::TARGETS
+                .iter()
+                .try_for_each(|target| fuzz::fuzz(target, args.fuzz_seconds))
+        })?;
     }
     // One closing line for the whole run (cargo's own last line is a crate's doc-tests).
     println!("tests: {passed} passed, {failed} failed");
     Ok(())
+}
+
+/// How long each phase of a run took, printed when the run ends (also when a phase fails), so
+/// a slow CI run says where its time went.
+struct Phases {
+    started: Instant,
+    done: Vec<(&'static str, Duration)>,
+}
+
+impl Phases {
+    fn start() -> Self {
+        Self {
+            started: Instant::now(),
+            done: Vec::new(),
+        }
+    }
+
+    fn time<T>(&mut self, phase: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let started = Instant::now();
+        let result = f();
+        self.done.push((phase, started.elapsed()));
+        result
+    }
+}
+
+impl Drop for Phases {
+    fn drop(&mut self) {
+        let phases: Vec<String> = self
+            .done
+            .iter()
+            .map(|(phase, took)| format!("{phase} {:.0} s", took.as_secs_f64()))
+            .collect();
+        println!(
+            "phases: {} (all {:.0} s)",
+            phases.join(", "),
+            self.started.elapsed().as_secs_f64()
+        );
+    }
 }
 
 /// Runs `cargo test`, echoing its output, and sums its `test result:` lines.
