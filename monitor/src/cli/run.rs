@@ -23,13 +23,19 @@ use monitor_common::{
 };
 
 /// `--model`: the detector's models as clap values, named and described as `Model` names and
-/// describes them (the clap glue lives here, not in detector/).
+/// describes them (the clap glue lives here, not in detector/). `budget` is chosen by
+/// `--budget`, which also says the budget.
 fn model_parser() -> impl clap::builder::TypedValueParser<Value = Model> {
     use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
-    PossibleValuesParser::new(Model::ALL.map(|m| match m.about() {
-        Some(about) => PossibleValue::new(m.name()).help(about),
-        None => PossibleValue::new(m.name()),
-    }))
+    PossibleValuesParser::new(
+        Model::ALL
+            .into_iter()
+            .filter(|&m| m != Model::Budget)
+            .map(|m| match m.about() {
+                Some(about) => PossibleValue::new(m.name()).help(about),
+                None => PossibleValue::new(m.name()),
+            }),
+    )
     .map(|name| Model::from_name(&name).expect("one of the possible values"))
 }
 
@@ -159,6 +165,14 @@ pub struct RunArgs {
           conflicts_with_all = ["model", "window", "min_std_ms", "pause_ms", "first_interval_ms",
                                 "max_interval_ms", "outage_factor", "timeout_ms"])]
     detector: Option<DetectorParams>,
+    /// Meet this mean detection time per peer (e.g. 500ms, 1.5s): each peer gets, from its own
+    /// window, the deadline rule with the fewest mistakes among those whose deadlines average
+    /// the budget (a timeout, or one anchored on the sender's schedule), re-chosen whenever its
+    /// estimate is refreshed. phi reaches the highest of --levels at the deadline and the
+    /// lower levels before it (docs/tuning.md, "A detection budget"). Replaces --model.
+    #[arg(long, value_parser = parse_budget, value_name = "DURATION", help_heading = "Detector",
+          conflicts_with_all = ["detector", "model", "pause_ms", "timeout_ms"])]
+    budget: Option<Duration>,
     /// How phi is computed: normal (exact normal tail), akka (Akka's approximation),
     /// exponential (Cassandra's), fixed (a plain timeout, --timeout-ms), loss (normal, aware
     /// of lost heartbeats), chen (expected arrival plus a 150 ms margin, binary), bertier
@@ -270,6 +284,14 @@ pub struct RunArgs {
 /// 2 s (a burst of 20,000, then 20,000 a second; the rest re-reported by their next heartbeat).
 const DEFAULT_ADMIT_RATE: u32 = 20_000;
 
+/// A `--budget`: a duration (humantime) of at least 1 ms and at most the longest interval a
+/// window holds.
+fn parse_budget(text: &str) -> Result<Duration, String> {
+    let budget = parse_duration(text)?;
+    monitor::detector::models::budget::check_budget_ms(budget.as_secs_f64() * 1000.0)?;
+    Ok(budget)
+}
+
 fn outage_factor(text: &str) -> Result<u32, String> {
     monitor::detector::spec::parse_outage_factor(text)
 }
@@ -350,13 +372,30 @@ fn agent_config(args: RunArgs) -> anyhow::Result<AgentConfig> {
     if args.stall_bound <= args.sweep_interval {
         anyhow::bail!("--stall-bound must be longer than --sweep-interval");
     }
+    if let Some(budget) = args.budget
+        && budget <= args.sweep_interval
+    {
+        anyhow::bail!(
+            "--budget {} cannot be met by a sweep every {}: the budget must be longer than \
+             --sweep-interval",
+            humantime::format_duration(budget),
+            humantime::format_duration(args.sweep_interval)
+        );
+    }
     let detector = match args.detector {
         Some(spec) => DetectorParams {
             threshold: args.levels.highest(),
             ..spec
         },
         None => DetectorParams {
-            model: args.model,
+            model: if args.budget.is_some() {
+                Model::Budget
+            } else {
+                args.model
+            },
+            budget_ms: args.budget.map_or(DetectorParams::DEFAULT.budget_ms, |b| {
+                b.as_secs_f64() * 1000.0
+            }),
             threshold: args.levels.highest(),
             window: args.window,
             min_std_ms: args.min_std_ms,

@@ -9,7 +9,9 @@
 //!   `alpha_ms`, 0 and then 0.01x to 10x the median interval, 60 points in all, geometric
 //!   after the 0;
 //! - every other `phi:` model (accrual): `threshold`, 0.5 to 64, 60 points spaced
-//!   geometrically.
+//!   geometrically;
+//! - `budget:...`: the budget `ms`, over the grid of `fixed`'s timeout (a budget is a mean
+//!   detection time, as a timeout is).
 //!
 //! Everything here is pure: the replays themselves are the caller's.
 
@@ -38,6 +40,8 @@ pub enum Knob {
     TimeoutMs,
     /// The safety margin of Chen et al.'s and Bertier et al.'s estimators.
     AlphaMs,
+    /// The mean detection budget of `budget`.
+    BudgetMs,
 }
 
 impl Knob {
@@ -47,6 +51,7 @@ impl Knob {
             Knob::Threshold => "threshold",
             Knob::TimeoutMs => "timeout_ms",
             Knob::AlphaMs => "alpha_ms",
+            Knob::BudgetMs => "ms",
         }
     }
 
@@ -56,6 +61,7 @@ impl Knob {
         match params.model.name() {
             "fixed" => Knob::TimeoutMs,
             "chen" | "bertier" => Knob::AlphaMs,
+            "budget" => Knob::BudgetMs,
             _ => Knob::Threshold,
         }
     }
@@ -64,7 +70,7 @@ impl Knob {
     pub fn grid(self, median_ms: f64) -> Vec<f64> {
         match self {
             Knob::Threshold => geometric(THRESHOLD_RANGE.0, THRESHOLD_RANGE.1, GRID_POINTS),
-            Knob::TimeoutMs => geometric(
+            Knob::TimeoutMs | Knob::BudgetMs => geometric(
                 TIMEOUT_RANGE.0 * median_ms,
                 TIMEOUT_RANGE.1 * median_ms,
                 GRID_POINTS,
