@@ -337,6 +337,7 @@ mod tests {
             (Knob::TimeoutMs, 3.7),
             (Knob::AlphaMs, 100.0),
             (Knob::AlphaMs, 1000.0),
+            (Knob::BudgetMs, 100.0),
         ] {
             let grid = knob.grid(median);
             assert_eq!(grid.len(), GRID_POINTS, "{knob:?}");
@@ -346,7 +347,9 @@ mod tests {
             );
             let (lo, hi) = match knob {
                 Knob::Threshold => THRESHOLD_RANGE,
-                Knob::TimeoutMs => (TIMEOUT_RANGE.0 * median, TIMEOUT_RANGE.1 * median),
+                Knob::TimeoutMs | Knob::BudgetMs => {
+                    (TIMEOUT_RANGE.0 * median, TIMEOUT_RANGE.1 * median)
+                }
                 Knob::AlphaMs => (0.0, ALPHA_RANGE.1 * median),
             };
             let close = |a: f64, b: f64| (a - b).abs() <= 1e-3 * b.abs().max(1e-9);
@@ -366,6 +369,7 @@ mod tests {
             ("fixed", Knob::TimeoutMs, "fixed:timeout_ms=250"),
             ("fixed:", Knob::TimeoutMs, "fixed:timeout_ms=250"),
             ("phi", Knob::Threshold, "phi:threshold=250"),
+            ("budget", Knob::BudgetMs, "budget:ms=250"),
             (
                 "phi:model=akka,threshold=3",
                 Knob::Threshold,
@@ -381,6 +385,11 @@ mod tests {
         let f = sweep("fixed", 100.0).unwrap();
         assert_eq!(f.knob, Knob::TimeoutMs);
         assert_eq!(f.settings[0].1.timeout_ms, 105.0);
+        let b = sweep("budget:threshold=3", 100.0).unwrap();
+        assert_eq!(
+            (b.settings[0].1.budget_ms, b.settings[0].1.threshold),
+            (105.0, 3.0)
+        );
         assert!(sweep("phi:model=gauss", 100.0).is_err());
     }
 
