@@ -493,3 +493,103 @@ fn agent_config(args: RunArgs) -> anyhow::Result<AgentConfig> {
         kernel_log: args.kernel_log,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn run_args(flags: &[&str]) -> Result<RunArgs, String> {
+        let argv = ["monitor", "run", "--iface", "lo"].iter().chain(flags);
+        match super::super::Cli::try_parse_from(argv)
+            .map_err(|e| e.to_string())?
+            .command
+        {
+            super::super::Command::Run(args) => Ok(*args),
+            _ => unreachable!("a run command line"),
+        }
+    }
+
+    #[test]
+    fn budget_sets_the_model_and_the_top_level() {
+        let config =
+            agent_config(run_args(&["--budget", "450ms", "--levels", "2,5"]).unwrap()).unwrap();
+        let d = &config.detector;
+        assert_eq!(
+            (d.model, d.budget_ms, d.threshold),
+            (Model::Budget, 450.0, 5.0)
+        );
+        let config = agent_config(run_args(&["--budget", "1.5s"]).unwrap()).unwrap();
+        assert_eq!(config.detector.budget_ms, 1500.0);
+        // Without --budget the model is --model's, and `budget` is not one of its values.
+        let config = agent_config(run_args(&[]).unwrap()).unwrap();
+        assert_eq!(config.detector.model, DetectorParams::DEFAULT.model);
+        assert!(run_args(&["--model", "budget"]).is_err());
+    }
+
+    #[test]
+    fn budget_is_a_config_file_key() {
+        let dir = std::env::temp_dir().join(format!("budget-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("monitor.toml");
+        let argv = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            let argv = ["monitor", "run", "--iface", "lo", "--config"]
+                .map(std::ffi::OsString::from)
+                .into_iter()
+                .chain([path.clone().into_os_string()])
+                .collect();
+            super::super::with_config_file(argv)
+        };
+        let args = argv("budget = \"300ms\"\n").unwrap();
+        let cli = super::super::Cli::try_parse_from(args).unwrap();
+        let super::super::Command::Run(run) = cli.command else {
+            unreachable!()
+        };
+        assert_eq!(agent_config(*run).unwrap().detector.budget_ms, 300.0);
+        let err = argv("budget = \"0s\"\n").unwrap_err();
+        assert!(
+            err.contains("monitor.toml:1") && err.contains("at least 1 ms"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn bad_budgets_are_refused_with_the_reason() {
+        for (flags, expected) in [
+            (&["--budget", "0ms"][..], "at least 1 ms"),
+            (&["--budget=-5ms"], "invalid value"),
+            (&["--budget", "500"], "time unit"),
+            (&["--budget", "100h"], "longer than the longest interval"),
+            (
+                &["--budget", "500ms", "--model", "akka"],
+                "cannot be used with",
+            ),
+            (
+                &["--budget", "500ms", "--timeout-ms", "300"],
+                "cannot be used with",
+            ),
+            (
+                &["--budget", "500ms", "--detector", "phi"],
+                "cannot be used with",
+            ),
+        ] {
+            let err = run_args(flags)
+                .map(|_| ())
+                .expect_err(&format!("{flags:?}"));
+            assert!(err.contains(expected), "{flags:?}: {err}");
+        }
+        let err = agent_config(run_args(&["--budget", "40ms"]).unwrap()).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("must be longer than --sweep-interval"),
+            "{err}"
+        );
+        assert!(
+            agent_config(run_args(&["--budget", "40ms", "--sweep-interval", "10ms"]).unwrap())
+                .is_ok()
+        );
+    }
+}
