@@ -23,13 +23,19 @@ use monitor_common::{
 };
 
 /// `--model`: the detector's models as clap values, named and described as `Model` names and
-/// describes them (the clap glue lives here, not in detector/).
+/// describes them (the clap glue lives here, not in detector/). `budget` is chosen by
+/// `--budget`, which also says the budget.
 fn model_parser() -> impl clap::builder::TypedValueParser<Value = Model> {
     use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
-    PossibleValuesParser::new(Model::ALL.map(|m| match m.about() {
-        Some(about) => PossibleValue::new(m.name()).help(about),
-        None => PossibleValue::new(m.name()),
-    }))
+    PossibleValuesParser::new(
+        Model::ALL
+            .into_iter()
+            .filter(|&m| m != Model::Budget)
+            .map(|m| match m.about() {
+                Some(about) => PossibleValue::new(m.name()).help(about),
+                None => PossibleValue::new(m.name()),
+            }),
+    )
     .map(|name| Model::from_name(&name).expect("one of the possible values"))
 }
 
@@ -159,6 +165,14 @@ pub struct RunArgs {
           conflicts_with_all = ["model", "window", "min_std_ms", "pause_ms", "first_interval_ms",
                                 "max_interval_ms", "outage_factor", "timeout_ms"])]
     detector: Option<DetectorParams>,
+    /// Meet this mean detection time per peer (e.g. 500ms, 1.5s): each peer gets, from its own
+    /// window, the deadline rule with the fewest mistakes among those whose deadlines average
+    /// the budget (a timeout, or one anchored on the sender's schedule), re-chosen whenever its
+    /// estimate is refreshed. phi reaches the highest of --levels at the deadline and the
+    /// lower levels before it (docs/tuning.md, "A detection budget"). Replaces --model.
+    #[arg(long, value_parser = parse_budget, value_name = "DURATION", help_heading = "Detector",
+          conflicts_with_all = ["detector", "model", "pause_ms", "timeout_ms"])]
+    budget: Option<Duration>,
     /// How phi is computed: normal (exact normal tail), akka (Akka's approximation),
     /// exponential (Cassandra's), fixed (a plain timeout, --timeout-ms), loss (normal, aware
     /// of lost heartbeats), chen (expected arrival plus a 150 ms margin, binary), bertier
@@ -270,6 +284,14 @@ pub struct RunArgs {
 /// 2 s (a burst of 20,000, then 20,000 a second; the rest re-reported by their next heartbeat).
 const DEFAULT_ADMIT_RATE: u32 = 20_000;
 
+/// A `--budget`: a duration (humantime) of at least 1 ms and at most the longest interval a
+/// window holds.
+fn parse_budget(text: &str) -> Result<Duration, String> {
+    let budget = parse_duration(text)?;
+    monitor::detector::models::budget::check_budget_ms(budget.as_secs_f64() * 1000.0)?;
+    Ok(budget)
+}
+
 fn outage_factor(text: &str) -> Result<u32, String> {
     monitor::detector::spec::parse_outage_factor(text)
 }
@@ -350,13 +372,30 @@ fn agent_config(args: RunArgs) -> anyhow::Result<AgentConfig> {
     if args.stall_bound <= args.sweep_interval {
         anyhow::bail!("--stall-bound must be longer than --sweep-interval");
     }
+    if let Some(budget) = args.budget
+        && budget <= args.sweep_interval
+    {
+        anyhow::bail!(
+            "--budget {} cannot be met by a sweep every {}: the budget must be longer than \
+             --sweep-interval",
+            humantime::format_duration(budget),
+            humantime::format_duration(args.sweep_interval)
+        );
+    }
     let detector = match args.detector {
         Some(spec) => DetectorParams {
             threshold: args.levels.highest(),
             ..spec
         },
         None => DetectorParams {
-            model: args.model,
+            model: if args.budget.is_some() {
+                Model::Budget
+            } else {
+                args.model
+            },
+            budget_ms: args.budget.map_or(DetectorParams::DEFAULT.budget_ms, |b| {
+                b.as_secs_f64() * 1000.0
+            }),
             threshold: args.levels.highest(),
             window: args.window,
             min_std_ms: args.min_std_ms,
@@ -453,4 +492,104 @@ fn agent_config(args: RunArgs) -> anyhow::Result<AgentConfig> {
         fleet,
         kernel_log: args.kernel_log,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn run_args(flags: &[&str]) -> Result<RunArgs, String> {
+        let argv = ["monitor", "run", "--iface", "lo"].iter().chain(flags);
+        match super::super::Cli::try_parse_from(argv)
+            .map_err(|e| e.to_string())?
+            .command
+        {
+            super::super::Command::Run(args) => Ok(*args),
+            _ => unreachable!("a run command line"),
+        }
+    }
+
+    #[test]
+    fn budget_sets_the_model_and_the_top_level() {
+        let config =
+            agent_config(run_args(&["--budget", "450ms", "--levels", "2,5"]).unwrap()).unwrap();
+        let d = &config.detector;
+        assert_eq!(
+            (d.model, d.budget_ms, d.threshold),
+            (Model::Budget, 450.0, 5.0)
+        );
+        let config = agent_config(run_args(&["--budget", "1.5s"]).unwrap()).unwrap();
+        assert_eq!(config.detector.budget_ms, 1500.0);
+        // Without --budget the model is --model's, and `budget` is not one of its values.
+        let config = agent_config(run_args(&[]).unwrap()).unwrap();
+        assert_eq!(config.detector.model, DetectorParams::DEFAULT.model);
+        assert!(run_args(&["--model", "budget"]).is_err());
+    }
+
+    #[test]
+    fn budget_is_a_config_file_key() {
+        let dir = std::env::temp_dir().join(format!("budget-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("monitor.toml");
+        let argv = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            let argv = ["monitor", "run", "--iface", "lo", "--config"]
+                .map(std::ffi::OsString::from)
+                .into_iter()
+                .chain([path.clone().into_os_string()])
+                .collect();
+            super::super::with_config_file(argv)
+        };
+        let args = argv("budget = \"300ms\"\n").unwrap();
+        let cli = super::super::Cli::try_parse_from(args).unwrap();
+        let super::super::Command::Run(run) = cli.command else {
+            unreachable!()
+        };
+        assert_eq!(agent_config(*run).unwrap().detector.budget_ms, 300.0);
+        let err = argv("budget = \"0s\"\n").unwrap_err();
+        assert!(
+            err.contains("monitor.toml:1") && err.contains("at least 1 ms"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn bad_budgets_are_refused_with_the_reason() {
+        for (flags, expected) in [
+            (&["--budget", "0ms"][..], "at least 1 ms"),
+            (&["--budget=-5ms"], "invalid value"),
+            (&["--budget", "500"], "time unit"),
+            (&["--budget", "100h"], "longer than the longest interval"),
+            (
+                &["--budget", "500ms", "--model", "akka"],
+                "cannot be used with",
+            ),
+            (
+                &["--budget", "500ms", "--timeout-ms", "300"],
+                "cannot be used with",
+            ),
+            (
+                &["--budget", "500ms", "--detector", "phi"],
+                "cannot be used with",
+            ),
+        ] {
+            let err = run_args(flags)
+                .map(|_| ())
+                .expect_err(&format!("{flags:?}"));
+            assert!(err.contains(expected), "{flags:?}: {err}");
+        }
+        let err = agent_config(run_args(&["--budget", "40ms"]).unwrap()).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("must be longer than --sweep-interval"),
+            "{err}"
+        );
+        assert!(
+            agent_config(run_args(&["--budget", "40ms", "--sweep-interval", "10ms"]).unwrap())
+                .is_ok()
+        );
+    }
 }

@@ -12,6 +12,8 @@
 //!   (binary; `bertier`).
 //! - `empirical`: Satzger et al. (2007), the empirical tail of the window (`empirical`).
 //! - `2w`: Tomsic et al. (2015), the lower phi of a short and a long window (`two_windows`).
+//! - `budget`: a mean detection budget met per peer by the deadline rule with the fewest
+//!   mistakes on its window (`budget`).
 //!
 //! Each model is a type of its own in `detector::models`, behind the `PhiModel` trait; this
 //! module holds the flat parameters (what a spec, a config file and a reload compare), the
@@ -28,7 +30,8 @@
 use monitor_common::maps::PeerRecord;
 
 pub use super::models::{
-    Model, akka::akka_phi, chen::Freshness, empirical::EmpiricalTail, two_windows::ShortWindow,
+    Model, akka::akka_phi, budget::BudgetRule, chen::Freshness, empirical::EmpiricalTail,
+    two_windows::ShortWindow,
 };
 use super::{
     loss::LossOdds,
@@ -65,6 +68,8 @@ pub struct DetectorParams {
     pub alpha_ms: Option<f64>,
     /// Intervals in the short window of `2w` (at most `window`; more are taken as `window`).
     pub window_short: u32,
+    /// The mean detection time the `budget` model meets per peer, ms.
+    pub budget_ms: f64,
 }
 
 /// Which intervals enter a peer's window: the rules the kernel applies (`monitor_common::slot`)
@@ -97,6 +102,7 @@ impl DetectorParams {
         timeout_ms: 1000.0,
         alpha_ms: None,
         window_short: 5,
+        budget_ms: super::models::budget::DEFAULT_BUDGET_MS,
     };
 
     /// The model these parameters name, with its parameters.
@@ -369,6 +375,8 @@ pub enum Shape {
     Empirical(EmpiricalTail),
     /// The short window's estimate (`2w`); the long one is the estimate's mean and deviation.
     TwoWindows(ShortWindow),
+    /// The deadline rule chosen for the window and its phi curve (`budget`).
+    Budget(BudgetRule),
 }
 
 /// For each level, the constant k from which the crossing silence follows in a multiply-add:

@@ -9,7 +9,9 @@
 //!   `alpha_ms`, 0 and then 0.01x to 10x the median interval, 60 points in all, geometric
 //!   after the 0;
 //! - every other `phi:` model (accrual): `threshold`, 0.5 to 64, 60 points spaced
-//!   geometrically.
+//!   geometrically;
+//! - `budget:...`: the budget `ms`, over the grid of `fixed`'s timeout (a budget is a mean
+//!   detection time, as a timeout is).
 //!
 //! Everything here is pure: the replays themselves are the caller's.
 
@@ -38,6 +40,8 @@ pub enum Knob {
     TimeoutMs,
     /// The safety margin of Chen et al.'s and Bertier et al.'s estimators.
     AlphaMs,
+    /// The mean detection budget of `budget`.
+    BudgetMs,
 }
 
 impl Knob {
@@ -47,6 +51,7 @@ impl Knob {
             Knob::Threshold => "threshold",
             Knob::TimeoutMs => "timeout_ms",
             Knob::AlphaMs => "alpha_ms",
+            Knob::BudgetMs => "ms",
         }
     }
 
@@ -56,6 +61,7 @@ impl Knob {
         match params.model.name() {
             "fixed" => Knob::TimeoutMs,
             "chen" | "bertier" => Knob::AlphaMs,
+            "budget" => Knob::BudgetMs,
             _ => Knob::Threshold,
         }
     }
@@ -64,7 +70,7 @@ impl Knob {
     pub fn grid(self, median_ms: f64) -> Vec<f64> {
         match self {
             Knob::Threshold => geometric(THRESHOLD_RANGE.0, THRESHOLD_RANGE.1, GRID_POINTS),
-            Knob::TimeoutMs => geometric(
+            Knob::TimeoutMs | Knob::BudgetMs => geometric(
                 TIMEOUT_RANGE.0 * median_ms,
                 TIMEOUT_RANGE.1 * median_ms,
                 GRID_POINTS,
@@ -331,6 +337,7 @@ mod tests {
             (Knob::TimeoutMs, 3.7),
             (Knob::AlphaMs, 100.0),
             (Knob::AlphaMs, 1000.0),
+            (Knob::BudgetMs, 100.0),
         ] {
             let grid = knob.grid(median);
             assert_eq!(grid.len(), GRID_POINTS, "{knob:?}");
@@ -340,7 +347,9 @@ mod tests {
             );
             let (lo, hi) = match knob {
                 Knob::Threshold => THRESHOLD_RANGE,
-                Knob::TimeoutMs => (TIMEOUT_RANGE.0 * median, TIMEOUT_RANGE.1 * median),
+                Knob::TimeoutMs | Knob::BudgetMs => {
+                    (TIMEOUT_RANGE.0 * median, TIMEOUT_RANGE.1 * median)
+                }
                 Knob::AlphaMs => (0.0, ALPHA_RANGE.1 * median),
             };
             let close = |a: f64, b: f64| (a - b).abs() <= 1e-3 * b.abs().max(1e-9);
@@ -360,6 +369,7 @@ mod tests {
             ("fixed", Knob::TimeoutMs, "fixed:timeout_ms=250"),
             ("fixed:", Knob::TimeoutMs, "fixed:timeout_ms=250"),
             ("phi", Knob::Threshold, "phi:threshold=250"),
+            ("budget", Knob::BudgetMs, "budget:ms=250"),
             (
                 "phi:model=akka,threshold=3",
                 Knob::Threshold,
@@ -375,6 +385,11 @@ mod tests {
         let f = sweep("fixed", 100.0).unwrap();
         assert_eq!(f.knob, Knob::TimeoutMs);
         assert_eq!(f.settings[0].1.timeout_ms, 105.0);
+        let b = sweep("budget:threshold=3", 100.0).unwrap();
+        assert_eq!(
+            (b.settings[0].1.budget_ms, b.settings[0].1.threshold),
+            (105.0, 3.0)
+        );
         assert!(sweep("phi:model=gauss", 100.0).is_err());
     }
 

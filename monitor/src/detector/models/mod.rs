@@ -21,6 +21,7 @@ use super::{
 
 pub mod akka;
 pub mod bertier;
+pub mod budget;
 pub mod chen;
 pub mod empirical;
 pub mod exponential;
@@ -297,6 +298,7 @@ registry! {
     Bertier => bertier::Bertier,
     Empirical => empirical::Empirical,
     TwoWindows => two_windows::TwoWindows,
+    Budget => budget::Budget,
 }
 
 impl Model {
