@@ -245,4 +245,67 @@ mod tests {
         // And one key is one function: the same id, the same home.
         assert_eq!(home(12345, bits, &a), home(12345, bits, &a));
     }
+
+    // The crate is no_std; this measurement prints and allocates.
+    extern crate std;
+
+    /// A measurement for the design of issue 23's one-line lookup (docs/tuning.md, "The id
+    /// lookup: one line per heartbeat"), not a check: how far ids land from their home under
+    /// this hash when each line holds `per_line` entries, the table has `lines_per_slot` lines
+    /// per slot of capacity and a probe looks at `probe` lines. `per_line` 4 at half a line per
+    /// slot is today's index; 1 is open addressing over the hot lines themselves. Run with
+    /// `cargo test -p monitor-common --lib index::tests::probe_lengths -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a measurement: prints a table"]
+    fn probe_lengths() {
+        use std::{println, vec};
+        // (entries per line, lines per slot as a fraction, probe lines, what it is)
+        let layouts: [(usize, (u64, u64), u32, &str); 5] = [
+            (4, (1, 2), 16, "index today (+1: the hot line)"),
+            (1, (2, 1), 16, "hot lines, 2 a slot"),
+            (1, (4, 1), 16, "hot lines, 4 a slot"),
+            (1, (2, 1), 32, "hot lines, 2 a slot, 32-line probe"),
+            (1, (4, 1), 32, "hot lines, 4 a slot, 32-line probe"),
+        ];
+        println!(
+            "| layout | capacity | peers | load | at home | lines the lookup reads (mean) | farthest | refused |"
+        );
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+        for (per_line, (num, den), probe, what) in layouts {
+            for (capacity, peers) in [
+                (1024u64, 1000u64),
+                (65_536, 50_000),
+                (65_536, 65_536),
+                (1 << 20, 1_000_000),
+            ] {
+                let lines = (capacity * num / den).next_power_of_two();
+                let bits = lines.trailing_zeros();
+                let mut used = vec![0u8; lines as usize];
+                let (mut at_home, mut read, mut farthest, mut refused) = (0u64, 0u64, 0u32, 0u64);
+                let k = key(per_line as u8 + probe as u8 + num as u8);
+                for id in 1..=peers {
+                    let h = home(id, bits, &k);
+                    let spot = (0..probe).find(|&d| {
+                        (used[((h + d) as u64 & (lines - 1)) as usize] as usize) < per_line
+                    });
+                    match spot {
+                        Some(d) => {
+                            used[((h + d) as u64 & (lines - 1)) as usize] += 1;
+                            at_home += (d == 0) as u64;
+                            read += d as u64 + 1;
+                            farthest = farthest.max(d);
+                        }
+                        None => refused += 1,
+                    }
+                }
+                let placed = (peers - refused).max(1) as f64;
+                println!(
+                    "| {what} | {capacity} | {peers} | {:.2} | {:.1}% | {:.3} | {farthest} | {refused} |",
+                    peers as f64 / (lines * per_line as u64) as f64,
+                    100.0 * at_home as f64 / placed,
+                    read as f64 / placed,
+                );
+            }
+        }
+    }
 }
