@@ -28,12 +28,17 @@ fn a_stopped_sender_climbs_every_level_in_order_then_recovers() {
             "10ms",
         ],
     );
-    let mut watcher = agent.subscribe();
     let send = spawn(sender(&pair, 5, "20ms", &["--incarnation", "1"]));
-    wait_for(Duration::from_secs(15), "50 heartbeats of peer 5", || {
+    let steady = wait_for(Duration::from_secs(15), "50 heartbeats of peer 5", || {
         let peer = &agent.ask(json!({"op": "peer", "id": 5}))["peer"];
-        (peer["heartbeats"].as_u64().unwrap() >= 50).then_some(())
+        (peer["heartbeats"].as_u64().unwrap() >= 50 && peer["level"].is_null())
+            .then(|| peer.clone())
     });
+    // Subscribed once the stream is steady: a listed peer is judged from its admission, so
+    // a sender that took longer to start than the bootstrap estimate's first level (165 ms,
+    // easily, on a loaded machine) was rightly suspected before its first heartbeat, and
+    // recovered with it; that start is not what this test is about.
+    let mut watcher = agent.subscribe();
     drop(send); // SIGKILL: the sender dies mid-stream
 
     let suspects = |events: &[Value]| {
@@ -93,9 +98,12 @@ fn a_stopped_sender_climbs_every_level_in_order_then_recovers() {
             (peer["incarnation"] == json!(2) && peer["level"].is_null()).then_some(peer)
         },
     );
-    let qos = &peer["qos"];
-    assert_eq!(qos["s_transitions"], json!(1), "{peer}");
-    assert_eq!(qos["mistakes"], json!(1), "{peer}");
+    // This kill's conviction and its end: one more of each than before it (a slow start may
+    // have counted one already, see above).
+    let (qos, before) = (&peer["qos"], &steady["qos"]);
+    let more = |key: &str| qos[key].as_u64().unwrap() - before[key].as_u64().unwrap();
+    assert_eq!(more("s_transitions"), 1, "{peer} after {steady}");
+    assert_eq!(more("mistakes"), 1, "{peer} after {steady}");
     assert!(qos["mistake_total_ms"].as_f64().unwrap() > 0.0, "{peer}");
     assert!(
         agent.ask(json!({"op": "suspects"}))["suspects"]
