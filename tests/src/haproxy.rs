@@ -6,8 +6,16 @@ use std::{
     io::{Read, Write},
     net::TcpStream,
     os::unix::net::UnixStream,
-    path::Path,
+    path::{Path, PathBuf},
+    process::Stdio,
     time::{Duration, Instant},
+};
+
+use crate::{
+    agent_process::{ChildGuard, sender, spawn},
+    daemon::Daemon,
+    monitor_bin,
+    netns::NetnsPair,
 };
 
 /// A backend: prints its name to each GET and appends the Unix time of each to its log.
@@ -28,6 +36,54 @@ class H(http.server.BaseHTTPRequestHandler):
 http.server.ThreadingHTTPServer.allow_reuse_address = True
 http.server.ThreadingHTTPServer((sys.argv[4], port), H).serve_forever()
 "#;
+
+/// One of a HAProxy test's backends: an HTTP server (`BACKEND_PY`) that is also a heartbeat
+/// peer; killing both is killing the backend.
+pub struct Backend {
+    pub server: Daemon,
+    pub heartbeats: ChildGuard,
+}
+
+impl Backend {
+    /// Backend `i` in the pair's b namespace: `BACKEND_PY` (at `backend_py`) serving as `b{i}`
+    /// on the b address, port 8000 + i, each GET logged to `log`; and peer `i`'s heartbeats
+    /// every `interval`.
+    pub fn start(pair: &NetnsPair, backend_py: &Path, i: u64, log: &Path, interval: &str) -> Self {
+        let mut cmd = NetnsPair::command_in(&pair.ns_b, Path::new("python3"));
+        cmd.arg(backend_py)
+            .args([
+                &format!("b{i}"),
+                &(8000 + i).to_string(),
+                log.to_str().unwrap(),
+                &pair.addr_b,
+            ])
+            .stdin(Stdio::null());
+        Self {
+            server: Daemon::new(cmd.spawn().expect("python3 backend")),
+            heartbeats: spawn(sender(pair, i, interval, &[])),
+        }
+    }
+}
+
+/// Writes `BACKEND_PY` into `dir`; its path.
+pub fn write_backend_py(dir: &Path) -> PathBuf {
+    let path = dir.join("backend.py");
+    std::fs::write(&path, BACKEND_PY).unwrap();
+    path
+}
+
+/// `monitor haproxy-agent` in the pair's a namespace, on 127.0.0.1:`port`, answering from the
+/// agent at `socket`.
+pub fn agent_responder(pair: &NetnsPair, port: u16, socket: &Path) -> Daemon {
+    let mut responder = NetnsPair::command_in(&pair.ns_a, &monitor_bin());
+    responder
+        .args(["haproxy-agent", "--listen", &format!("127.0.0.1:{port}")])
+        .arg("--socket")
+        .arg(socket)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null());
+    Daemon::new(responder.spawn().expect("monitor haproxy-agent"))
+}
 
 /// `show stat` through the stats socket: server name -> column -> value.
 pub fn show_stat(socket: &Path) -> HashMap<String, HashMap<String, String>> {

@@ -11,7 +11,6 @@ pub mod fleet_net;
 pub mod frr;
 pub mod haproxy;
 pub mod http;
-pub mod limit;
 pub mod netns;
 pub mod packet;
 pub mod soak;

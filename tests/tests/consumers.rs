@@ -20,9 +20,9 @@ use std::{
 };
 
 use integration_tests::{
-    agent_process::{AgentProcess, ChildGuard, TempDir, sender, spawn},
+    agent_process::{AgentProcess, TempDir, sender, spawn},
     daemon::{Daemon, enter_netns},
-    haproxy::{BACKEND_PY, Outcome, col, get, num, show_stat},
+    haproxy::{Backend, Outcome, agent_responder, col, get, num, show_stat, write_backend_py},
     monitor_bin,
     netns::NetnsPair,
     require_root, wait_for,
@@ -40,40 +40,17 @@ fn haproxy_agent_check_marks_a_dead_backend_down_and_a_lost_agent_changes_nothin
     let agent_port = 19_777;
     let front_port = 18_080;
     let stats = dir.0.join("haproxy.sock");
-    let backend_py = dir.0.join("backend.py");
-    std::fs::write(&backend_py, BACKEND_PY).unwrap();
+    let backend_py = write_backend_py(&dir.0);
 
     // Three backends in the b namespace, each also a heartbeat peer.
-    let start_backend = |i: u64| -> (Daemon, ChildGuard, PathBuf) {
+    let start_backend = |i: u64| -> (Backend, PathBuf) {
         let log = dir.0.join(format!("backend{i}.log"));
-        let mut cmd = NetnsPair::command_in(&pair.ns_b, Path::new("python3"));
-        cmd.arg(&backend_py)
-            .args([
-                &format!("b{i}"),
-                &(8000 + i).to_string(),
-                log.to_str().unwrap(),
-                &pair.addr_b,
-            ])
-            .stdin(Stdio::null());
-        let server = Daemon::new(cmd.spawn().expect("python3 backend"));
-        let heartbeats = spawn(sender(&pair, i, "20ms", &[]));
-        (server, heartbeats, log)
+        (Backend::start(&pair, &backend_py, i, &log, "20ms"), log)
     };
-    let mut backends: Vec<Option<(Daemon, ChildGuard, PathBuf)>> =
+    let mut backends: Vec<Option<(Backend, PathBuf)>> =
         (1..=3).map(|i| Some(start_backend(i))).collect();
 
-    let mut responder = NetnsPair::command_in(&pair.ns_a, &monitor_bin());
-    responder
-        .args([
-            "haproxy-agent",
-            "--listen",
-            &format!("127.0.0.1:{agent_port}"),
-        ])
-        .arg("--socket")
-        .arg(agent.socket())
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null());
-    let responder = Daemon::new(responder.spawn().expect("monitor haproxy-agent"));
+    let responder = agent_responder(&pair, agent_port, agent.socket());
 
     let mut cfg = format!(
         "global\n  stats socket {} level admin\n  maxconn 2000\n\
@@ -162,7 +139,13 @@ fn haproxy_agent_check_marks_a_dead_backend_down_and_a_lost_agent_changes_nothin
     thread::sleep(Duration::from_millis(500));
 
     // Kill backend 2: its HTTP server and its heartbeats together.
-    let (mut server, mut heartbeats, log2) = backends[1].take().unwrap();
+    let (
+        Backend {
+            mut server,
+            mut heartbeats,
+        },
+        log2,
+    ) = backends[1].take().unwrap();
     let killed = Instant::now();
     let _ = server.child.kill();
     let _ = heartbeats.0.kill();

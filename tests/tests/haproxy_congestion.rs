@@ -31,10 +31,9 @@ use std::{
 };
 
 use integration_tests::{
-    agent_process::{AgentProcess, ChildGuard, TempDir, sender, spawn},
+    agent_process::{AgentProcess, TempDir},
     daemon::{Daemon, enter_netns},
-    haproxy::{BACKEND_PY, col, get, num, show_stat},
-    monitor_bin,
+    haproxy::{Backend, agent_responder, col, get, num, show_stat, write_backend_py},
     netns::{NetnsPair, ip},
     require_root, wait_for,
 };
@@ -108,11 +107,6 @@ struct Load {
     failed: u64,
 }
 
-struct Backend {
-    server: Daemon,
-    heartbeats: ChildGuard,
-}
-
 #[test]
 fn under_congestion_the_agent_check_marks_no_live_backend_down_where_haproxys_checks_do() {
     require_root();
@@ -127,8 +121,7 @@ fn under_congestion_the_agent_check_marks_no_live_backend_down_where_haproxys_ch
     let mut agent_args = vec!["--peers", peers.as_str()];
     agent_args.extend(AGENT_ARGS);
     let agent = AgentProcess::start(&pair, &agent_args);
-    let backend_py = dir.0.join("backend.py");
-    std::fs::write(&backend_py, BACKEND_PY).unwrap();
+    let backend_py = write_backend_py(&dir.0);
 
     // The backends' egress: what their replies, check answers and heartbeats all cross.
     ip(&[
@@ -152,34 +145,11 @@ fn under_congestion_the_agent_check_marks_no_live_backend_down_where_haproxys_ch
 
     let start_backend = |i: u64| -> Backend {
         let log = dir.0.join(format!("backend{i}.log"));
-        let mut cmd = NetnsPair::command_in(&pair.ns_b, Path::new("python3"));
-        cmd.arg(&backend_py)
-            .args([
-                &format!("b{i}"),
-                &(8000 + i).to_string(),
-                log.to_str().unwrap(),
-                &pair.addr_b,
-            ])
-            .stdin(Stdio::null());
-        Backend {
-            server: Daemon::new(cmd.spawn().expect("python3 backend")),
-            heartbeats: spawn(sender(&pair, i, HEARTBEAT, &[])),
-        }
+        Backend::start(&pair, &backend_py, i, &log, HEARTBEAT)
     };
     let mut backends: Vec<Backend> = (1..=3).map(start_backend).collect();
 
-    let mut responder = NetnsPair::command_in(&pair.ns_a, &monitor_bin());
-    responder
-        .args([
-            "haproxy-agent",
-            "--listen",
-            &format!("127.0.0.1:{AGENT_PORT}"),
-        ])
-        .arg("--socket")
-        .arg(agent.socket())
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null());
-    let _responder = Daemon::new(responder.spawn().expect("monitor haproxy-agent"));
+    let _responder = agent_responder(&pair, AGENT_PORT, agent.socket());
 
     let stats = dir.0.join("haproxy.sock");
     // A congested path is slow, not dead: requests wait for their connection (1 s), and one

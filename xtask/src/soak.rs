@@ -11,7 +11,7 @@ use clap::Args;
 use serde_json::Value;
 
 use crate::{
-    bench::{Agent, Tools, record, status_kib},
+    bench::{Agent, Tools, record, rss_anon_mib},
     lab::{NetPair, TempDir},
     setup, workspace,
 };
@@ -59,7 +59,7 @@ pub fn run(args: &SoakArgs) -> Result<()> {
         &["--first-interval-ms", &interval_ms.to_string()],
     )?;
     let pid = agent.process.pid();
-    let rss_before = status_kib(pid, "RssAnon:")? / 1024.0;
+    let rss_before = rss_anon_mib(pid)?;
     println!(
         "==> soak: {} peers x {} Hz for {} min, {}% churning",
         args.peers,
@@ -89,11 +89,7 @@ pub fn run(args: &SoakArgs) -> Result<()> {
         .args(["--churn", &args.churn.to_string()])
         .output()?;
     let alive = !agent.process.exited();
-    let rss_after = if alive {
-        status_kib(pid, "RssAnon:")? / 1024.0
-    } else {
-        f64::NAN
-    };
+    let rss_after = if alive { rss_anon_mib(pid)? } else { f64::NAN };
     let text = String::from_utf8_lossy(&out.stdout);
     let result: Value = serde_json::from_str(text.lines().last().unwrap_or("null"))?;
     let v = &result["verdict"];

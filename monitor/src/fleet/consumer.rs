@@ -15,7 +15,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 
 use super::{
-    FleetError, NatsAuth, STREAM, datetime_ms, kv_stream, options,
+    FleetError, NatsAuth, STREAM, connect_or_give_up, datetime_ms, kv_stream, options,
     quorum::{Change, FleetView},
     validate_urls,
     wire::{self, FleetEvent, WireError},
@@ -68,14 +68,7 @@ impl Fleet {
                     log::warn!("fleet: the NATS server says: {e}");
                 }
             });
-        let client = tokio::time::timeout(Duration::from_secs(5), options.connect(urls.to_vec()))
-            .await
-            .map_err(|_| "no server answered within 5 s".to_string())
-            .and_then(|r| r.map_err(|e| e.to_string()))
-            .map_err(|reason| FleetError::Connect {
-                urls: urls.join(","),
-                reason,
-            })?;
+        let client = connect_or_give_up(options, urls).await?;
         Ok(Self::from_client(client))
     }
 

@@ -237,6 +237,22 @@ async fn options(auth: &NatsAuth, name: &str) -> Result<ConnectOptions, FleetErr
     Ok(options)
 }
 
+/// Connects with `options`, or fails once no server of `urls` has answered within 5 s (a
+/// command's connection; the agent's publisher keeps retrying instead).
+async fn connect_or_give_up(
+    options: ConnectOptions,
+    urls: &[String],
+) -> Result<async_nats::Client, FleetError> {
+    tokio::time::timeout(Duration::from_secs(5), options.connect(urls.to_vec()))
+        .await
+        .map_err(|_| "no server answered within 5 s".to_string())
+        .and_then(|r| r.map_err(|e| e.to_string()))
+        .map_err(|reason| FleetError::Connect {
+            urls: urls.join(","),
+            reason,
+        })
+}
+
 /// The stream's configuration as an observer creates it.
 fn stream_config(replicas: usize) -> stream::Config {
     stream::Config {
@@ -305,19 +321,7 @@ pub async fn init(
     replicas: usize,
 ) -> Result<(Init, Init), FleetError> {
     validate_urls(urls)?;
-    let client = tokio::time::timeout(
-        Duration::from_secs(5),
-        options(auth, "monitor fleet init")
-            .await?
-            .connect(urls.to_vec()),
-    )
-    .await
-    .map_err(|_| "no server answered within 5 s".to_string())
-    .and_then(|r| r.map_err(|e| e.to_string()))
-    .map_err(|reason| FleetError::Connect {
-        urls: urls.join(","),
-        reason,
-    })?;
+    let client = connect_or_give_up(options(auth, "monitor fleet init").await?, urls).await?;
     let js = jetstream::ContextBuilder::new()
         .timeout(Duration::from_secs(5))
         .build(client);

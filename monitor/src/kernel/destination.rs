@@ -44,7 +44,7 @@ pub const REFRESH: Duration = Duration::from_millis(500);
 /// the rtnetlink notifications (an overrun of them wakes a re-read too). Each read dumps every
 /// link and address of the host (getifaddrs), which costs far more than a heartbeat's share of
 /// the agent when done every REFRESH (a profile of the agent at scale showed it: see
-/// BENCHMARKS.md).
+/// docs/benchmarks-history.md, "the agent's address re-reads").
 pub const RESYNC: Duration = Duration::from_secs(30);
 
 /// One `--listen-addr` value: an address, or `any`.

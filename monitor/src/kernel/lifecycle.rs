@@ -14,6 +14,7 @@ use monitor_common::{
 };
 
 use crate::kernel::{
+    bpffs,
     loaded::LoadedProgram,
     maps::KernelMaps,
     pinning,
@@ -159,7 +160,7 @@ fn load_and_attach(load: &Load, xdp: &XdpConfig, meta: PinnedMeta) -> Result<Ker
         );
     }
     if let Some(dir) = load.pin_path {
-        pinning::prepare(dir)?;
+        bpffs::prepare(dir)?;
     }
     let loaded = LoadedProgram::load_hook(
         xdp,

@@ -4,6 +4,7 @@
 //! buffers, the clock the program stamps arrivals with, and a detector's window rules as the
 //! program's load-time config.
 
+pub mod bpffs;
 pub mod clock;
 pub mod counters;
 pub mod destination;

@@ -13,6 +13,7 @@
 use serde::Serialize;
 
 use monitor_common::{
+    config::XdpConfig,
     maps::PeerSlot,
     slot::{Outcome, arrive, window_intervals},
 };
@@ -80,14 +81,7 @@ pub fn replay(trace: &[Arrival], params: &DetectorParams, clock: ReplayClock) ->
 
     let config = params.window_config();
     let mut slot = PeerSlot::admitted(1, 0);
-    let estimate_of = |slot: &PeerSlot| {
-        if params.needs_ring() {
-            let ring: Vec<u32> = window_intervals(slot, config.window).collect();
-            params.estimate(&slot.record(), &ring)
-        } else {
-            params.estimate(&slot.record(), &[])
-        }
-    };
+    let estimate_of = |slot: &PeerSlot| slot_estimate(params, &config, slot);
     let mut estimate = estimate_of(&slot);
     let threshold = params.level_silences(&[params.threshold]);
     let crossing =
@@ -96,9 +90,7 @@ pub fn replay(trace: &[Arrival], params: &DetectorParams, clock: ReplayClock) ->
     let mut next = 0usize;
     let mut suspected_since: Option<u64> = None;
 
-    let mut false_suspicions = 0u64;
-    let mut mistake_ns = 0u64;
-    let mut mistake_starts: Vec<u64> = Vec::new();
+    let mut mistakes = Mistakes::default();
     let mut detection: Option<u64> = None;
 
     let mut now = 0u64;
@@ -113,7 +105,7 @@ pub fn replay(trace: &[Arrival], params: &DetectorParams, clock: ReplayClock) ->
             estimate = estimate_of(&slot);
             crossings.push(crossing(&estimate));
             if let Some(since) = suspected_since.take() {
-                mistake_ns += a.at_ns - since;
+                mistakes.total_ns += a.at_ns - since;
             }
         }
         let silence_ms = (now - slot.record().last_arrival_ns) as f64 / 1e6;
@@ -124,8 +116,7 @@ pub fn replay(trace: &[Arrival], params: &DetectorParams, clock: ReplayClock) ->
         if suspected && suspected_since.is_none() {
             suspected_since = Some(now);
             if next < trace.len() {
-                false_suspicions += 1;
-                mistake_starts.push(now);
+                mistakes.began(now);
             } else if detection.is_none() {
                 detection = Some(now - last_heartbeat);
             }
@@ -133,19 +124,58 @@ pub fn replay(trace: &[Arrival], params: &DetectorParams, clock: ReplayClock) ->
         now += tick;
     }
 
+    let detection_ms = detection.map(|d| d as f64 / 1e6);
+    report(params, &mistakes, detection_ms, crossings, last_heartbeat)
+}
+
+/// The estimate replay's slot gives: with the window's intervals for the models that need
+/// them.
+fn slot_estimate(params: &DetectorParams, config: &XdpConfig, slot: &PeerSlot) -> Estimate {
+    if params.needs_ring() {
+        let ring: Vec<u32> = window_intervals(slot, config.window).collect();
+        params.estimate(&slot.record(), &ring)
+    } else {
+        params.estimate(&slot.record(), &[])
+    }
+}
+
+/// The mistakes of one run: how many, when each began (ns), and how long they lasted in all.
+#[derive(Debug, Default)]
+struct Mistakes {
+    count: u64,
+    starts: Vec<u64>,
+    total_ns: u64,
+}
+
+impl Mistakes {
+    fn began(&mut self, at_ns: u64) {
+        self.count += 1;
+        self.starts.push(at_ns);
+    }
+}
+
+/// What a run of either clock reports: its mistakes, its detection of the crash after the
+/// last heartbeat, and the detection time at each accepted heartbeat (`crossings`).
+fn report(
+    params: &DetectorParams,
+    mistakes: &Mistakes,
+    detection_ms: Option<f64>,
+    crossings: Vec<f64>,
+    last_heartbeat: u64,
+) -> ReplayReport {
     let (mean_detection_ms, p99_detection_ms) = detection_stats(crossings);
     ReplayReport {
         spec: format_spec(params),
-        false_suspicions,
-        detection_ms: detection.map(|d| d as f64 / 1e6),
+        false_suspicions: mistakes.count,
+        detection_ms,
         mean_detection_ms,
         p99_detection_ms,
-        mistake_ms: mistake_ns as f64 / 1e6,
-        mistake_recurrence_ms: recurrence_ms(&mistake_starts),
+        mistake_ms: mistakes.total_ns as f64 / 1e6,
+        mistake_recurrence_ms: recurrence_ms(&mistakes.starts),
         query_accuracy: if last_heartbeat == 0 {
             1.0
         } else {
-            1.0 - mistake_ns as f64 / last_heartbeat as f64
+            1.0 - mistakes.total_ns as f64 / last_heartbeat as f64
         },
     }
 }
@@ -182,23 +212,14 @@ fn replay_exact(trace: &[Arrival], params: &DetectorParams, tail_ms: f64) -> Rep
     let last_heartbeat = trace.last().expect("non-empty trace").at_ns;
     let config = params.window_config();
     let mut slot = PeerSlot::admitted(1, 0);
-    let estimate_of = |slot: &PeerSlot| {
-        if params.needs_ring() {
-            let ring: Vec<u32> = window_intervals(slot, config.window).collect();
-            params.estimate(&slot.record(), &ring)
-        } else {
-            params.estimate(&slot.record(), &[])
-        }
-    };
+    let estimate_of = |slot: &PeerSlot| slot_estimate(params, &config, slot);
     let threshold = params.level_silences(&[params.threshold]);
     let crossing =
         |slot: &PeerSlot| params.crossing_ms(&threshold, 0, params.threshold, &estimate_of(slot));
     // Registration counts as heard; its silence is judged by the first estimate.
     let (mut since_ns, mut deadline_ms) = (0u64, crossing(&slot));
     let mut crossings: Vec<f64> = Vec::with_capacity(trace.len());
-    let mut false_suspicions = 0u64;
-    let mut mistake_ns = 0u64;
-    let mut mistake_starts: Vec<u64> = Vec::new();
+    let mut mistakes = Mistakes::default();
     for a in trace {
         let outcome = arrive(&mut slot, a.at_ns, a.seq, a.incarnation, &config);
         if !matches!(outcome, Outcome::Accepted { .. }) {
@@ -207,34 +228,18 @@ fn replay_exact(trace: &[Arrival], params: &DetectorParams, tail_ms: f64) -> Rep
         let silence_ms = (a.at_ns - since_ns) as f64 / 1e6;
         if silence_ms > deadline_ms {
             let start = since_ns + (deadline_ms * 1e6).ceil() as u64;
-            false_suspicions += 1;
-            mistake_starts.push(start);
-            mistake_ns += a.at_ns.saturating_sub(start);
+            mistakes.began(start);
+            mistakes.total_ns += a.at_ns.saturating_sub(start);
         }
         since_ns = a.at_ns;
         deadline_ms = crossing(&slot);
         crossings.push(deadline_ms);
     }
-    let (mean_detection_ms, p99_detection_ms) = detection_stats(crossings);
-    ReplayReport {
-        spec: format_spec(params),
-        false_suspicions,
-        detection_ms: {
-            // From the trace's last line, as with ticks (a duplicate may come after the last
-            // accepted heartbeat).
-            let d = (since_ns as f64 - last_heartbeat as f64) / 1e6 + deadline_ms;
-            (d <= tail_ms).then_some(d.max(0.0))
-        },
-        mean_detection_ms,
-        p99_detection_ms,
-        mistake_ms: mistake_ns as f64 / 1e6,
-        mistake_recurrence_ms: recurrence_ms(&mistake_starts),
-        query_accuracy: if last_heartbeat == 0 {
-            1.0
-        } else {
-            1.0 - mistake_ns as f64 / last_heartbeat as f64
-        },
-    }
+    // From the trace's last line, as with ticks (a duplicate may come after the last accepted
+    // heartbeat).
+    let d = (since_ns as f64 - last_heartbeat as f64) / 1e6 + deadline_ms;
+    let detection_ms = (d <= tail_ms).then_some(d.max(0.0));
+    report(params, &mistakes, detection_ms, crossings, last_heartbeat)
 }
 
 #[cfg(test)]

@@ -38,6 +38,7 @@
 //! error message and a non-zero exit, before the terminal is touched; once running, a lost
 //! agent is shown in the status line and retried each interval.
 
+mod event_line;
 mod state;
 mod ui;
 

@@ -16,7 +16,7 @@ use super::{
     ModelInfo, ModelSpec, PhiModel, WindowNeeds, WindowView,
     chen::{ALPHA_KEY, Freshness, format_alpha},
 };
-use crate::detector::model::{DetectorParams, Estimate, Shape};
+use crate::detector::model::{DetectorParams, Shape};
 
 use super::chen::ArrivalSums;
 
@@ -115,19 +115,7 @@ impl PhiModel for Bertier {
             margin_ms: jacobson.alpha_ms() + self.alpha_ms + self.pause_ms,
         })
     }
-
-    fn phi(&self, estimate: &Estimate, silence_ms: f64) -> f64 {
-        super::phi_by_shape(estimate, silence_ms)
-    }
-
-    /// The level itself: the crossing is the freshness point.
-    fn level_constant(&self, level: f64) -> f64 {
-        level
-    }
-
-    fn silence_ms(&self, k: f64, estimate: &Estimate) -> f64 {
-        super::silence_by_shape(k, estimate, false)
-    }
+    // phi, the level constants and the crossing: the trait's, by the estimate's shape.
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@
 
 use super::{ModelInfo, ModelSpec, PhiModel, SpecKey, WindowNeeds, WindowView};
 use crate::detector::{
-    model::{DetectorParams, Estimate, Shape},
+    model::{DetectorParams, Shape},
     spec::non_negative,
 };
 
@@ -157,19 +157,7 @@ impl PhiModel for Chen {
             margin_ms: self.alpha_ms + self.pause_ms,
         })
     }
-
-    fn phi(&self, estimate: &Estimate, silence_ms: f64) -> f64 {
-        super::phi_by_shape(estimate, silence_ms)
-    }
-
-    /// The level itself: the crossing is the freshness point.
-    fn level_constant(&self, level: f64) -> f64 {
-        level
-    }
-
-    fn silence_ms(&self, k: f64, estimate: &Estimate) -> f64 {
-        super::silence_by_shape(k, estimate, false)
-    }
+    // phi, the level constants and the crossing: the trait's, by the estimate's shape.
 }
 
 #[cfg(test)]

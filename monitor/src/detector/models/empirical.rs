@@ -19,7 +19,7 @@
 //! (no bootstrap) decays from a silence of 0 with n = 0.
 
 use super::{ModelInfo, PauseAndFloor, PhiModel, WindowNeeds, WindowView};
-use crate::detector::model::{DetectorParams, Estimate, Shape};
+use crate::detector::model::{DetectorParams, Shape};
 
 use std::f64::consts::LN_10;
 
@@ -126,19 +126,7 @@ impl PhiModel for Empirical {
             self.0.pause_ms,
         ))
     }
-
-    fn phi(&self, estimate: &Estimate, silence_ms: f64) -> f64 {
-        super::phi_by_shape(estimate, silence_ms)
-    }
-
-    /// The level itself: the crossing is a sample, or a point of the decay.
-    fn level_constant(&self, level: f64) -> f64 {
-        level
-    }
-
-    fn silence_ms(&self, k: f64, estimate: &Estimate) -> f64 {
-        super::silence_by_shape(k, estimate, false)
-    }
+    // phi, the level constants and the crossing: the trait's, by the estimate's shape.
 }
 
 #[cfg(test)]

@@ -86,16 +86,26 @@ pub trait PhiModel {
         Shape::Plain
     }
 
-    /// phi after `silence_ms` without a heartbeat.
-    fn phi(&self, estimate: &Estimate, silence_ms: f64) -> f64;
+    /// phi after `silence_ms` without a heartbeat. By default, as the ring models judge it:
+    /// by the estimate's shape (`phi_by_shape`).
+    fn phi(&self, estimate: &Estimate, silence_ms: f64) -> f64 {
+        phi_by_shape(estimate, silence_ms)
+    }
 
     /// The per-level constant from which `silence_ms` finds, without evaluating phi, the
-    /// silence at which phi reaches `level`.
-    fn level_constant(&self, level: f64) -> f64;
+    /// silence at which phi reaches `level`. By default the level itself, for the models whose
+    /// crossing comes from the estimate's shape (the freshness point of `chen` and `bertier`,
+    /// a sample or a point of the decay of `empirical`).
+    fn level_constant(&self, level: f64) -> f64 {
+        level
+    }
 
     /// The silence (ms) at which phi reaches the level whose constant is `k`, for this
-    /// estimate; for a model without a closed form (`loss`), a lower bound of it.
-    fn silence_ms(&self, k: f64, estimate: &Estimate) -> f64;
+    /// estimate; for a model without a closed form (`loss`), a lower bound of it. By default
+    /// from the estimate's shape, `k` being the level (`silence_by_shape`).
+    fn silence_ms(&self, k: f64, estimate: &Estimate) -> f64 {
+        silence_by_shape(k, estimate, false)
+    }
 
     /// The silence (ms) at which phi reaches `level` (constant `k`), exact for every model.
     fn crossing_ms(&self, k: f64, _level: f64, estimate: &Estimate) -> f64 {

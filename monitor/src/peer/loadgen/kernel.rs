@@ -23,7 +23,7 @@ use aya::{
 use monitor_common::loadgen::{LG_NEXT_N, LG_SENT, LG_SILENT, LoadgenPlan, PAYLOAD_OFFSET};
 use serde::{Deserialize, Serialize};
 
-use super::{LoadgenConfig, LoadgenError, LoadgenReport, ethtool::XmitCount, frame, unix_ms};
+use super::{LoadgenConfig, LoadgenError, LoadgenReport, Sent, ethtool::XmitCount, frame, unix_ms};
 
 /// The generator's XDP object, built with the monitor's by build.rs (empty when bpf-linker
 /// was missing at build time).
@@ -100,7 +100,6 @@ pub(super) fn run(
     let path = frame::path_to(config.to, &socket).map_err(fail)?;
     let template = frame::template(&path, config.incarnation, config.key.is_some());
     let total_rate = config.total_rate();
-    let killed = config.killed();
     let mut churn = config.churn_schedule();
     let plan = plan(config, path.src_mac, &template);
     let mut generator = Generator::load(&plan, Some(&path.iface)).map_err(fail)?;
@@ -176,36 +175,31 @@ pub(super) fn run(
     let refused = handed_over - sent;
     let silent = generator.state(LG_SILENT).map_err(fail)?;
     let unsent = planned - next_n;
-    Ok(LoadgenReport {
-        peers: config.peers,
-        first_id: config.first_id,
-        rate_hz: config.rate_hz,
+    let sent = Sent {
         sent,
         send_errors: refused,
         duration_s,
-        achieved_pps: sent as f64 / duration_s,
-        killed: if killed_at.is_some() { killed } else { 0 },
         killed_at_unix_ms: killed_at,
-        churn,
-        kernel: Some(KernelSchedule {
-            iface: path.iface,
-            planned,
-            silent,
-            unsent,
-            max_late_ms: max_late.as_secs_f64() * 1000.0,
-            slack_ms: slack.as_secs_f64() * 1000.0,
-            late,
-            on_schedule: unsent == 0 && late == 0,
-            runs,
-            kernel_ns_per_frame: if next_n > 0 {
-                kernel_ns / next_n as f64
-            } else {
-                0.0
-            },
-            cpu_s: cpu_seconds() - cpu0,
-            sent_counted_by_interface: xmit.is_some(),
-        }),
-    })
+    };
+    let schedule = KernelSchedule {
+        iface: path.iface,
+        planned,
+        silent,
+        unsent,
+        max_late_ms: max_late.as_secs_f64() * 1000.0,
+        slack_ms: slack.as_secs_f64() * 1000.0,
+        late,
+        on_schedule: unsent == 0 && late == 0,
+        runs,
+        kernel_ns_per_frame: if next_n > 0 {
+            kernel_ns / next_n as f64
+        } else {
+            0.0
+        },
+        cpu_s: cpu_seconds() - cpu0,
+        sent_counted_by_interface: xmit.is_some(),
+    };
+    Ok(LoadgenReport::of(config, sent, churn, Some(schedule)))
 }
 
 /// The plan the program stamps `config`'s stream by, for frames like `template` leaving an

@@ -123,6 +123,46 @@ pub struct LoadgenReport {
     pub kernel: Option<KernelSchedule>,
 }
 
+/// What a run sent, as both generators count it.
+pub(super) struct Sent {
+    /// Heartbeats accepted for sending.
+    pub sent: u64,
+    /// Heartbeats refused.
+    pub send_errors: u64,
+    pub duration_s: f64,
+    /// Unix time (ms) of the kill, if it came.
+    pub killed_at_unix_ms: Option<f64>,
+}
+
+impl LoadgenReport {
+    /// The report of a run of `config`: what it sent, the churn it followed, and the kernel
+    /// generator's schedule where that one sent it.
+    pub(super) fn of(
+        config: &LoadgenConfig,
+        sent: Sent,
+        churn: Option<ChurnSchedule>,
+        kernel: Option<KernelSchedule>,
+    ) -> Self {
+        Self {
+            peers: config.peers,
+            first_id: config.first_id,
+            rate_hz: config.rate_hz,
+            sent: sent.sent,
+            send_errors: sent.send_errors,
+            duration_s: sent.duration_s,
+            achieved_pps: sent.sent as f64 / sent.duration_s,
+            killed: if sent.killed_at_unix_ms.is_some() {
+                config.killed()
+            } else {
+                0
+            },
+            killed_at_unix_ms: sent.killed_at_unix_ms,
+            churn,
+            kernel,
+        }
+    }
+}
+
 /// Groups of churning peers: one group is silent in each period, in turn.
 pub const CHURN_GROUPS: u64 = 4;
 

@@ -11,7 +11,7 @@ use std::{
 
 use monitor_common::wire::{HEADER_LEN, HeartbeatHeader};
 
-use super::{LoadgenConfig, LoadgenError, LoadgenReport, unix_ms};
+use super::{LoadgenConfig, LoadgenError, LoadgenReport, Sent, unix_ms};
 
 /// Packets per sendmmsg call.
 pub const BATCH: usize = 256;
@@ -181,17 +181,11 @@ pub(super) fn run(
         }
     }
     let duration_s = start.elapsed().as_secs_f64();
-    Ok(LoadgenReport {
-        peers: config.peers,
-        first_id: config.first_id,
-        rate_hz: config.rate_hz,
+    let sent = Sent {
         sent,
         send_errors: refused,
         duration_s,
-        achieved_pps: sent as f64 / duration_s,
-        killed: if killed_at.is_some() { killed } else { 0 },
-        churn,
         killed_at_unix_ms: killed_at,
-        kernel: None,
-    })
+    };
+    Ok(LoadgenReport::of(config, sent, churn, None))
 }

@@ -3,20 +3,16 @@
 //! sends: 200,000 peers x 10 Hz, 1,000,000 x 1 Hz and 1,000,000 x 10 Hz (as far as the
 //! machine allows). Each row shows what was sent and recorded, whether the generator kept the
 //! schedule, the kernel's cost per packet on both sides and the agent's CPU beside it.
-//! A child module of `bench`, whose agent, generator and accounting helpers it uses.
 
 use std::{
     fmt::Write as _,
-    path::Path,
-    process::Stdio,
     time::{Duration, Instant},
 };
 
 use anyhow::Result;
 use serde_json::Value;
 
-use super::{Agent, Tools, finish_json, ms, process_cpu_s};
-use crate::lab::{Interrupt, NetPair, Process};
+use super::{Rig, agent, generator::Loadgen, procfs::process_cpu_s, tools::finish_json};
 
 /// Peers of the generators' ceiling row (the userspace ingest ceiling's count).
 const CEILING_PEERS: u64 = 50_000;
@@ -26,34 +22,6 @@ const CEILING_SECONDS: f64 = 3.0;
 const SCALES: [(u64, f64); 3] = [(200_000, 10.0), (1_000_000, 1.0), (1_000_000, 10.0)];
 /// Load before the agent's CPU is measured (every peer heard a few times).
 const SETTLE_S: f64 = 3.0;
-
-/// `monitor loadgen` (with `kernel`, `--kernel`) from the peers' namespace.
-fn generator(
-    tools: &Tools,
-    net: &NetPair,
-    peers: u64,
-    rate: f64,
-    seconds: f64,
-    kernel: bool,
-) -> Result<Process> {
-    let mut cmd = NetPair::in_ns(net.ns_peers, &tools.monitor);
-    cmd.args([
-        "loadgen",
-        "--to",
-        &net.target(),
-        "--peers",
-        &peers.to_string(),
-    ])
-    .args(["--rate", &rate.to_string(), "--duration", &ms(seconds)])
-    .args(kernel.then_some("--kernel"))
-    .stdout(Stdio::piped());
-    Process::spawn(&mut cmd)
-}
-
-fn delta(before: &Value, after: &Value, path: [&str; 2]) -> f64 {
-    let at = |v: &Value| v[path[0]][path[1]].as_f64().unwrap_or(0.0);
-    at(after) - at(before)
-}
 
 struct Ceiling {
     kernel: bool,
@@ -65,30 +33,24 @@ struct Ceiling {
 }
 
 /// Each generator as fast as it goes, one after the other, into one agent.
-fn ceiling(tools: &Tools, net: &NetPair, dir: &Path) -> Result<Vec<Ceiling>> {
-    let agent = Agent::start(tools, net, dir, CEILING_PEERS, &[])?;
+fn ceiling(rig: &Rig) -> Result<Vec<Ceiling>> {
+    let agent = rig.agent(CEILING_PEERS, &[])?;
     let mut rows = Vec::new();
     for kernel in [false, true] {
         let before = agent.stats()?;
         // A rate no generator reaches: each sends what it can.
         let rate = 1e9 / CEILING_PEERS as f64;
-        let report = finish_json(generator(
-            tools,
-            net,
-            CEILING_PEERS,
-            rate,
-            CEILING_SECONDS,
-            kernel,
-        )?)?;
+        let report = Loadgen::new(CEILING_PEERS, rate, CEILING_SECONDS)
+            .kernel_generator(kernel)
+            .run(rig)?;
         std::thread::sleep(Duration::from_millis(300));
         let after = agent.stats()?;
-        let runs = delta(&before, &after, ["xdp", "run_count"]);
         rows.push(Ceiling {
             kernel,
             sent: report["sent"].as_u64().unwrap_or(0),
-            recorded: delta(&before, &after, ["kernel", "heartbeats"]) as u64,
+            recorded: agent::recorded(&before, &after),
             achieved_pps: report["achieved_pps"].as_f64().unwrap_or(0.0),
-            monitor_ns: delta(&before, &after, ["xdp", "run_time_ns"]) / runs.max(1.0),
+            monitor_ns: agent::kernel_ns_per_packet(&before, &after).unwrap_or(0.0),
         });
     }
     agent.process.stop();
@@ -106,70 +68,42 @@ struct ScaleRow {
 
 /// `peers` x `rate_hz` from the kernel generator for the settle time and `seconds`; the
 /// agent's CPU over the `seconds`.
-fn scale_row(
-    tools: &Tools,
-    net: &NetPair,
-    dir: &Path,
-    peers: u64,
-    rate_hz: f64,
-    seconds: u64,
-    interrupt: &Interrupt,
-) -> Result<ScaleRow> {
+fn scale_row(rig: &Rig, peers: u64, rate_hz: f64, seconds: u64) -> Result<ScaleRow> {
     // Told the stream's interval, as the other scale runs tell it (see `scale_run`).
     let first_interval_ms = format!("{:.0}", 1000.0 / rate_hz);
-    let agent = Agent::start(
-        tools,
-        net,
-        dir,
-        peers,
-        &["--first-interval-ms", &first_interval_ms],
-    )?;
+    let agent = rig.agent(peers, &["--first-interval-ms", &first_interval_ms])?;
     let pid = agent.process.pid();
     let before = agent.stats()?;
-    let sending = generator(
-        tools,
-        net,
-        peers,
-        rate_hz,
-        SETTLE_S + seconds as f64 + 0.5,
-        true,
-    )?;
-    interrupt.pause(Duration::from_secs_f64(SETTLE_S))?;
+    let sending = Loadgen::new(peers, rate_hz, SETTLE_S + seconds as f64 + 0.5)
+        .kernel_generator(true)
+        .spawn(rig)?;
+    rig.interrupt.pause(Duration::from_secs_f64(SETTLE_S))?;
     let (cpu0, t0) = (process_cpu_s(pid)?, Instant::now());
-    interrupt.pause(Duration::from_secs(seconds))?;
+    rig.interrupt.pause(Duration::from_secs(seconds))?;
     let (cpu1, wall) = (process_cpu_s(pid)?, t0.elapsed().as_secs_f64());
     let report = finish_json(sending)?;
     std::thread::sleep(Duration::from_millis(300));
     let after = agent.stats()?;
     agent.process.stop();
-    let runs = delta(&before, &after, ["xdp", "run_count"]);
     Ok(ScaleRow {
         peers,
         rate_hz,
         report,
-        recorded: delta(&before, &after, ["kernel", "heartbeats"]) as u64,
-        monitor_ns: delta(&before, &after, ["xdp", "run_time_ns"]) / runs.max(1.0),
+        recorded: agent::recorded(&before, &after),
+        monitor_ns: agent::kernel_ns_per_packet(&before, &after).unwrap_or(0.0),
         agent_cpu_pct: (cpu1 - cpu0) / wall * 100.0,
     })
 }
 
 /// The ceiling row and the scale rows, rendered.
-pub(super) fn run(
-    tools: &Tools,
-    net: &NetPair,
-    dir: &Path,
-    seconds: u64,
-    interrupt: &Interrupt,
-) -> Result<String> {
+pub(super) fn run(rig: &Rig, seconds: u64) -> Result<String> {
     println!("==> the generators' ceiling: userspace, then kernel, {CEILING_PEERS} peers");
-    let ceiling = ceiling(tools, net, dir)?;
+    let ceiling = ceiling(rig)?;
     let mut scales = Vec::new();
     for (peers, rate_hz) in SCALES {
-        interrupt.check()?;
+        rig.interrupt.check()?;
         println!("==> {peers} peers x {rate_hz} Hz from the kernel generator, {seconds} s");
-        scales.push(scale_row(
-            tools, net, dir, peers, rate_hz, seconds, interrupt,
-        )?);
+        scales.push(scale_row(rig, peers, rate_hz, seconds)?);
     }
     Ok(render(&ceiling, &scales))
 }

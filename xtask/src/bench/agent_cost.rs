@@ -1,0 +1,201 @@
+//! The agent alone under steady streams (1, 5 and 10 Hz a peer, and 10 Hz from half the
+//! peers): its CPU, refreshes, floors renewed and events, and its cost solved into a constant,
+//! a cost per peer and a cost per packet.
+
+use std::{
+    fmt::Write as _,
+    time::{Duration, Instant},
+};
+
+use anyhow::Result;
+
+use super::{Rig, generator::Loadgen, procfs::process_cpu_s, tools::finish_json};
+
+/// The agent's CPU under a steady stream of `rate` Hz from every peer.
+pub(super) struct AgentCost {
+    peers: u64,
+    rate_hz: f64,
+    achieved_pps: f64,
+    agent_cpu_pct: f64,
+    /// Slot reads (estimate refreshes) per second, from the agent's stats.
+    refreshes_per_s: f64,
+    /// Floors renewed without a slot read per second, from the agent's stats.
+    refloors_per_s: f64,
+    /// Events published per second over the steady part, from the agent's stats (0 while no
+    /// peer's silence crosses a level).
+    events_per_s: f64,
+}
+
+/// The agent alone under 1 Hz, 5 Hz and 10 Hz from `peers` peers, and 10 Hz from half as
+/// many: its cost should follow reads (sweeps), not heartbeats. Nothing else touches the agent
+/// meanwhile.
+pub(super) fn agent_cost(
+    rig: &Rig,
+    peers: u64,
+    seconds: u64,
+    quick: bool,
+) -> Result<Vec<AgentCost>> {
+    let mut rows = Vec::new();
+    // 5 Hz is the fastest the generator keeps on schedule at 50,000 peers (250k packets a
+    // second); at 10 Hz it sends about 7 Hz, late and in bursts. Half the peers at 10 Hz is
+    // that rate on schedule: the agent's work is per peer (a word and a watch per sweep, a
+    // refresh every so many heartbeats), so twice its cost estimates the full count's.
+    for (peers, rate_hz) in [
+        (peers, 1.0f64),
+        (peers, 5.0),
+        (peers, 10.0),
+        (peers / 2, 10.0),
+    ] {
+        rig.interrupt.check()?;
+        let agent = rig.agent(peers, &[])?;
+        let pid = agent.process.pid();
+        // Measured once every window is full (128 intervals: 12.8 s at 10 Hz, 128 s at 1 Hz),
+        // the steady state of a long-running agent; a quick run settles for at most 15 s.
+        let settle = (130.0 / rate_hz).min(if quick { 15.0 } else { 140.0 });
+        let generator = Loadgen::new(peers, rate_hz, settle + seconds as f64).spawn(rig)?;
+        rig.interrupt.pause(Duration::from_secs_f64(settle))?;
+        let before = agent.stats()?;
+        let (cpu0, t0) = (process_cpu_s(pid)?, Instant::now());
+        rig.interrupt.pause(Duration::from_secs(seconds))?;
+        let (cpu1, wall) = (process_cpu_s(pid)?, t0.elapsed().as_secs_f64());
+        let after = agent.stats()?;
+        let sent = finish_json(generator)?;
+        agent.process.stop();
+        let delta = |key: &str| {
+            after[key].as_f64().unwrap_or(f64::NAN) - before[key].as_f64().unwrap_or(f64::NAN)
+        };
+        rows.push(AgentCost {
+            peers,
+            rate_hz,
+            achieved_pps: sent["achieved_pps"].as_f64().unwrap_or(0.0),
+            agent_cpu_pct: (cpu1 - cpu0) / wall * 100.0,
+            refreshes_per_s: delta("refreshes") / wall,
+            refloors_per_s: delta("refloors") / wall,
+            events_per_s: delta("events") / wall,
+        });
+    }
+    Ok(rows)
+}
+
+pub(super) fn render_agent_cost(peers: u64, rows: &[AgentCost]) -> String {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "\nThe agent alone at {peers} peers (CPU over the steady part of the run, after every \
+         window filled; a refresh is one slot read and estimate):\n"
+    );
+    let _ = writeln!(
+        t,
+        "| peers | rate per peer | sent pps | agent CPU % of a core | refreshes/s | refreshes per heartbeat | floors renewed without a read/s | events/s |"
+    );
+    let _ = writeln!(t, "|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        let _ = writeln!(
+            t,
+            "| {} | {} Hz | {:.0} | {:.2} | {:.0} | {:.3} | {:.0} | {:.0} |",
+            r.peers,
+            r.rate_hz,
+            r.achieved_pps,
+            r.agent_cpu_pct,
+            r.refreshes_per_s,
+            r.refreshes_per_s / r.achieved_pps.max(1.0),
+            r.refloors_per_s,
+            r.events_per_s,
+        );
+    }
+    if let [one, five, ten, half] = rows {
+        let _ = writeln!(
+            t,
+            "
+CPU at 10 Hz over CPU at 1 Hz: {:.2}x; {peers} peers x 10 Hz on schedule, estimated as twice \
+             {} peers x 10 Hz: {:.2}% of a core",
+            ten.agent_cpu_pct / one.agent_cpu_pct,
+            half.peers,
+            2.0 * half.agent_cpu_pct,
+        );
+        if let Some(fit) = AgentCostModel::solve([one, five, half]) {
+            let _ = writeln!(
+                t,
+                "
+Solved from the three rows sent on schedule, CPU % = {:.3} (a constant: what every sweep \
+                 costs) + {:.3} per 10k peers + {:.3} per 100k packets a second; at {peers} peers \
+                 x 10 Hz on schedule: {:.2}% of a core (twice the half-count row counts the \
+                 constant twice: an upper bound)
+",
+                fit.fixed,
+                fit.per_peer * 1e4,
+                fit.per_pps * 1e5,
+                fit.at(peers as f64, peers as f64 * 10.0),
+            );
+        }
+    }
+    t
+}
+
+/// The agent's CPU as a constant (what every sweep costs whatever the peers: waking, the
+/// clock, the metrics), a cost per peer (its word and watch read every sweep) and a cost per
+/// packet (absorbing heartbeats, refreshes), through three measured rows.
+struct AgentCostModel {
+    fixed: f64,
+    per_peer: f64,
+    per_pps: f64,
+}
+
+impl AgentCostModel {
+    /// The model solved exactly from three rows (three unknowns, no fit), None if they do not
+    /// pin it down (two rows alike).
+    fn solve(rows: [&AgentCost; 3]) -> Option<Self> {
+        // Cramer's rule on [1, peers, pps] . x = cpu.
+        let m: Vec<[f64; 4]> = rows
+            .iter()
+            .map(|r| [1.0, r.peers as f64, r.achieved_pps, r.agent_cpu_pct])
+            .collect();
+        let det = |c: [usize; 3]| {
+            let e = |i: usize, j: usize| m[i][c[j]];
+            e(0, 0) * (e(1, 1) * e(2, 2) - e(1, 2) * e(2, 1))
+                - e(0, 1) * (e(1, 0) * e(2, 2) - e(1, 2) * e(2, 0))
+                + e(0, 2) * (e(1, 0) * e(2, 1) - e(1, 1) * e(2, 0))
+        };
+        let d = det([0, 1, 2]);
+        if d.abs() < 1e-6 {
+            return None;
+        }
+        Some(Self {
+            fixed: det([3, 1, 2]) / d,
+            per_peer: det([0, 3, 2]) / d,
+            per_pps: det([0, 1, 3]) / d,
+        })
+    }
+
+    fn at(&self, peers: f64, pps: f64) -> f64 {
+        self.fixed + self.per_peer * peers + self.per_pps * pps
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cost_fit_recovers_a_linear_cost() {
+        let cost = |peers: u64, pps: f64| AgentCost {
+            peers,
+            rate_hz: pps / peers as f64,
+            achieved_pps: pps,
+            agent_cpu_pct: 0.1 + 2e-6 * peers as f64 + 3e-7 * pps,
+            refreshes_per_s: 0.0,
+            refloors_per_s: 0.0,
+            events_per_s: 0.0,
+        };
+        let rows = [
+            cost(50_000, 50_000.0),
+            cost(50_000, 250_000.0),
+            cost(25_000, 250_000.0),
+        ];
+        let fit = AgentCostModel::solve([&rows[0], &rows[1], &rows[2]]).unwrap();
+        assert!((fit.fixed - 0.1).abs() < 1e-9, "{}", fit.fixed);
+        assert!((fit.at(50_000.0, 500_000.0) - (0.1 + 0.1 + 0.15)).abs() < 1e-9);
+        // Two rows alike pin nothing down.
+        assert!(AgentCostModel::solve([&rows[0], &rows[0], &rows[2]]).is_none());
+    }
+}

@@ -1,0 +1,283 @@
+//! The floor comparison: the same stream into the floor program (a parse-to-UDP-port-and-drop
+//! XDP program, alone and with a clock read per packet), the monitor (at XDP, at TC ingress,
+//! without the destination check) and the userspace socket path, beside the limit (the floor
+//! + clock plus one dependent miss over the peers' state), by BPF_PROG_TEST_RUN and live.
+
+use std::{fmt::Write as _, process::Stdio, time::Duration};
+
+use anyhow::{Result, bail};
+use serde_json::Value;
+
+use super::{
+    RATE_HZ, Rig, agent,
+    generator::Loadgen,
+    procfs::system_busy_s,
+    tools::{finish_json, probe_json},
+};
+use crate::lab::{NetPair, Process};
+
+/// Per peer, in the floor comparison's hot row at 1,000 peers: 300 Hz keeps the stream (300k
+/// packets a second) under what the generator sends on two cores. At this rate every slot is touched often enough to stay in cache, so the row
+/// measures the program's own work. At 10 Hz (10k packets a second) a packet comes every
+/// 100 us and finds its slot, the index line and the program's maps cold, whichever program
+/// it is: that row measures cache misses between packets as much as the program.
+const HOT_RATE_HZ: f64 = 300.0;
+
+/// One receiver of the floor comparison: what it cost per packet.
+struct Receiver {
+    sent: u64,
+    /// Kernel ns per packet from bpf_stats (XDP programs only).
+    kernel_ns: Option<f64>,
+    /// Busy CPU seconds of the whole machine per million packets sent (sender included, the
+    /// same for every receiver).
+    machine_s_per_m: f64,
+}
+
+struct FloorRow {
+    peers: u64,
+    pps: f64,
+    floor: Receiver,
+    /// The floor that also reads the clock for each packet it drops.
+    floor_clock: Receiver,
+    monitor: Receiver,
+    /// The monitor at TC ingress (`--hook tc`), kernel ns from its TC program's run stats.
+    monitor_tc: Receiver,
+    /// The monitor without the destination check (`--listen-addr any`): what the check costs
+    /// is the difference to `monitor`, which checks against the interface's addresses.
+    monitor_any: Receiver,
+    socket: Receiver,
+    /// The probe's `limit` at this row's peers: one dependent miss over their state, and what
+    /// a heartbeat touches of it.
+    limit: Value,
+}
+
+impl FloorRow {
+    /// One dependent miss over this row's peers' state, ns.
+    fn miss_ns(&self) -> Option<f64> {
+        self.limit["ns_per_miss"].as_f64()
+    }
+
+    /// The physical limit of a heartbeat at this row: the floor + clock's kernel ns in the
+    /// same stream, plus one dependent miss.
+    fn limit_ns(&self) -> Option<f64> {
+        Some(self.floor_clock.kernel_ns? + self.miss_ns()?)
+    }
+}
+
+/// The floor program's TEST_RUN and live rows beside the monitor's, rendered: 1,000 peers
+/// twice (at the hot-cache rate and at the scale runs' 10 Hz) and 50,000 peers, those
+/// of them that are among `scales`.
+pub(super) fn floor_table(
+    rig: &Rig,
+    scales: &[u64],
+    seconds: u64,
+    monitor_test_run_ns: f64,
+) -> Result<String> {
+    println!("==> the floor program, the monitor and the socket path, same stream");
+    let test_run_ns = |args: &[&str]| -> Result<f64> {
+        Ok(probe_json(&rig.tools.probe, args)?["ns_per_packet"]
+            .as_f64()
+            .unwrap_or(f64::NAN))
+    };
+    let floor_test_run_ns = test_run_ns(&["floor-test-run"])?;
+    let floor_clock_test_run_ns = test_run_ns(&["floor-test-run", "--clock"])?;
+    let mut rows = Vec::new();
+    for (peers, rate_hz) in [(1000u64, HOT_RATE_HZ), (1000, RATE_HZ), (50_000, RATE_HZ)] {
+        if scales.contains(&peers) {
+            rig.interrupt.check()?;
+            rows.push(floor_comparison(rig, peers, rate_hz, seconds)?);
+        }
+    }
+    Ok(render_floor(
+        [
+            floor_test_run_ns,
+            floor_clock_test_run_ns,
+            monitor_test_run_ns,
+        ],
+        &rows,
+    ))
+}
+
+/// The same stream (`peers` x `rate_hz` for `seconds`) into the floor program (alone and with
+/// a clock read per packet), the monitor (at XDP, at TC ingress with `--hook tc`, and at XDP
+/// without the destination check) and the userspace socket path, one after another in this
+/// run: the monitor's cost as a multiple of the least any XDP program pays, and of what the
+/// socket path pays.
+fn floor_comparison(rig: &Rig, peers: u64, rate_hz: f64, seconds: u64) -> Result<FloorRow> {
+    let (tools, net) = (rig.tools, rig.net);
+    let stream = Loadgen::new(peers, rate_hz, seconds as f64);
+    let pps = peers as f64 * rate_hz;
+    let per_m = |busy: f64, sent: u64| busy / sent.max(1) as f64 * 1e6;
+
+    // The floor, attached by the probe for the stream's length and a little more.
+    let floor_with = |clock: bool| -> Result<Receiver> {
+        let mut probe = Process::spawn(
+            NetPair::in_ns(net.ns_monitor, &tools.probe)
+                .args(["floor", "--iface", net.if_monitor, "--duration-s"])
+                .arg((seconds as f64 + 1.5).to_string())
+                .args(clock.then_some("--clock"))
+                .stdout(Stdio::piped()),
+        )?;
+        let line = probe.read_line()?;
+        if !line.contains("attached") {
+            bail!("floor probe: {line}");
+        }
+        let busy0 = system_busy_s()?;
+        let sent = stream.run(rig)?;
+        let busy1 = system_busy_s()?;
+        let stats = finish_json(probe)?;
+        let sent_n = sent["sent"].as_u64().unwrap_or(0);
+        let runs = stats["run_count"].as_f64().unwrap_or(0.0);
+        Ok(Receiver {
+            sent: sent_n,
+            kernel_ns: (runs > 0.0).then(|| stats["run_time_ns"].as_f64().unwrap_or(0.0) / runs),
+            machine_s_per_m: per_m(busy1 - busy0, sent_n),
+        })
+    };
+    let floor = floor_with(false)?;
+    let floor_clock = floor_with(true)?;
+
+    // The agent's `xdp` stats are the attached program's: the TC classifier with --hook tc.
+    let monitor_with = |extra: &[&str]| -> Result<Receiver> {
+        let agent = rig.agent(peers, extra)?;
+        let before = agent.stats()?;
+        let busy0 = system_busy_s()?;
+        let sent = stream.run(rig)?;
+        std::thread::sleep(Duration::from_millis(200));
+        let busy1 = system_busy_s()?;
+        let after = agent.stats()?;
+        agent.process.stop();
+        let sent_n = sent["sent"].as_u64().unwrap_or(0);
+        Ok(Receiver {
+            sent: sent_n,
+            kernel_ns: agent::kernel_ns_per_packet(&before, &after),
+            machine_s_per_m: per_m(busy1 - busy0, sent_n),
+        })
+    };
+    let monitor = monitor_with(&[])?;
+    let monitor_tc = monitor_with(&["--hook", "tc"])?;
+    let monitor_any = monitor_with(&["--listen-addr", "any"])?;
+
+    let receiver = Process::spawn(
+        NetPair::in_ns(net.ns_monitor, &tools.probe)
+            .args(["receiver", "--bind", &net.target(), "--duration-s"])
+            .arg((seconds + 1).to_string())
+            .stdout(Stdio::piped()),
+    )?;
+    std::thread::sleep(Duration::from_millis(300));
+    let busy0 = system_busy_s()?;
+    let sent = stream.run(rig)?;
+    let busy1 = system_busy_s()?;
+    let _ = finish_json(receiver)?;
+    let sent_n = sent["sent"].as_u64().unwrap_or(0);
+    let socket = Receiver {
+        sent: sent_n,
+        kernel_ns: None,
+        machine_s_per_m: per_m(busy1 - busy0, sent_n),
+    };
+    let limit = probe_json(&tools.probe, &["limit", "--peers", &peers.to_string()])?;
+    Ok(FloorRow {
+        peers,
+        pps,
+        floor,
+        floor_clock,
+        monitor,
+        monitor_tc,
+        monitor_any,
+        socket,
+        limit,
+    })
+}
+
+/// `test_run_ns`: the floor's, the floor's with the clock, and the monitor's.
+fn render_floor(test_run_ns: [f64; 3], rows: &[FloorRow]) -> String {
+    let [floor, clock, monitor] = test_run_ns;
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "Against the floor (a parse-to-UDP-port-and-drop XDP program) and the floor + clock (the \
+         same, reading the clock for each packet it drops, as the monitor does for each \
+         heartbeat), same stream, same run:\n\n\
+         BPF_PROG_TEST_RUN, one IPv4 heartbeat: floor {floor:.0} ns, floor + clock {clock:.0} ns \
+         ({:.1}x), monitor {monitor:.0} ns ({:.1}x the floor, {:.1}x the floor + clock)\n",
+        clock / floor,
+        monitor / floor,
+        monitor / clock,
+    );
+    let _ = writeln!(
+        t,
+        "The limit: floor + clock, plus one dependent miss over a table the size of the peers' \
+         kernel state (a pointer chase in userspace over 4 KiB pages, `hbm-bench limit`), in the \
+         same run; \"x limit\" is each receiver against it.\n"
+    );
+    let _ = writeln!(
+        t,
+        "| peers | pps | receiver | sent | kernel ns/pkt (bpf_stats) | x floor | x floor + clock | x limit | machine CPU-s per 1M pkts | x floor |"
+    );
+    let _ = writeln!(t, "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        if let (Some(limit), Some(miss)) = (r.limit_ns(), r.miss_ns()) {
+            let mib = r.limit["table_bytes"].as_f64().unwrap_or(0.0) / (1 << 20) as f64;
+            let _ = writeln!(
+                t,
+                "| {} | {:.0} | limit (floor + clock + one miss, {miss:.0} ns over {mib:.1} MiB) | - | {limit:.0} | {} | {} | 1.0x | - | - |",
+                r.peers,
+                r.pps,
+                r.floor
+                    .kernel_ns
+                    .map_or("-".into(), |f| format!("{:.1}x", limit / f)),
+                r.floor_clock
+                    .kernel_ns
+                    .map_or("-".into(), |c| format!("{:.1}x", limit / c)),
+            );
+        }
+        for (name, x) in [
+            ("floor", &r.floor),
+            ("floor + clock", &r.floor_clock),
+            ("monitor", &r.monitor),
+            ("monitor --hook tc", &r.monitor_tc),
+            ("monitor --listen-addr any", &r.monitor_any),
+            ("socket path", &r.socket),
+        ] {
+            let ns = x.kernel_ns.map_or("-".into(), |v| format!("{v:.0}"));
+            let ns_ratio = |to: &Receiver| match (x.kernel_ns, to.kernel_ns) {
+                (Some(a), Some(b)) if b > 0.0 => format!("{:.1}x", a / b),
+                _ => "-".into(),
+            };
+            let limit_ratio = match (x.kernel_ns, r.limit_ns()) {
+                (Some(a), Some(b)) if b > 0.0 => format!("{:.1}x", a / b),
+                _ => "-".into(),
+            };
+            let _ = writeln!(
+                t,
+                "| {} | {:.0} | {name} | {} | {ns} | {} | {} | {limit_ratio} | {:.3} | {:.2}x |",
+                r.peers,
+                r.pps,
+                x.sent,
+                ns_ratio(&r.floor),
+                ns_ratio(&r.floor_clock),
+                x.machine_s_per_m,
+                x.machine_s_per_m / r.floor.machine_s_per_m,
+            );
+        }
+    }
+    if let Some(touched) = rows.first().map(|r| &r.limit["touched"]) {
+        let n = |k: &str| touched[k].as_u64().unwrap_or(0);
+        let _ = writeln!(
+            t,
+            "\nPer-peer state one accepted, in-order heartbeat touches: {} lines read ({} bytes: \
+             the index bucket and the slot's hot line), {} lines written ({} bytes; {} of them \
+             stored into without being read: the source address, the ring entry, the last-heard \
+             word); the hot state is {} bytes a peer ({:.1} MiB at 50,000 peers).",
+            n("lines_read"),
+            n("bytes_read"),
+            n("lines_written"),
+            n("bytes_written"),
+            n("lines_stored_only"),
+            n("hot_bytes_per_peer"),
+            n("hot_bytes_per_peer") as f64 * 50_000.0 / (1 << 20) as f64,
+        );
+    }
+    t.push('\n');
+    t
+}

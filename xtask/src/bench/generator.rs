@@ -1,0 +1,83 @@
+//! The load generator: `monitor loadgen` (userspace sendmmsg, or `--kernel`'s live frames)
+//! from the peers' namespace to the monitor's address.
+
+use std::process::Stdio;
+
+use anyhow::Result;
+use serde_json::Value;
+
+use super::{Rig, tools::finish_json};
+use crate::lab::{NetPair, Process};
+
+/// Fraction of peers a kill stops (`--kill`), for event latency.
+pub(super) const KILL_FRACTION: f64 = 0.01;
+
+/// One stream: `peers` peers at `rate_hz` each for `seconds`.
+pub(super) struct Loadgen {
+    peers: u64,
+    rate_hz: f64,
+    seconds: f64,
+    /// Seconds after which `KILL_FRACTION` of the peers stop sending.
+    kill_after_s: Option<f64>,
+    /// The kernel generator (`--kernel`) instead of the userspace one.
+    kernel: bool,
+}
+
+impl Loadgen {
+    pub fn new(peers: u64, rate_hz: f64, seconds: f64) -> Self {
+        Self {
+            peers,
+            rate_hz,
+            seconds,
+            kill_after_s: None,
+            kernel: false,
+        }
+    }
+
+    /// `KILL_FRACTION` of the peers fall silent `after_s` into the stream.
+    pub fn kill_after(self, after_s: f64) -> Self {
+        Self {
+            kill_after_s: Some(after_s),
+            ..self
+        }
+    }
+
+    /// Sent by the kernel generator (`--kernel`).
+    pub fn kernel_generator(self, kernel: bool) -> Self {
+        Self { kernel, ..self }
+    }
+
+    /// Starts the stream; its report is the JSON line the generator prints when done.
+    pub fn spawn(&self, rig: &Rig) -> Result<Process> {
+        let mut cmd = NetPair::in_ns(rig.net.ns_peers, &rig.tools.monitor);
+        cmd.args([
+            "loadgen",
+            "--to",
+            &rig.net.target(),
+            "--peers",
+            &self.peers.to_string(),
+        ])
+        .args([
+            "--rate",
+            &self.rate_hz.to_string(),
+            "--duration",
+            &ms(self.seconds),
+        ])
+        .args(self.kernel.then_some("--kernel"))
+        .stdout(Stdio::piped());
+        if let Some(after) = self.kill_after_s {
+            cmd.args(["--kill", &KILL_FRACTION.to_string(), "--after", &ms(after)]);
+        }
+        Process::spawn(&mut cmd)
+    }
+
+    /// The whole stream, waited for: the generator's report.
+    pub fn run(&self, rig: &Rig) -> Result<Value> {
+        finish_json(self.spawn(rig)?)
+    }
+}
+
+/// Seconds as a whole number of milliseconds, the way the CLI reads durations.
+fn ms(seconds: f64) -> String {
+    format!("{}ms", (seconds * 1000.0).round() as u64)
+}

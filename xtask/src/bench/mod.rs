@@ -1,0 +1,107 @@
+//! `cargo xtask bench`: builds in release, makes its own namespaces, runs the agent and the
+//! load generator, and prints one table (appended, with date, kernel and command, to
+//! docs/benchmarks-history.md; BENCHMARKS.md keeps the current figures). Ratios are measured
+//! within one run; nothing here asserts a timing.
+//!
+//! `run` is the sequence; each measurement is a file that runs it and renders its table
+//! (`floor`, `scale`, `agent_cost`, `ingest`, `paths`, `fleet`, `kernel_loadgen`); the
+//! processes they drive are `agent`, `generator` and `tools` (the probe); `procfs` reads the
+//! CPU and memory they use; `lock` and `bpf_stats` hold the machine for the run; `record`
+//! appends the result to the history.
+
+mod agent;
+mod agent_cost;
+mod bpf_stats;
+mod fleet;
+mod floor;
+mod generator;
+mod ingest;
+mod kernel_loadgen;
+mod lock;
+mod paths;
+mod procfs;
+mod record;
+mod run;
+mod scale;
+mod tools;
+
+use std::path::Path;
+
+use clap::Args;
+
+use crate::lab::{Interrupt, NetPair};
+
+pub(crate) use self::procfs::rss_anon_mib;
+pub(crate) use agent::Agent;
+pub(crate) use record::record;
+pub use run::run;
+pub(crate) use tools::Tools;
+
+const NET: NetPair = NetPair {
+    ns_monitor: "hbm-bench-mon",
+    ns_peers: "hbm-bench-gen",
+    if_monitor: "hbmbench0",
+    if_peers: "hbmbench1",
+    addr_monitor: "10.214.0.1",
+    addr_peers: "10.214.0.2",
+};
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Peer counts to measure at.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000,50000,200000")]
+    scales: Vec<u64>,
+    /// Seconds of steady load per scale (CPU share and memory are measured over it).
+    #[arg(long, default_value_t = 30)]
+    seconds: u64,
+    /// A short run (3 s per step, scales 1000 and 50000) to check the benchmark itself.
+    #[arg(long)]
+    quick: bool,
+    /// Do not append the results to docs/benchmarks-history.md.
+    #[arg(long)]
+    no_record: bool,
+    /// Leave out the fleet's figures (NATS JetStream; about a minute).
+    #[arg(long)]
+    no_fleet: bool,
+    /// Only the agent's cost at 1, 5 and 10 Hz (at the largest scale up to 50,000 peers);
+    /// nothing is recorded.
+    #[arg(long)]
+    agent_only: bool,
+    /// Only the scale runs (for example `--scales 200000,1000000 --rate-hz 1`), recorded
+    /// unless --no-record.
+    #[arg(long)]
+    scales_only: bool,
+    /// Only the floor comparison (BPF_PROG_TEST_RUN and the live rows of the scales given,
+    /// `--seconds` each), for iterating on the kernel program; recorded unless --no-record.
+    #[arg(long)]
+    floor_only: bool,
+    /// Heartbeats per second per peer in the scale runs (the generator tops out near 350k
+    /// packets per second on 2 cores; the table shows what it sent). Above 50,000 peers, at
+    /// most 250k packets a second in all, which the generator sends on schedule.
+    #[arg(long, default_value_t = RATE_HZ)]
+    rate_hz: f64,
+    /// Only the kernel generator's rows (`monitor loadgen --kernel`): its ceiling beside the
+    /// userspace generator's, and 200,000 peers x 10 Hz, 1,000,000 x 1 Hz and 1,000,000 x
+    /// 10 Hz (as far as the machine allows), `--seconds` each; recorded unless --no-record.
+    #[arg(long)]
+    kernel_loadgen: bool,
+}
+
+/// Heartbeats per second per peer in the scale runs.
+const RATE_HZ: f64 = 10.0;
+
+/// What every measurement runs on: the release binaries, the namespace pair, a scratch
+/// directory for peers files and sockets, and the Ctrl-C flag long waits check.
+struct Rig<'a> {
+    tools: &'a Tools,
+    net: &'a NetPair,
+    dir: &'a Path,
+    interrupt: &'a Interrupt,
+}
+
+impl Rig<'_> {
+    /// The agent over peers 1..=`peers`, with `extra` flags.
+    fn agent(&self, peers: u64, extra: &[&str]) -> anyhow::Result<Agent> {
+        Agent::start(self.tools, self.net, self.dir, peers, extra)
+    }
+}

@@ -1,0 +1,187 @@
+//! `cargo xtask bench` step by step: which measurements a run makes, in which order, and the
+//! table it prints and records.
+
+use std::fmt::Write as _;
+
+use anyhow::Result;
+use serde_json::Value;
+
+use super::{
+    BenchArgs, NET, Rig, Tools,
+    agent_cost::{agent_cost, render_agent_cost},
+    bpf_stats::BpfStats,
+    fleet::{fleet_figures, render_fleet},
+    floor::floor_table,
+    ingest::{Ingest, ingest_run, render_ingest},
+    kernel_loadgen,
+    lock::BenchLock,
+    paths::{Paths, path_comparison, render_paths},
+    record::{join, record},
+    scale::{ScaleRow, render_scales, scale_rate_hz, scale_run},
+    tools::probe_json,
+};
+use crate::{
+    lab::{Interrupt, TempDir},
+    setup, workspace,
+};
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    setup::ensure()?;
+    workspace::require_root("bench")?;
+    let _one_at_a_time = BenchLock::acquire()?;
+    let tools = Tools::build()?;
+    let (scales, seconds) = if args.quick {
+        (vec![1000, 50_000], 3)
+    } else {
+        (args.scales.clone(), args.seconds.max(5))
+    };
+    let interrupt = Interrupt::install()?;
+    let _stats = BpfStats::enable()?;
+    let net = NET.create()?;
+    let dir = TempDir::create("hbm-bench")?;
+    let rig = Rig {
+        tools: &tools,
+        net: &net,
+        dir: &dir.0,
+        interrupt: &interrupt,
+    };
+
+    if args.kernel_loadgen {
+        let table = kernel_loadgen::run(&rig, seconds)?;
+        println!("\n{table}");
+        if !args.no_record {
+            record(
+                &table,
+                &format!("cargo xtask bench --kernel-loadgen --seconds {seconds}"),
+            )?;
+        }
+        return Ok(());
+    }
+
+    println!("==> kernel cost through BPF_PROG_TEST_RUN");
+    let test_run = probe_json(&tools.probe, &["kernel"])?;
+    let test_run_ns = test_run["ns_per_packet"].as_f64().unwrap_or(f64::NAN);
+    if args.floor_only {
+        let table = floor_table(&rig, &scales, seconds, test_run_ns)?;
+        println!("\n{table}");
+        if !args.no_record {
+            record(
+                &table,
+                &format!(
+                    "cargo xtask bench --floor-only --scales {} --seconds {seconds}",
+                    join(&scales)
+                ),
+            )?;
+        }
+        return Ok(());
+    }
+    println!("==> kernel logging off and on (--kernel-log), BPF_PROG_TEST_RUN");
+    let log_cost = probe_json(&tools.probe, &["kernel-log"])?;
+
+    if args.agent_only {
+        let peers = largest_up_to_50k(&scales);
+        let cost = agent_cost(&rig, peers, seconds.max(10), args.quick)?;
+        println!("{}", render_agent_cost(peers, &cost));
+        return Ok(());
+    }
+
+    let mut rows = Vec::new();
+    for &peers in &scales {
+        interrupt.check()?;
+        let rate_hz = scale_rate_hz(peers, args.rate_hz);
+        println!("==> {peers} peers x {rate_hz} Hz for {seconds} s");
+        rows.push(scale_run(&rig, peers, rate_hz, seconds)?);
+    }
+    if args.scales_only {
+        let table = render_scales(&rows);
+        println!("\n{table}");
+        if !args.no_record {
+            record(
+                &table,
+                &format!(
+                    "cargo xtask bench --scales-only --scales {} --rate-hz {} --seconds {seconds}",
+                    join(&scales),
+                    args.rate_hz
+                ),
+            )?;
+        }
+        return Ok(());
+    }
+
+    let ingest_peers = largest_up_to_50k(&scales);
+    println!("==> ingest ceiling at {ingest_peers} peers");
+    let ingest = ingest_run(&rig, ingest_peers, if args.quick { 2 } else { 3 })?;
+
+    println!("==> the agent's cost at 1, 5 and 10 Hz a peer, {ingest_peers} peers");
+    let agent_cost = agent_cost(
+        &rig,
+        ingest_peers,
+        if args.quick { 5 } else { 20 },
+        args.quick,
+    )?;
+
+    let floor_table = floor_table(&rig, &scales, if args.quick { 3 } else { 10 }, test_run_ns)?;
+
+    println!("==> XDP path against a userspace UDP receiver, same stream");
+    let paths = path_comparison(&rig, ingest_peers, if args.quick { 3 } else { 10 })?;
+
+    let mut table = floor_table;
+    table.push_str(&render_agent_cost(ingest_peers, &agent_cost));
+    table.push_str(&render(test_run_ns, &rows, &ingest, &paths));
+    if !args.no_fleet {
+        println!("==> the fleet on NATS JetStream: event latency and a 50,000-peer burst");
+        table.push_str(&render_fleet(&fleet_figures(&tools)?));
+    }
+    table.push_str(&render_kernel_log(&log_cost));
+    println!("\n{table}");
+    if !args.no_record {
+        record(
+            &table,
+            if args.quick {
+                "cargo xtask bench --quick"
+            } else {
+                "cargo xtask bench"
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// The largest of `scales` up to 50,000 peers (1,000 if none is): the agent-cost and ingest
+/// runs' count, where the generator still sends on schedule.
+fn largest_up_to_50k(scales: &[u64]) -> u64 {
+    scales
+        .iter()
+        .copied()
+        .filter(|&p| p <= 50_000)
+        .max()
+        .unwrap_or(1000)
+}
+
+/// The full run's tables after the floor's and the agent's: TEST_RUN, the scale runs, the
+/// ingest ceiling and the receive paths.
+fn render(test_run_ns: f64, rows: &[ScaleRow], ingest: &Ingest, paths: &Paths) -> String {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "Kernel cost, BPF_PROG_TEST_RUN (1e6 runs of one IPv4 heartbeat): {test_run_ns:.0} ns per packet\n"
+    );
+    t.push_str(&render_scales(rows));
+    t.push_str(&render_ingest(ingest));
+    t.push_str(&render_paths(paths));
+    t
+}
+
+/// What `--kernel-log` costs, from the probe's `kernel-log`.
+fn render_kernel_log(log_cost: &Value) -> String {
+    let ns = |k: &str| log_cost[k].as_f64().unwrap_or(f64::NAN);
+    format!(
+        "\nKernel logging (`--kernel-log`), BPF_PROG_TEST_RUN, ns per packet: valid heartbeat \
+         {:.0} off / {:.0} debug (it logs nothing); malformed heartbeat {:.0} off / {:.0} debug \
+         (one warn line)\n",
+        ns("heartbeat_off_ns"),
+        ns("heartbeat_debug_ns"),
+        ns("malformed_off_ns"),
+        ns("malformed_debug_ns"),
+    )
+}

@@ -1,0 +1,214 @@
+//! The scale runs: `peers` x `rate_hz` for a while, then the socket probe and a kill: what was
+//! sent and recorded, the agent's CPU and memory, a sweep's cost, query and event latency.
+
+use std::{
+    fmt::Write as _,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Result, bail};
+use serde_json::Value;
+
+use super::{
+    Rig, agent,
+    generator::{KILL_FRACTION, Loadgen},
+    procfs::{map_memory_bytes, process_cpu_s, rss_anon_mib},
+    tools::{finish_json, number_at as f, probe_json},
+};
+use crate::lab::Process;
+
+/// Packets a second the generator sends on schedule on this machine's two cores (it tops out
+/// near 350k and falls behind in bursts before that). A late heartbeat is a silence to the
+/// detector: at 200,000 peers asked for 10 Hz the generator sent 1.8 Hz, late and in bursts,
+/// not the stream the row was labelled with, and the agent raised a million suspect events in
+/// 10 s. Above 50,000 peers the scale runs send at most this many.
+const STEADY_PPS: f64 = 250_000.0;
+
+/// Where the scale runs' agent serves its metrics, in the monitor's namespace: the socket
+/// probe reads the agent's own timing of its requests there.
+const AGENT_METRICS: &str = "127.0.0.1:9464";
+
+/// The rate per peer of a scale run: `rate_hz`, lowered above 50,000 peers to what the
+/// generator sends on schedule (50,000 x 10 Hz, the load the product is sized for, stays as
+/// asked).
+pub(super) fn scale_rate_hz(peers: u64, rate_hz: f64) -> f64 {
+    if peers <= 50_000 {
+        rate_hz
+    } else {
+        rate_hz.min(STEADY_PPS / peers as f64)
+    }
+}
+
+pub(super) struct ScaleRow {
+    peers: u64,
+    requested_pps: f64,
+    achieved_pps: f64,
+    sent: u64,
+    recorded: u64,
+    kernel_ns: f64,
+    agent_cpu_pct: f64,
+    rss_mib: f64,
+    maps_mib: f64,
+    sweep: Value,
+    socket: Value,
+    events: Value,
+}
+
+pub(super) fn scale_run(rig: &Rig, peers: u64, rate_hz: f64, seconds: u64) -> Result<ScaleRow> {
+    let probe = &rig.tools.probe;
+    let sweep = probe_json(probe, &["sweep", "--peers", &peers.to_string()])?;
+    // Told the stream's interval, as an operator tells it the peers' one: with the default
+    // (100 ms) and peers sending every 800 ms, every peer crosses all three levels before its
+    // second heartbeat: at 200,000 peers a start-up flood of 600k suspect events, after which
+    // the kill's events reached the subscriber 35 ms after publication (p50), against 2 ms
+    // when the agent was told.
+    let first_interval_ms = format!("{:.0}", 1000.0 / rate_hz);
+    let agent = rig.agent(
+        peers,
+        &[
+            "--metrics-addr",
+            AGENT_METRICS,
+            "--first-interval-ms",
+            &first_interval_ms,
+        ],
+    )?;
+    let killed = ((peers as f64 * KILL_FRACTION).round() as u64).max(1);
+    let mut events = Process::spawn(
+        Command::new(probe)
+            .args(["events", "--socket"])
+            .arg(&agent.socket)
+            .args(["--expected", &(killed * 3).to_string()])
+            .args(["--first-id", "1", "--last-id", &(killed + 1).to_string()])
+            .args(["--timeout-s", &(seconds + 40).to_string()])
+            .stdout(Stdio::piped()),
+    )?;
+    let subscribed = events.read_line()?;
+    if !subscribed.contains("subscribed") {
+        bail!("event probe: {subscribed}");
+    }
+    // Timeline: 2 s to settle, `seconds` of steady load over which CPU is measured (nothing
+    // else touches the agent then), the socket probe, the kill, 4 s for the events to land.
+    let settle = 2.0;
+    let seconds_f = seconds as f64;
+    let probe_at = settle + seconds_f;
+    let kill_at = probe_at + 4.0;
+    let total = kill_at + 4.0;
+    let before = agent.stats()?;
+    let pid = agent.process.pid();
+    let generator = Loadgen::new(peers, rate_hz, total)
+        .kill_after(kill_at)
+        .spawn(rig)?;
+    rig.interrupt.pause(Duration::from_secs_f64(settle))?;
+    let (cpu0, t0) = (process_cpu_s(pid)?, Instant::now());
+    rig.interrupt.pause(Duration::from_secs_f64(seconds_f))?;
+    let (cpu1, wall) = (process_cpu_s(pid)?, t0.elapsed().as_secs_f64());
+    let rss_mib = rss_anon_mib(pid)?;
+    let maps_mib = map_memory_bytes(pid)? / (1 << 20) as f64;
+    let socket = probe_json(
+        probe,
+        &[
+            "socket",
+            "--socket",
+            &agent.socket.display().to_string(),
+            "--peers",
+            &peers.to_string(),
+            "--metrics-addr",
+            AGENT_METRICS,
+            "--metrics-ns",
+            rig.net.ns_monitor,
+        ],
+    )?;
+    let sent = finish_json(generator)?;
+    // Let the last heartbeats land before counting.
+    std::thread::sleep(Duration::from_millis(200));
+    let after = agent.stats()?;
+    let events = finish_json(events)?;
+    agent.process.stop();
+
+    Ok(ScaleRow {
+        peers,
+        requested_pps: peers as f64 * rate_hz,
+        achieved_pps: sent["achieved_pps"].as_f64().unwrap_or(0.0),
+        sent: sent["sent"].as_u64().unwrap_or(0),
+        recorded: agent::recorded(&before, &after),
+        kernel_ns: agent::kernel_ns_per_packet(&before, &after).unwrap_or(f64::NAN),
+        agent_cpu_pct: (cpu1 - cpu0) / wall * 100.0,
+        rss_mib,
+        maps_mib,
+        sweep,
+        socket,
+        events,
+    })
+}
+
+/// The scale runs' table: what was sent and recorded, the agent's cost, sweeps, queries, events.
+pub(super) fn render_scales(rows: &[ScaleRow]) -> String {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "| peers | requested pps | sent pps | sent | recorded | lost | kernel ns/pkt (bpf_stats) | agent CPU % | agent RssAnon MiB | maps MiB | sweep mmap ms | sweep aya iter ms | iter/mmap | agent sweep ms | peer p50/p99 us | suspects p50/p99 us (n) | suspects in the agent p50/p99 us | event p50/p99 ms (n) |"
+    );
+    let _ = writeln!(
+        t,
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for r in rows {
+        // Bucket bounds of the agent's histogram: the quantile is at most this.
+        let agent_suspects = match &r.socket["agent_suspects_us"] {
+            Value::Null => "-".to_string(),
+            q => format!(
+                "<= {} / <= {}",
+                f(q, &["p50_at_most"]),
+                f(q, &["p99_at_most"])
+            ),
+        };
+        let _ = writeln!(
+            t,
+            "| {} | {:.0} | {:.0} | {} | {} | {} | {:.0} | {:.2} | {:.1} | {:.1} | {:.3} | {:.1} | {:.0}x | {:.3} | {:.0} / {:.0} | {:.0} / {:.0} ({}) | {agent_suspects} | {:.2} / {:.2} ({}) |",
+            r.peers,
+            r.requested_pps,
+            r.achieved_pps,
+            r.sent,
+            r.recorded,
+            r.sent as i64 - r.recorded as i64,
+            r.kernel_ns,
+            r.agent_cpu_pct,
+            r.rss_mib,
+            r.maps_mib,
+            f(&r.sweep, &["mmap_read_ms"]),
+            f(&r.sweep, &["aya_iter_ms"]),
+            f(&r.sweep, &["iter_over_mmap"]),
+            f(&r.sweep, &["agent_sweep_ms"]),
+            f(&r.socket, &["peer_us", "p50"]),
+            f(&r.socket, &["peer_us", "p99"]),
+            f(&r.socket, &["suspects_us", "p50"]),
+            f(&r.socket, &["suspects_us", "p99"]),
+            r.socket["suspects_us"]["count"],
+            f(&r.events, &["latency_ms", "p50"]),
+            f(&r.events, &["latency_ms", "p99"]),
+            r.events["latency_ms"]["count"],
+        );
+    }
+    // Where the event latency goes: raised by the sweep (`at` less `crossed_at`, ms
+    // resolution) or on its way to the subscriber (received less `at`).
+    let _ = writeln!(
+        t,
+        "\nEvent latency split: detection (the event's `at` less its `crossed_at`: the sweep) and delivery (received less `at`: the socket and the subscriber), ms:\n\n\
+         | peers | detection p50/p99 | delivery p50/p99 | suspect events received, all peers (timed: the killed ones') |\n|---:|---:|---:|---:|"
+    );
+    for r in rows {
+        let _ = writeln!(
+            t,
+            "| {} | {:.1} / {:.1} | {:.1} / {:.1} | {} ({}) |",
+            r.peers,
+            f(&r.events, &["detection_ms", "p50"]),
+            f(&r.events, &["detection_ms", "p99"]),
+            f(&r.events, &["delivery_ms", "p50"]),
+            f(&r.events, &["delivery_ms", "p99"]),
+            r.events["events"]["suspect"],
+            r.events["latency_ms"]["count"],
+        );
+    }
+    t
+}
