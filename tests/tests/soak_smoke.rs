@@ -110,16 +110,18 @@ fn a_starved_agent_still_detects_every_death_and_convicts_no_live_peer() {
     let peers_file = dir.peers_file(1..=500);
     let agent = AgentProcess::start(&pair, &["--peers", &peers_file, "--capacity", "500"]);
     // 20 ms of CPU per 100 ms for the agent and a busy loop together.
-    let limit = CpuLimit::create(&unique_name("hbmstarve"), 20_000, 100_000);
+    let limit = CpuLimit::create(&unique_name("hbmstarve"), 20_000, 100_000).expect("a CPU quota");
     let busy = integration_tests::agent_process::spawn({
         let mut cmd = std::process::Command::new("sh");
         cmd.args(["-c", "while :; do :; done"]);
         cmd
     });
-    limit.add(busy.0.id());
-    limit.add(agent.pid());
+    limit
+        .add(busy.0.id())
+        .expect("the busy loop into the cgroup");
+    limit.add(agent.pid()).expect("the agent into the cgroup");
     let stats = soak_against(&agent, &pair, 500, "0.1");
-    let throttled = limit.throttled_periods();
+    let throttled = limit.throttled_periods().expect("cpu.stat");
     println!("starved agent: throttled in {throttled} periods of 100 ms; stats {stats}");
     // The starving happened: the quota ran out period after period (20 s are 200 periods).
     assert!(throttled >= 100, "throttled in only {throttled} periods");

@@ -633,58 +633,8 @@ fn kernel_release() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-/// A CPU quota on a cgroup of our own (v2 `cpu.max`, or v1 `cpu.cfs_quota_us` where the cpu
-/// controller is mounted as v1, as on this machine); removed on drop, its tasks moved back.
-struct CpuLimit {
-    dir: PathBuf,
-    root: PathBuf,
-}
-
-impl CpuLimit {
-    fn create(name: &str, quota_us: u64, period_us: u64) -> Result<Self> {
-        let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers");
-        let v2_cpu =
-            std::fs::read_to_string(v2).is_ok_and(|c| c.split_whitespace().any(|c| c == "cpu"));
-        let root = if v2_cpu {
-            PathBuf::from("/sys/fs/cgroup")
-        } else {
-            PathBuf::from("/sys/fs/cgroup/cpu")
-        };
-        let dir = root.join(name);
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let limit = Self { dir, root };
-        if v2_cpu {
-            limit.write("cpu.max", &format!("{quota_us} {period_us}"))?;
-        } else {
-            limit.write("cpu.cfs_period_us", &period_us.to_string())?;
-            limit.write("cpu.cfs_quota_us", &quota_us.to_string())?;
-        }
-        Ok(limit)
-    }
-
-    fn describe(&self) -> String {
-        self.dir.display().to_string()
-    }
-
-    fn write(&self, file: &str, value: &str) -> Result<()> {
-        let path = self.dir.join(file);
-        std::fs::write(&path, value)
-            .with_context(|| format!("writing {value:?} to {}", path.display()))
-    }
-
-    fn add(&self, pid: u32) -> Result<()> {
-        self.write("cgroup.procs", &pid.to_string())
-    }
-}
-
-impl Drop for CpuLimit {
-    fn drop(&mut self) {
-        // Whatever is left (our own children, by pid) goes back to the root before rmdir.
-        if let Ok(procs) = std::fs::read_to_string(self.dir.join("cgroup.procs")) {
-            for pid in procs.lines() {
-                let _ = std::fs::write(self.root.join("cgroup.procs"), pid);
-            }
-        }
-        let _ = std::fs::remove_dir(&self.dir);
-    }
-}
+/// The cgroup with a CPU quota the tests use too: one implementation, included by path (xtask
+/// does not depend on the tests' crate).
+#[path = "../../tests/src/cgroup.rs"]
+mod cgroup;
+use cgroup::CpuLimit;
