@@ -25,7 +25,7 @@ impl Agent {
         let mut all: Vec<(f64, u64, f64, u8)> = Vec::new();
         {
             let trackers = self.trackers.lock();
-            for (t, watch) in trackers.peers.iter().zip(&trackers.watch) {
+            for (t, watch) in trackers.peers.iter().zip(&trackers.watches) {
                 let Some(t) = t else { continue };
                 let crossed = t.crossed();
                 peers_at[(crossed as usize).min(levels.len())] += 1;

@@ -35,7 +35,7 @@ pub use self::program_stats::{LiveProgram, ProgramStats};
 pub use self::run::{AgentConfig, Reload, run};
 use crate::{
     agent::admission::{Admission, AdmissionPolicy},
-    detector::tracker::{DetectorConfig, Lazy, PeerTracker, Watch},
+    detector::tracker::{DetectorConfig, LevelFloor, PeerTracker, WordWatch},
     kernel::peer_table::{Busy, PeerTable},
     kernel::registry::Registry,
     serving::event::Event,
@@ -98,11 +98,11 @@ pub struct Agent {
 }
 
 /// The sweep's state of every slot, in three dense arrays indexed by slot: what every sweep
-/// reads (`Watch`, 16 bytes), what it reads when a word moved or a deadline came (`Lazy`, 16
+/// reads (`WordWatch`, 16 bytes), what it reads when a word moved or a deadline came (`LevelFloor`, 16
 /// bytes), and the trackers themselves, touched on refreshes, transitions and queries.
 struct Trackers {
-    watch: Vec<Watch>,
-    lazy: Vec<Lazy>,
+    watches: Vec<WordWatch>,
+    level_floors: Vec<LevelFloor>,
     peers: Vec<Option<PeerTracker>>,
     /// A detector change in progress (`reload::DetectorChange`).
     change: Option<reload::DetectorChange>,
@@ -111,8 +111,8 @@ struct Trackers {
 impl Trackers {
     fn new(capacity: usize) -> Self {
         Self {
-            watch: vec![Watch::NEW; capacity],
-            lazy: vec![Lazy::NONE; capacity],
+            watches: vec![WordWatch::NEW; capacity],
+            level_floors: vec![LevelFloor::NONE; capacity],
             peers: vec![None; capacity],
             change: None,
         }
@@ -128,8 +128,8 @@ impl Trackers {
     fn clear(&mut self, slot: u32) {
         self.forget_pending(slot as usize);
         self.peers[slot as usize] = None;
-        self.watch[slot as usize] = Watch::NEW;
-        self.lazy[slot as usize] = Lazy::NONE;
+        self.watches[slot as usize] = WordWatch::NEW;
+        self.level_floors[slot as usize] = LevelFloor::NONE;
     }
 }
 

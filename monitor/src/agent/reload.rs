@@ -333,8 +333,8 @@ impl Trackers {
         emit: &mut impl FnMut(Transition),
     ) {
         let Trackers {
-            watch,
-            lazy,
+            watches,
+            level_floors,
             peers,
             change,
         } = self;
@@ -349,8 +349,8 @@ impl Trackers {
             let record = read.as_ref().map(|(r, ring)| (r, ring.as_slice()));
             t.redetect(
                 record,
-                &mut watch[slot],
-                &mut lazy[slot],
+                &mut watches[slot],
+                &mut level_floors[slot],
                 &c.old,
                 new,
                 time,

@@ -101,8 +101,8 @@ impl Agent {
     /// threshold is found once per request, so most peers cost a compare, not an erfc.
     ///
     /// A peer is first judged from the sweep's dense arrays (at or above the first level: its
-    /// watch, lazy state and last-heard word say whether it is surely below that level, see
-    /// `Lazy::below_first_level`), then from its tracker (the silence below which it cannot
+    /// watch, level floor and last-heard word say whether it is surely below that level, see
+    /// `LevelFloor::below_first_level`), then from its tracker (the silence below which it cannot
     /// be at the threshold: see `PeerTracker::threshold_floor`), under the trackers' lock;
     /// only the candidates get their record copied and phi computed, after the lock is let
     /// go, so a request never holds up the sweep for longer than that pass.
@@ -133,8 +133,8 @@ impl Agent {
                 .filter(|&slot| {
                     !(above_first
                         && !trackers.pending(slot)
-                        && trackers.lazy[slot].below_first_level(
-                            &trackers.watch[slot],
+                        && trackers.level_floors[slot].below_first_level(
+                            &trackers.watches[slot],
                             words[slot].load(Ordering::Relaxed),
                             now,
                         ))
@@ -148,7 +148,7 @@ impl Agent {
                     let floor = trackers.of(slot, id).and_then(|t| {
                         t.threshold_floor(
                             self.table.last_heard(slot),
-                            &trackers.lazy[slot as usize],
+                            &trackers.level_floors[slot as usize],
                             &crossing,
                             &detector.params,
                             now,

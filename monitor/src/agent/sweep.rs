@@ -8,7 +8,7 @@ use monitor_common::passive::{SOURCE_BFD, bfd_diag_name, bfd_state_name};
 
 use super::{Agent, Trackers, passive, wall_ms};
 use crate::{
-    detector::tracker::{Lazy, PeerTracker, SweepStep, SweepTime, Transition, Watch},
+    detector::tracker::{LevelFloor, PeerTracker, SweepStep, SweepTime, Transition, WordWatch},
     kernel::registry::Registry,
     serving::event::Event,
     serving::peer_view::ip_addr,
@@ -61,33 +61,33 @@ impl Agent {
             // chunk's worth of milliseconds), rather than be judged under a detector its
             // estimate was not made for, or hold the lock while the sweep re-estimates it.
             let Trackers {
-                watch,
-                lazy,
+                watches,
+                level_floors,
                 peers,
                 change,
             } = &mut *trackers;
             let pending = change.as_ref().map(|c| c.pending());
-            let chunk = watch[start..end].iter_mut().zip(&words[start..end]);
+            let chunk = watches[start..end].iter_mut().zip(&words[start..end]);
             for (slot, (watch, word)) in (start..end).zip(chunk) {
                 let word = word.load(Ordering::Relaxed);
                 if watch.is_quiet(word, now_ns) || pending.is_some_and(|p| p[slot]) {
                     continue;
                 }
-                let lazy = &mut lazy[slot];
+                let level_floor = &mut level_floors[slot];
                 // A heartbeat the estimate's floor covers: no tracker, no slot.
-                if lazy.absorb(word, watch, time) {
+                if level_floor.advance_over_covered(word, watch, time) {
                     continue;
                 }
                 let tracker = &mut peers[slot];
                 let Some(id) = registry.owner(slot as u32) else {
                     // No peer: nothing to do until an admission resets the slot (and its word).
                     *tracker = None;
-                    *watch = Watch::vacant(word);
-                    *lazy = Lazy::NONE;
+                    *watch = WordWatch::vacant(word);
+                    *level_floor = LevelFloor::NONE;
                     continue;
                 };
                 if let Some(t) = tracker.as_mut().filter(|t| t.peer_id == id) {
-                    match t.step(word, watch, lazy, &detector, time, &mut emit) {
+                    match t.step(word, watch, level_floor, &detector, time, &mut emit) {
                         SweepStep::Done => {}
                         SweepStep::Refloored => refloors += 1,
                         SweepStep::Refresh => {
@@ -95,7 +95,15 @@ impl Agent {
                             if let Some((record, ring)) = self.read(slot as u32, with_ring)
                                 && record.peer_id == id
                             {
-                                t.observe(&record, &ring, watch, lazy, &detector, time, &mut emit);
+                                t.observe(
+                                    &record,
+                                    &ring,
+                                    watch,
+                                    level_floor,
+                                    &detector,
+                                    time,
+                                    &mut emit,
+                                );
                             }
                         }
                     }
@@ -114,9 +122,17 @@ impl Agent {
                     sessions.retain(|s| s.slot != slot as u32);
                     sessions.push(passive::BfdSeen::new(slot as u32, id, &record));
                 }
-                let (mut t, new_watch, new_lazy) = PeerTracker::new(&record, &ring, &detector);
-                (*watch, *lazy) = (new_watch, new_lazy);
-                t.observe(&record, &ring, watch, lazy, &detector, time, &mut emit);
+                let (mut t, new_watch, new_floor) = PeerTracker::new(&record, &ring, &detector);
+                (*watch, *level_floor) = (new_watch, new_floor);
+                t.observe(
+                    &record,
+                    &ring,
+                    watch,
+                    level_floor,
+                    &detector,
+                    time,
+                    &mut emit,
+                );
                 *tracker = Some(t);
             }
             // Handed to a waiting query, if any: an unfair unlock lets this loop take the lock
@@ -174,7 +190,7 @@ impl Agent {
             .iter()
             .filter(|&(id, slot)| {
                 trackers.of(slot, id).is_some_and(|t| {
-                    let last = t.last_arrival_ns(&trackers.watch[slot as usize], now_ns);
+                    let last = t.last_arrival_ns(&trackers.watches[slot as usize], now_ns);
                     now_ns.saturating_sub(last) > bound
                 })
             })

@@ -134,7 +134,7 @@ Solved from the three rows sent on schedule, CPU % = {:.3} (a constant: what eve
 
 /// The agent's CPU as a constant (what every sweep costs whatever the peers: waking, the
 /// clock, the metrics), a cost per peer (its word and watch read every sweep) and a cost per
-/// packet (absorbing heartbeats, refreshes), through three measured rows.
+/// packet (heartbeats passed over under a floor, refreshes), through three measured rows.
 struct AgentCostModel {
     fixed: f64,
     per_peer: f64,
