@@ -249,7 +249,7 @@ mod tests {
     // The crate is no_std; this measurement prints and allocates.
     extern crate std;
 
-    /// A measurement for the design of issue 23's one-line lookup (docs/tuning.md, "The id
+    /// A measurement for the design of a one-line id lookup (docs/tuning.md, "The id
     /// lookup: one line per heartbeat"), not a check: how far ids land from their home under
     /// this hash when each line holds `per_line` entries, the table has `lines_per_slot` lines
     /// per slot of capacity and a probe looks at `probe` lines. `per_line` 4 at half a line per

@@ -98,8 +98,9 @@ pub struct Agent {
 }
 
 /// The sweep's state of every slot, in three dense arrays indexed by slot: what every sweep
-/// reads (`WordWatch`, 16 bytes), what it reads when a word moved or a deadline came (`LevelFloor`, 16
-/// bytes), and the trackers themselves, touched on refreshes, transitions and queries.
+/// reads (`WordWatch`, 16 bytes), what it reads when a word moved or a deadline came
+/// (`LevelFloor`, 16 bytes), and the trackers themselves, touched on refreshes, transitions
+/// and queries.
 struct Trackers {
     watches: Vec<WordWatch>,
     level_floors: Vec<LevelFloor>,

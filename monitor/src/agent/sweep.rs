@@ -62,7 +62,7 @@ impl Agent {
             // estimate was not made for, or hold the lock while the sweep re-estimates it.
             let Trackers {
                 watches,
-                level_floors,
+                level_floors: floors,
                 peers,
                 change,
             } = &mut *trackers;
@@ -73,9 +73,9 @@ impl Agent {
                 if watch.is_quiet(word, now_ns) || pending.is_some_and(|p| p[slot]) {
                     continue;
                 }
-                let level_floor = &mut level_floors[slot];
+                let floor = &mut floors[slot];
                 // A heartbeat the estimate's floor covers: no tracker, no slot.
-                if level_floor.advance_over_covered(word, watch, time) {
+                if floor.advance_over_covered(word, watch, time) {
                     continue;
                 }
                 let tracker = &mut peers[slot];
@@ -83,11 +83,11 @@ impl Agent {
                     // No peer: nothing to do until an admission resets the slot (and its word).
                     *tracker = None;
                     *watch = WordWatch::vacant(word);
-                    *level_floor = LevelFloor::NONE;
+                    *floor = LevelFloor::NONE;
                     continue;
                 };
                 if let Some(t) = tracker.as_mut().filter(|t| t.peer_id == id) {
-                    match t.step(word, watch, level_floor, &detector, time, &mut emit) {
+                    match t.step(word, watch, floor, &detector, time, &mut emit) {
                         SweepStep::Done => {}
                         SweepStep::Refloored => refloors += 1,
                         SweepStep::Refresh => {
@@ -95,15 +95,7 @@ impl Agent {
                             if let Some((record, ring)) = self.read(slot as u32, with_ring)
                                 && record.peer_id == id
                             {
-                                t.observe(
-                                    &record,
-                                    &ring,
-                                    watch,
-                                    level_floor,
-                                    &detector,
-                                    time,
-                                    &mut emit,
-                                );
+                                t.observe(&record, &ring, watch, floor, &detector, time, &mut emit);
                             }
                         }
                     }
@@ -123,16 +115,8 @@ impl Agent {
                     sessions.push(passive::BfdSeen::new(slot as u32, id, &record));
                 }
                 let (mut t, new_watch, new_floor) = PeerTracker::new(&record, &ring, &detector);
-                (*watch, *level_floor) = (new_watch, new_floor);
-                t.observe(
-                    &record,
-                    &ring,
-                    watch,
-                    level_floor,
-                    &detector,
-                    time,
-                    &mut emit,
-                );
+                (*watch, *floor) = (new_watch, new_floor);
+                t.observe(&record, &ring, watch, floor, &detector, time, &mut emit);
                 *tracker = Some(t);
             }
             // Handed to a waiting query, if any: an unfair unlock lets this loop take the lock

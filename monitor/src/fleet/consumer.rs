@@ -145,10 +145,10 @@ impl Fleet {
     /// A consumer of its own, not the client's ordered consumer: after a NATS node is lost,
     /// async-nats 0.51's ordered consumer re-creates itself with 5 s request timeouts and,
     /// after five tries, 10 s between tries, and says nothing meanwhile (a watch was seen
-    /// silent for over 60 s after a node crash, the stream long since led by another node,
-    /// issue 11). Here the subscription is made first, the server sends a heartbeat every
-    /// [`READER_HEARTBEAT`], and any sign of trouble (no message or heartbeat for three of
-    /// them, a gap in the consumer's sequence, a status from the server) ends the reader
+    /// silent for over 60 s after a node crash in tests/tests/fleet.rs, the stream long since
+    /// led by another node). Here the subscription is made first, the server sends a
+    /// heartbeat every [`READER_HEARTBEAT`], and any sign of trouble (no message or
+    /// heartbeat for three of them, a gap in the consumer's sequence, a status from the server) ends the reader
     /// with an error, so that the caller follows the stream again after the last event it
     /// took ([`EventStart::After`]).
     pub async fn events_from(&self, start: EventStart) -> Result<EventReader, FleetError> {
@@ -210,7 +210,8 @@ const CREATE_TRIES: u32 = 3;
 /// answer in time. After a node of three was killed, about one creation in three went
 /// unanswered for over 30 s (5 s timeouts), while a new consumer asked for next was
 /// answered in 0.1 s: nats-server 2.9 evidently still places some one-replica consumers
-/// (the readers' consumers are) on the dead node of the stream's group (issue 11).
+/// (the readers' consumers are) on the dead node of the stream's group (seen in
+/// tests/tests/fleet.rs's node crash).
 async fn create_consumer<T, E, F>(
     what: &str,
     mut attempt: impl FnMut() -> F,
