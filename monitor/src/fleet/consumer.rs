@@ -143,14 +143,14 @@ impl Fleet {
     /// Follows the event stream from `start` (see [`EventStart`]). Waits for the stream.
     ///
     /// A consumer of its own, not the client's ordered consumer: after a NATS node is lost,
-    /// async-nats 0.51's ordered consumer re-creates itself with 5 s request timeouts and,
-    /// after five tries, 10 s between tries, and says nothing meanwhile (a watch was seen
-    /// silent for over 60 s after a node crash in tests/tests/fleet.rs, the stream long since
-    /// led by another node). Here the subscription is made first, the server sends a
-    /// heartbeat every [`READER_HEARTBEAT`], and any sign of trouble (no message or
-    /// heartbeat for three of them, a gap in the consumer's sequence, a status from the server) ends the reader
-    /// with an error, so that the caller follows the stream again after the last event it
-    /// took ([`EventStart::After`]).
+    /// async-nats 0.51's ordered consumer re-creates itself with 5 s request timeouts and, after
+    /// five tries, 10 s between tries, and says nothing meanwhile (a watch was seen silent for over
+    /// 60 s after a node crash in tests/tests/fleet.rs, the stream long since led by another node).
+    /// Here the subscription is made first, the server sends a heartbeat every
+    /// [`READER_HEARTBEAT`], and any sign of trouble (no message or heartbeat for three of them, a
+    /// gap in the consumer's sequence, a status from the server) ends the reader with an error, so
+    /// that the caller follows the stream again after the last event it took
+    /// ([`EventStart::After`]).
     pub async fn events_from(&self, start: EventStart) -> Result<EventReader, FleetError> {
         let stream = loop {
             match self.js.get_stream(STREAM).await {
