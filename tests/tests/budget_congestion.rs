@@ -223,6 +223,7 @@ fn under_congestion_the_budget_convicts_no_live_peer_and_every_dead_one() {
     // Every peer's arrivals as traces for replay, where asked (`HBM_BUDGET_CONGESTION_RECORD=DIR`).
     let mut recorder = std::env::var("HBM_BUDGET_CONGESTION_RECORD")
         .ok()
+        .filter(|dir| !dir.is_empty())
         .map(|dir| {
             let mut cmd = Command::new(monitor_bin());
             cmd.args(["record", "--socket"])
