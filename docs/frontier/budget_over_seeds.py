@@ -9,6 +9,7 @@ over the seeds / the fewest any one family makes summed over the same seeds (eac
 on its own frontier at B on each trace; a family with no setting within B on some seed is left
 out at that B), the family, and on how many seeds the budget detector was on or below every
 family; then the budget detector's own mean detection time as a share of B, least and most.
+"none": no family has a setting within B on every seed.
 """
 import collections
 import glob
@@ -46,7 +47,8 @@ def main():
             counts = by_budget[b]
             for name, count in zip(names, counts):
                 cell["families"][name].append(count)
-            cell["best"].append(min(c for c in counts if c is not None))
+            reached = [c for c in counts if c is not None]
+            cell["best"].append(min(reached) if reached else None)
     print("| kind (seeds) | " + " | ".join("%d ms" % b for b in BUDGETS) + " | mean / B |")
     print("|---|" + "---:|" * (len(BUDGETS) + 1))
     for kind in sorted(table):
@@ -56,10 +58,13 @@ def main():
             n = len(cell["ours"])
             totals = {f: sum(v) for f, v in cell["families"].items()
                       if len(v) == n and None not in v}
-            family = min(totals, key=totals.get)
-            wins = sum(o <= best for o, best in zip(cell["ours"], cell["best"]))
-            cells.append("%d / %d %s (%d)" % (sum(cell["ours"]), totals[family],
-                                              family.replace("phi:model=", "").replace("phi", "normal"), wins))
+            wins = sum(best is None or o <= best for o, best in zip(cell["ours"], cell["best"]))
+            if totals:
+                family = min(totals, key=totals.get)
+                name = family.replace("phi:model=", "").replace("phi", "normal")
+                cells.append("%d / %d %s (%d)" % (sum(cell["ours"]), totals[family], name, wins))
+            else:
+                cells.append("%d / none (%d)" % (sum(cell["ours"]), wins))
             lo, hi = min(lo, min(cell["mean"])), max(hi, max(cell["mean"]))
         print("| %s (%d) | %s | %.3f-%.3f |" % (kind, seeds[kind], " | ".join(cells), lo, hi))
 
