@@ -51,8 +51,7 @@ use crate::detector::{
 
 use monitor_common::maps::{MAX_INTERVAL_US, PeerRecord};
 
-/// The anchor weights the choice is among, in the tie-break order: the timeout, then by
-/// weight, a schedule anchor before a momentum of the same weight.
+/// The anchor weights the choice is among, lowest first (the tie-break order).
 pub const ANCHORS: [f64; 5] = [0.0, 0.25, 0.5, 0.75, 1.0];
 
 /// Intervals a window needs before a rule other than the plain timeout is considered: a
@@ -531,7 +530,7 @@ mod tests {
         // 392) no rule makes a mistake on the window, and the least deviation of the anchored
         // intervals is lambda 1's (29.91 against 34.51 for the timeout): by deviation alone the
         // deadline would be 392 - 84.29 = 307.71 ms, where the next heartbeat, one lost and
-        // the queue still growing, came 320-360 ms after the last in the live runs. But the
+        // the queue still growing, came 318-356 ms after the last in the recorded runs. But the
         // longest anchored interval of every rule (220 for the timeout, 188.89 for lambda 1)
         // is more than a period (1220 / 11 = 110.9 ms) below the aim: nothing tells the rules
         // apart, and the timeout keeps the deadline at the aim.
