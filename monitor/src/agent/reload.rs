@@ -261,6 +261,8 @@ impl Agent {
             // To a waiting query first (see `sweep`): released unfairly, the lock went straight
             // back to this loop, and another client's `peer` waited out most of the change.
             parking_lot::MutexGuard::unlock_fair(trackers);
+            // The chunk may have armed deadlines before the sweeper's planned wake.
+            self.sweep_wake.poke();
         }
         log::info!(
             "detector set: {peers} peers re-estimated and re-levelled in {:.1} ms, {REDETECT_CHUNK} at a time",
@@ -337,6 +339,7 @@ impl Trackers {
             level_floors,
             peers,
             change,
+            due,
         } = self;
         let Some(c) = change else { return };
         if !std::mem::take(&mut c.pending[slot]) {
@@ -356,6 +359,8 @@ impl Trackers {
                 time,
                 emit,
             );
+            // A new detector may bring the deadline before the next scan.
+            due.arm(slot, watches[slot].deadline_ns, time.now_ns);
         }
         if c.left == 0 {
             *change = None;

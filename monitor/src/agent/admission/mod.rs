@@ -109,6 +109,10 @@ impl Agent {
         match self.admit_as(id, report.source) {
             Ok(slot) => {
                 admission.admitted(id, source);
+                // Its first deadline counts from this packet and may come before the next
+                // scan: the sweeper looks at the slot now.
+                self.trackers.lock().due.arm_now(slot);
+                self.sweep_wake.poke();
                 log::debug!(
                     "admitted {} peer {id} (slot {slot}) on its first packet",
                     source_name(report.source)
