@@ -49,7 +49,6 @@ impl<'a> Pass<'a> {
     }
 }
 
-
 impl Agent {
     /// One pass over every peer: new heartbeats end suspicions, passed deadlines raise them.
     /// A peer costs one load of its last-heard word (eight to a cache line) and a compare of

@@ -289,7 +289,11 @@ fn a_held_due_pass_raises_nothing_and_leaves_the_deadline_to_the_scan() {
     let due = agent.trackers.lock().watches[slot].deadline_ns;
     agent.run_due(due, true);
     assert_eq!(suspicions(&mut events), [], "held");
-    assert_eq!(agent.next_due_ns(), None, "not armed again: no spinning on a hold");
+    assert_eq!(
+        agent.next_due_ns(),
+        None,
+        "not armed again: no spinning on a hold"
+    );
     // The scan after the hold raises it, late.
     agent.sweep_until(due + 1_000_000, false, due + 2_000_000);
     let raised = suspicions(&mut events);
@@ -305,7 +309,10 @@ fn a_peer_admitted_on_its_first_packet_is_looked_at_without_waiting_for_the_scan
     let now = crate::kernel::clock::monotonic_ns();
     agent.run_due(now, false);
     let trackers = agent.trackers.lock();
-    assert!(trackers.of(0, 1).is_some(), "its tracker made by the due pass");
+    assert!(
+        trackers.of(0, 1).is_some(),
+        "its tracker made by the due pass"
+    );
     assert!(trackers.watches[0].deadline_ns > now);
     drop(trackers);
     assert_eq!(agent.stats().unwrap().sweeps, 0);
