@@ -12,6 +12,8 @@
 
 use std::{cmp::Reverse, collections::BinaryHeap};
 
+use crate::detector::tracker::{LevelFloor, WordWatch};
+
 /// Entries due within one tick are taken in one wake: the sweeper sleeps until the earliest
 /// deadline rounded up to a tick, so a burst of crossings costs a wake a tick, not a wake an
 /// entry, and an event is at most a tick late (plus the wake's own latency).
@@ -42,6 +44,25 @@ impl DueSoon {
             self.heap.push(Reverse((deadline_ns, slot as u32)));
         }
         soon
+    }
+
+    /// `slot`'s watch, armed for its deadline if that comes before the next scan and so does
+    /// the crossing it predicts (`LevelFloor::predicted_crossing_ns`): an exact deadline is
+    /// its crossing; a floor whose estimate crosses after the next scan is left to that scan,
+    /// which reads the slot once the floor has passed and arms the exact crossing. So a
+    /// steady sender, whose floor may come before the next scan but whose crossing does not,
+    /// costs nothing here. `floor` is read only when the deadline is that near.
+    #[inline(always)]
+    pub fn arm_watch(
+        &mut self,
+        slot: usize,
+        watch: &WordWatch,
+        floor: &LevelFloor,
+        now_ns: u64,
+    ) -> bool {
+        watch.deadline_ns < self.horizon_ns
+            && floor.predicted_crossing_ns(watch) < self.horizon_ns
+            && self.arm(slot, watch.deadline_ns, now_ns)
     }
 
     /// `slot` is to be looked at as soon as the sweeper wakes (a peer just admitted on its

@@ -360,7 +360,7 @@ impl Trackers {
                 emit,
             );
             // A new detector may bring the deadline before the next scan.
-            due.arm(slot, watches[slot].deadline_ns, time.now_ns);
+            due.arm_watch(slot, &watches[slot], &level_floors[slot], time.now_ns);
         }
         if c.left == 0 {
             *change = None;

@@ -85,7 +85,10 @@ impl Agent {
                 let word = word.load(Ordering::Relaxed);
                 let watch = trackers.watches[slot];
                 if watch.is_quiet(word, now_ns) {
-                    trackers.due.arm(slot, watch.deadline_ns, now_ns);
+                    let Trackers {
+                        level_floors, due, ..
+                    } = &mut *trackers;
+                    due.arm_watch(slot, &watch, &level_floors[slot], now_ns);
                     continue;
                 }
                 self.look_at_slot(&mut pass, &mut trackers, &detector, slot, word);
@@ -131,9 +134,14 @@ impl Agent {
             };
             looks += 1;
             let word = word.load(Ordering::Relaxed);
-            if trackers.watches[slot].is_quiet(word, now_ns) {
-                let deadline = trackers.watches[slot].deadline_ns;
-                trackers.due.arm(slot, deadline, now_ns);
+            let Trackers {
+                watches,
+                level_floors,
+                due,
+                ..
+            } = &mut *trackers;
+            if watches[slot].is_quiet(word, now_ns) {
+                due.arm_watch(slot, &watches[slot], &level_floors[slot], now_ns);
                 continue;
             }
             self.look_at_slot(&mut pass, &mut trackers, &detector, slot, word);
@@ -185,7 +193,7 @@ impl Agent {
         };
         // A heartbeat the estimate's floor covers: no tracker, no slot.
         if floor.advance_over_covered(word, watch, time) {
-            due.arm(slot, watch.deadline_ns, time.now_ns);
+            due.arm_watch(slot, watch, floor, time.now_ns);
             return;
         }
         let tracker = &mut peers[slot];
@@ -210,7 +218,7 @@ impl Agent {
                     }
                 }
             }
-            due.arm(slot, watch.deadline_ns, time.now_ns);
+            due.arm_watch(slot, watch, floor, time.now_ns);
             return;
         }
         // A peer this slot's tracker has not seen yet.
@@ -230,7 +238,7 @@ impl Agent {
         (*watch, *floor) = (new_watch, new_floor);
         t.observe(&record, &ring, watch, floor, detector, time, &mut emit);
         *tracker = Some(t);
-        due.arm(slot, watch.deadline_ns, time.now_ns);
+        due.arm_watch(slot, watch, floor, time.now_ns);
     }
 
     /// After a pass: the correlated-silence check and the pass's counts.
