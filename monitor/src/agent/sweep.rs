@@ -121,6 +121,9 @@ impl Agent {
     /// A slot whose word and deadline have not moved since it was armed (a heartbeat pushed
     /// the deadline out) costs the compare a scan would have made.
     pub fn run_due(&self, now_ns: u64, hold: bool) {
+        if self.trackers.lock().due.earliest().is_none_or(|due| due > now_ns) {
+            return;
+        }
         let registry = self.registry.read().expect("registry lock");
         let mut pass = Pass::new(&registry, now_ns, hold);
         let words = &self.table.last_heard_words()[..registry.slots_in_use() as usize];
