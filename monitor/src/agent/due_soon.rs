@@ -66,9 +66,12 @@ impl DueSoon {
     }
 
     /// `slot` is to be looked at as soon as the sweeper wakes (a peer just admitted on its
-    /// first packet, whose first deadline may come before the next scan).
-    pub fn arm_now(&mut self, slot: u32) {
+    /// first packet, whose first deadline may come before the next scan). True if nothing
+    /// was armed so before: the sweeper needs waking; otherwise a wake is already owed.
+    pub fn arm_now(&mut self, slot: u32) -> bool {
+        let first = self.earliest() != Some(0);
         self.heap.push(Reverse((0, slot)));
+        first
     }
 
     /// The earliest deadline held, if any.
@@ -129,8 +132,10 @@ mod tests {
         assert_eq!(due.pop_due(2_500_000), Some(9));
         assert_eq!(due.pop_due(2_500_000), None);
         assert_eq!(due.earliest(), Some(3_000_000));
-        due.arm_now(4);
+        assert!(due.arm_now(4), "the first asks for a wake");
+        assert!(!due.arm_now(5), "the next is taken by the same wake");
         assert_eq!(due.pop_due(0), Some(4), "an admission is taken at once");
+        assert_eq!(due.pop_due(0), Some(5));
     }
 
     #[test]

@@ -254,15 +254,19 @@ impl Agent {
                 break;
             }
             let time = time();
+            let armed_before = trackers.due.earliest();
             for slot in start..(start + REDETECT_CHUNK).min(slots) {
                 let read = |ring| self.read_for_client(slot as u32, ring).ok();
                 trackers.catch_up(slot, &new, read, time, &mut emit);
             }
+            // A deadline brought before any the sweeper was to wake for: it wakes to plan again.
+            let nearer = trackers.due.earliest() != armed_before;
             // To a waiting query first (see `sweep`): released unfairly, the lock went straight
             // back to this loop, and another client's `peer` waited out most of the change.
             parking_lot::MutexGuard::unlock_fair(trackers);
-            // The chunk may have armed deadlines before the sweeper's planned wake.
-            self.sweep_wake.poke();
+            if nearer {
+                self.sweep_wake.poke();
+            }
         }
         log::info!(
             "detector set: {peers} peers re-estimated and re-levelled in {:.1} ms, {REDETECT_CHUNK} at a time",
