@@ -121,35 +121,51 @@ impl Agent {
     /// A slot whose word and deadline have not moved since it was armed (a heartbeat pushed
     /// the deadline out) costs the compare a scan would have made.
     pub fn run_due(&self, now_ns: u64, hold: bool) {
-        if self.trackers.lock().due.earliest().is_none_or(|due| due > now_ns) {
+        if self
+            .trackers
+            .lock()
+            .due
+            .earliest()
+            .is_none_or(|due| due > now_ns)
+        {
             return;
         }
         let registry = self.registry.read().expect("registry lock");
         let mut pass = Pass::new(&registry, now_ns, hold);
         let words = &self.table.last_heard_words()[..registry.slots_in_use() as usize];
         let mut looks = 0u64;
-        let mut trackers = self.trackers.lock();
-        let detector = self.detector();
-        while let Some(slot) = trackers.due.pop_due(now_ns) {
-            let slot = slot as usize;
-            let Some(word) = words.get(slot) else {
-                continue;
-            };
-            looks += 1;
-            let word = word.load(Ordering::Relaxed);
-            let Trackers {
-                watches,
-                level_floors,
-                due,
-                ..
-            } = &mut *trackers;
-            if watches[slot].is_quiet(word, now_ns) {
-                due.arm_watch(slot, &watches[slot], &level_floors[slot], now_ns);
-                continue;
+        // In chunks, as the scan (a silence shared by many peers arms them all at once).
+        loop {
+            let mut trackers = self.trackers.lock();
+            let detector = self.detector();
+            let mut taken = 0;
+            while taken < SWEEP_CHUNK
+                && let Some(slot) = trackers.due.pop_due(now_ns)
+            {
+                taken += 1;
+                let slot = slot as usize;
+                let Some(word) = words.get(slot) else {
+                    continue;
+                };
+                let word = word.load(Ordering::Relaxed);
+                let Trackers {
+                    watches,
+                    level_floors,
+                    due,
+                    ..
+                } = &mut *trackers;
+                if watches[slot].is_quiet(word, now_ns) {
+                    due.arm_watch(slot, &watches[slot], &level_floors[slot], now_ns);
+                    continue;
+                }
+                self.look_at_slot(&mut pass, &mut trackers, &detector, slot, word);
             }
-            self.look_at_slot(&mut pass, &mut trackers, &detector, slot, word);
+            looks += taken as u64;
+            parking_lot::MutexGuard::unlock_fair(trackers);
+            if taken < SWEEP_CHUNK {
+                break;
+            }
         }
-        drop(trackers);
         self.end_pass(pass, registry.len() as u64);
         drop(registry);
         self.due_passes.fetch_add(1, Ordering::Relaxed);
