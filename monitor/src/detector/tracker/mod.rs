@@ -50,8 +50,9 @@ pub struct Suspicion {
     pub silence_ms: f64,
     /// Unix time of detection, ms.
     pub at: u64,
-    /// Unix time at which phi reached `level`, ms with microsecond precision; `at` is at most
-    /// one sweep later.
+    /// Unix time at which phi reached `level`, ms with microsecond precision; `at` is the same
+    /// moment when the sweep armed the deadline (the agent's due-soon heap), at most one scan
+    /// later when it did not.
     pub crossed_at: f64,
 }
 
