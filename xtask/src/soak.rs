@@ -53,6 +53,7 @@ pub fn run(args: &SoakArgs) -> Result<()> {
     // windows, so each silence is judged like the first (docs/tuning.md, window hygiene).
     let agent = Agent::start(
         &tools,
+        &tools.monitor,
         &net,
         &dir.0,
         args.peers,

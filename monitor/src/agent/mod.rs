@@ -4,6 +4,7 @@
 //! SIGHUP (`reload`), and starting and running it all (`run`, `sweeper`).
 
 pub mod admission;
+mod due_soon;
 mod metrics_source;
 mod notify;
 pub mod observer_faults;
@@ -15,6 +16,7 @@ mod reload;
 mod requests;
 mod run;
 mod sweep;
+mod sweep_wake;
 mod sweeper;
 #[cfg(test)]
 mod tests;
@@ -35,6 +37,8 @@ pub use self::program_stats::{LiveProgram, ProgramStats};
 pub use self::run::{AgentConfig, Reload, run};
 use crate::{
     agent::admission::{Admission, AdmissionPolicy},
+    agent::due_soon::DueSoon,
+    agent::sweep_wake::SweepWake,
     detector::tracker::{DetectorConfig, LevelFloor, PeerTracker, WordWatch},
     kernel::peer_table::{Busy, PeerTable},
     kernel::registry::Registry,
@@ -95,18 +99,25 @@ pub struct Agent {
     link: Mutex<LinkStats>,
     /// Lowest-level crossings of recent sweeps (`observer_faults::CorrelatedSilence`).
     correlated: Mutex<observer_faults::CorrelatedSilence>,
+    /// Wakes the sweeper before its planned time when a deadline may have come nearer.
+    sweep_wake: SweepWake,
+    /// Passes over the slots due before the next scan (`Agent::run_due`), and the slots they
+    /// looked at.
+    due_passes: AtomicU64,
+    due_looks: AtomicU64,
 }
 
 /// The sweep's state of every slot, in three dense arrays indexed by slot: what every sweep
 /// reads (`WordWatch`, 16 bytes), what it reads when a word moved or a deadline came
 /// (`LevelFloor`, 16 bytes), and the trackers themselves, touched on refreshes, transitions
-/// and queries.
+/// and queries; and the slots due before the next scan.
 struct Trackers {
     watches: Vec<WordWatch>,
     level_floors: Vec<LevelFloor>,
     peers: Vec<Option<PeerTracker>>,
     /// A detector change in progress (`reload::DetectorChange`).
     change: Option<reload::DetectorChange>,
+    due: DueSoon,
 }
 
 impl Trackers {
@@ -116,6 +127,7 @@ impl Trackers {
             level_floors: vec![LevelFloor::NONE; capacity],
             peers: vec![None; capacity],
             change: None,
+            due: DueSoon::default(),
         }
     }
 
@@ -198,6 +210,9 @@ impl Agent {
                 holding: false,
             }),
             correlated: Mutex::default(),
+            sweep_wake: SweepWake::default(),
+            due_passes: AtomicU64::new(0),
+            due_looks: AtomicU64::new(0),
         }
     }
 

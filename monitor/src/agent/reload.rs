@@ -263,13 +263,19 @@ impl Agent {
                 break;
             }
             let time = time();
+            let armed_before = trackers.due.earliest();
             for slot in start..(start + REDETECT_CHUNK).min(slots) {
                 let read = |ring| self.read_for_client(slot as u32, ring).ok();
                 trackers.catch_up(slot, &new, read, time, &mut emit);
             }
+            // A deadline brought before any the sweeper was to wake for: it wakes to plan again.
+            let nearer = trackers.due.earliest() != armed_before;
             // To a waiting query first (see `sweep`): released unfairly, the lock went straight
             // back to this loop, and another client's `peer` waited out most of the change.
             parking_lot::MutexGuard::unlock_fair(trackers);
+            if nearer {
+                self.sweep_wake.poke();
+            }
         }
         log::info!(
             "detector set: {peers} peers re-estimated and re-levelled in {:.1} ms, {REDETECT_CHUNK} at a time",
@@ -346,6 +352,7 @@ impl Trackers {
             level_floors,
             peers,
             change,
+            due,
         } = self;
         let Some(c) = change else { return };
         if !std::mem::take(&mut c.pending[slot]) {
@@ -365,6 +372,8 @@ impl Trackers {
                 time,
                 emit,
             );
+            // A new detector may bring the deadline before the next scan.
+            due.arm_watch(slot, &watches[slot], &level_floors[slot], time.now_ns);
         }
         if c.left == 0 {
             *change = None;

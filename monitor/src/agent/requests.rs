@@ -242,6 +242,8 @@ impl Agent {
             sweeps: self.sweeps.load(Ordering::Relaxed),
             refreshes: self.refreshes.load(Ordering::Relaxed),
             refloors: self.refloors.load(Ordering::Relaxed),
+            due_passes: self.due_passes.load(Ordering::Relaxed),
+            due_looks: self.due_looks.load(Ordering::Relaxed),
             stalls: self.stalls.load(Ordering::Relaxed),
             events: self.events_sent.load(Ordering::Relaxed),
             subscribers: self.events.receiver_count(),

@@ -8,7 +8,9 @@ use monitor_common::passive::{SOURCE_BFD, bfd_diag_name, bfd_state_name};
 
 use super::{Agent, Trackers, passive, wall_ms};
 use crate::{
-    detector::tracker::{LevelFloor, PeerTracker, SweepStep, SweepTime, Transition, WordWatch},
+    detector::tracker::{
+        DetectorConfig, LevelFloor, PeerTracker, SweepStep, SweepTime, Transition, WordWatch,
+    },
     kernel::registry::Registry,
     serving::event::Event,
     serving::peer_view::ip_addr,
@@ -20,32 +22,54 @@ const SWEEP_CHUNK: usize = 4096;
 /// How often silent peers are checked against `--expire-after`.
 const EXPIRY_SCAN_NS: u64 = 1_000_000_000;
 
+/// What one pass over slots (a scan, or a due pass) carries from slot to slot.
+struct Pass<'a> {
+    registry: &'a Registry,
+    time: SweepTime,
+    /// Slot reads, and floors renewed without one.
+    refreshes: u64,
+    refloors: u64,
+    /// Peers that crossed the lowest level (for `observer_faults::CorrelatedSilence`).
+    lowest_crossed: u64,
+}
+
+impl<'a> Pass<'a> {
+    fn new(registry: &'a Registry, now_ns: u64, hold: bool) -> Self {
+        Self {
+            registry,
+            time: SweepTime {
+                now_ns,
+                wall_ms: wall_ms(),
+                hold,
+            },
+            refreshes: 0,
+            refloors: 0,
+            lowest_crossed: 0,
+        }
+    }
+}
+
 impl Agent {
     /// One pass over every peer: new heartbeats end suspicions, passed deadlines raise them.
     /// A peer costs one load of its last-heard word (eight to a cache line) and a compare of
     /// that word and the clock with its watch (16 bytes in a dense array); only a peer heard
     /// since or at a deadline costs more, and its slot is read only when its tracker asks
     /// (see `PeerTracker::step`): about once a window of heartbeats for a steady sender (its
-    /// floor renewed from the words in between), or when its silence nears a level.
+    /// floor renewed from the words in between), or when its silence nears a level. Nothing
+    /// is armed for before the next scan (see `sweep_until`).
     pub fn sweep(&self, now_ns: u64, hold: bool) {
+        self.sweep_until(now_ns, hold, now_ns);
+    }
+
+    /// [`Self::sweep`], the next scan starting at `next_scan_ns`: a slot whose deadline falls
+    /// before it is armed in the due-soon heap (`due_soon`), for `run_due` to look at it again
+    /// at that deadline.
+    pub fn sweep_until(&self, now_ns: u64, hold: bool, next_scan_ns: u64) {
         let started = std::time::Instant::now();
-        let time = SweepTime {
-            now_ns,
-            wall_ms: wall_ms(),
-            hold,
-        };
         let registry = self.registry.read().expect("registry lock");
         self.stop_unwanted_tracing(&registry);
         self.link.lock().expect("link lock").holding = hold;
-        let lowest = self.detector().levels.as_slice()[0];
-        let mut lowest_crossed = 0u64;
-        let mut emit = |t: Transition| {
-            if matches!(&t, Transition::Suspect(s) if s.level == lowest) {
-                lowest_crossed += 1;
-            }
-            self.publish(t.into())
-        };
-        let (mut refreshes, mut refloors) = (0u64, 0u64);
+        let mut pass = Pass::new(&registry, now_ns, hold);
         let used = registry.slots_in_use() as usize;
         let words = &self.table.last_heard_words()[..used];
         // In chunks, each under the trackers lock: a query that needs the trackers (`suspects`,
@@ -53,71 +77,21 @@ impl Agent {
         for start in (0..used).step_by(SWEEP_CHUNK) {
             let end = (start + SWEEP_CHUNK).min(used);
             let mut trackers = self.trackers.lock();
+            trackers.due.set_horizon(next_scan_ns);
             // Under the trackers lock: the levels cannot change during a chunk (`set_detector`
             // takes it to re-level every peer).
             let detector = self.detector();
-            let with_ring = detector.params.needs_ring();
-            // A detector change under way: a tracker it has not reached yet waits for it (a
-            // chunk's worth of milliseconds), rather than be judged under a detector its
-            // estimate was not made for, or hold the lock while the sweep re-estimates it.
-            let Trackers {
-                watches,
-                level_floors: floors,
-                peers,
-                change,
-            } = &mut *trackers;
-            let pending = change.as_ref().map(|c| c.pending());
-            let chunk = watches[start..end].iter_mut().zip(&words[start..end]);
-            for (slot, (watch, word)) in (start..end).zip(chunk) {
+            for (slot, word) in (start..end).zip(&words[start..end]) {
                 let word = word.load(Ordering::Relaxed);
-                if watch.is_quiet(word, now_ns) || pending.is_some_and(|p| p[slot]) {
+                let watch = trackers.watches[slot];
+                if watch.is_quiet(word, now_ns) {
+                    let Trackers {
+                        level_floors, due, ..
+                    } = &mut *trackers;
+                    due.arm_watch(slot, &watch, &level_floors[slot], now_ns);
                     continue;
                 }
-                let floor = &mut floors[slot];
-                // A heartbeat the estimate's floor covers: no tracker, no slot.
-                if floor.advance_over_covered(word, watch, time) {
-                    continue;
-                }
-                let tracker = &mut peers[slot];
-                let Some(id) = registry.owner(slot as u32) else {
-                    // No peer: nothing to do until an admission resets the slot (and its word).
-                    *tracker = None;
-                    *watch = WordWatch::vacant(word);
-                    *floor = LevelFloor::NONE;
-                    continue;
-                };
-                if let Some(t) = tracker.as_mut().filter(|t| t.peer_id == id) {
-                    match t.step(word, watch, floor, &detector, time, &mut emit) {
-                        SweepStep::Done => {}
-                        SweepStep::Refloored => refloors += 1,
-                        SweepStep::Refresh => {
-                            refreshes += 1;
-                            if let Some((record, ring)) = self.read(slot as u32, with_ring)
-                                && record.peer_id == id
-                            {
-                                t.observe(&record, &ring, watch, floor, &detector, time, &mut emit);
-                            }
-                        }
-                    }
-                    continue;
-                }
-                // A peer this slot's tracker has not seen yet.
-                refreshes += 1;
-                let Some((record, ring)) = self.read(slot as u32, with_ring) else {
-                    continue;
-                };
-                if record.peer_id != id {
-                    continue;
-                }
-                if record.source == SOURCE_BFD {
-                    let mut sessions = self.bfd_sessions.lock().expect("bfd sessions lock");
-                    sessions.retain(|s| s.slot != slot as u32);
-                    sessions.push(passive::BfdSeen::new(slot as u32, id, &record));
-                }
-                let (mut t, new_watch, new_floor) = PeerTracker::new(&record, &ring, &detector);
-                (*watch, *floor) = (new_watch, new_floor);
-                t.observe(&record, &ring, watch, floor, &detector, time, &mut emit);
-                *tracker = Some(t);
+                self.look_at_slot(&mut pass, &mut trackers, &detector, slot, word);
             }
             // Handed to a waiting query, if any: an unfair unlock lets this loop take the lock
             // straight back, chunk after chunk, while the query waits out the whole sweep.
@@ -127,25 +101,8 @@ impl Agent {
         let expired = self.expired(&registry, &trackers, now_ns);
         drop(trackers);
         self.look_at_bfd_sessions(&registry);
-        let watched = registry.len() as u64;
+        self.end_pass(pass, registry.len() as u64);
         drop(registry);
-        let correlated = self.correlated.lock().expect("correlated lock").note(
-            lowest_crossed,
-            watched,
-            lowest,
-            now_ns,
-            time.wall_ms as u64,
-        );
-        if let Some(event) = correlated {
-            if let Event::CorrelatedSilence { peers, .. } = &event {
-                log::warn!(
-                    "{peers} of {watched} peers crossed level {lowest} within a second: a shared fault (this host, its link, a switch) is likelier than {peers} failures"
-                );
-            }
-            self.publish(event);
-        }
-        self.refreshes.fetch_add(refreshes, Ordering::Relaxed);
-        self.refloors.fetch_add(refloors, Ordering::Relaxed);
         for id in expired {
             log::info!("forgetting peer {id}: silent longer than the expiry bound");
             if let Err(e) = self.forget_because(id, "expired") {
@@ -157,6 +114,172 @@ impl Agent {
         self.metrics
             .sweep_seconds
             .observe(started.elapsed().as_secs_f64());
+    }
+
+    /// The slots armed for `now_ns` or earlier, each looked at as the scan would (the same
+    /// `look_at_slot`) and armed again if its next deadline also comes before the next scan.
+    /// A slot whose word and deadline have not moved since it was armed (a heartbeat pushed
+    /// the deadline out) costs the compare a scan would have made.
+    pub fn run_due(&self, now_ns: u64, hold: bool) {
+        if self
+            .trackers
+            .lock()
+            .due
+            .earliest()
+            .is_none_or(|due| due > now_ns)
+        {
+            return;
+        }
+        let registry = self.registry.read().expect("registry lock");
+        let mut pass = Pass::new(&registry, now_ns, hold);
+        let words = &self.table.last_heard_words()[..registry.slots_in_use() as usize];
+        let mut looks = 0u64;
+        // In chunks, as the scan (a silence shared by many peers arms them all at once).
+        loop {
+            let mut trackers = self.trackers.lock();
+            let detector = self.detector();
+            let mut taken = 0;
+            while taken < SWEEP_CHUNK
+                && let Some(slot) = trackers.due.pop_due(now_ns)
+            {
+                taken += 1;
+                let slot = slot as usize;
+                let Some(word) = words.get(slot) else {
+                    continue;
+                };
+                let word = word.load(Ordering::Relaxed);
+                let Trackers {
+                    watches,
+                    level_floors,
+                    due,
+                    ..
+                } = &mut *trackers;
+                if watches[slot].is_quiet(word, now_ns) {
+                    due.arm_watch(slot, &watches[slot], &level_floors[slot], now_ns);
+                    continue;
+                }
+                self.look_at_slot(&mut pass, &mut trackers, &detector, slot, word);
+            }
+            looks += taken as u64;
+            parking_lot::MutexGuard::unlock_fair(trackers);
+            if taken < SWEEP_CHUNK {
+                break;
+            }
+        }
+        self.end_pass(pass, registry.len() as u64);
+        drop(registry);
+        self.due_passes.fetch_add(1, Ordering::Relaxed);
+        self.due_looks.fetch_add(looks, Ordering::Relaxed);
+    }
+
+    /// When the sweeper should next wake for a due slot (monotonic ns), if any is armed.
+    pub(super) fn next_due_ns(&self) -> Option<u64> {
+        self.trackers.lock().due.wake_ns()
+    }
+
+    /// A slot whose watch was not quiet (a heartbeat since, or a deadline reached): the one
+    /// place a scan and a due pass act on a peer. New heartbeats end suspicions, passed
+    /// deadlines raise them, and the next deadline is armed if it comes before the next scan.
+    fn look_at_slot(
+        &self,
+        pass: &mut Pass,
+        trackers: &mut Trackers,
+        detector: &DetectorConfig,
+        slot: usize,
+        word: u64,
+    ) {
+        let lowest = detector.levels.as_slice()[0];
+        let time = pass.time;
+        let Trackers {
+            watches,
+            level_floors,
+            peers,
+            change,
+            due,
+        } = trackers;
+        // A detector change under way: a tracker it has not reached yet waits for it (a
+        // chunk's worth of milliseconds), rather than be judged under a detector its
+        // estimate was not made for, or hold the lock while the sweep re-estimates it.
+        if change.as_ref().is_some_and(|c| c.pending()[slot]) {
+            return;
+        }
+        let (watch, floor) = (&mut watches[slot], &mut level_floors[slot]);
+        let mut emit = |t: Transition| {
+            if matches!(&t, Transition::Suspect(s) if s.level == lowest) {
+                pass.lowest_crossed += 1;
+            }
+            self.publish(t.into())
+        };
+        // A heartbeat the estimate's floor covers: no tracker, no slot.
+        if floor.advance_over_covered(word, watch, time) {
+            due.arm_watch(slot, watch, floor, time.now_ns);
+            return;
+        }
+        let tracker = &mut peers[slot];
+        let Some(id) = pass.registry.owner(slot as u32) else {
+            // No peer: nothing to do until an admission resets the slot (and its word).
+            *tracker = None;
+            *watch = WordWatch::vacant(word);
+            *floor = LevelFloor::NONE;
+            return;
+        };
+        let with_ring = detector.params.needs_ring();
+        if let Some(t) = tracker.as_mut().filter(|t| t.peer_id == id) {
+            match t.step(word, watch, floor, detector, time, &mut emit) {
+                SweepStep::Done => {}
+                SweepStep::Refloored => pass.refloors += 1,
+                SweepStep::Refresh => {
+                    pass.refreshes += 1;
+                    if let Some((record, ring)) = self.read(slot as u32, with_ring)
+                        && record.peer_id == id
+                    {
+                        t.observe(&record, &ring, watch, floor, detector, time, &mut emit);
+                    }
+                }
+            }
+            due.arm_watch(slot, watch, floor, time.now_ns);
+            return;
+        }
+        // A peer this slot's tracker has not seen yet.
+        pass.refreshes += 1;
+        let Some((record, ring)) = self.read(slot as u32, with_ring) else {
+            return;
+        };
+        if record.peer_id != id {
+            return;
+        }
+        if record.source == SOURCE_BFD {
+            let mut sessions = self.bfd_sessions.lock().expect("bfd sessions lock");
+            sessions.retain(|s| s.slot != slot as u32);
+            sessions.push(passive::BfdSeen::new(slot as u32, id, &record));
+        }
+        let (mut t, new_watch, new_floor) = PeerTracker::new(&record, &ring, detector);
+        (*watch, *floor) = (new_watch, new_floor);
+        t.observe(&record, &ring, watch, floor, detector, time, &mut emit);
+        *tracker = Some(t);
+        due.arm_watch(slot, watch, floor, time.now_ns);
+    }
+
+    /// After a pass: the correlated-silence check and the pass's counts.
+    fn end_pass(&self, pass: Pass, watched: u64) {
+        self.refreshes.fetch_add(pass.refreshes, Ordering::Relaxed);
+        self.refloors.fetch_add(pass.refloors, Ordering::Relaxed);
+        let lowest = self.detector().levels.as_slice()[0];
+        let correlated = self.correlated.lock().expect("correlated lock").note(
+            pass.lowest_crossed,
+            watched,
+            lowest,
+            pass.time.now_ns,
+            pass.time.wall_ms as u64,
+        );
+        if let Some(event) = correlated {
+            if let Event::CorrelatedSilence { peers, .. } = &event {
+                log::warn!(
+                    "{peers} of {watched} peers crossed level {lowest} within a second: a shared fault (this host, its link, a switch) is likelier than {peers} failures"
+                );
+            }
+            self.publish(event);
+        }
     }
 
     /// Peers silent for longer than `--expire-after`, checked once a second (the bound is

@@ -1,6 +1,7 @@
-//! The sweep's own thread and its pace: a sweep every `--sweep-interval`, the agent's own
-//! stalls and the interface's link watched between sweeps (`observer_faults`), and the
-//! watchdog's pings (`notify`).
+//! The sweep's own thread and its pace: a scan every `--sweep-interval`, and between scans a
+//! due pass at each deadline armed for before the next one (`due_soon`), so an event is raised
+//! at its deadline, not at the next scan; the agent's own stalls and the interface's link
+//! watched between scans (`observer_faults`), and the watchdog's pings (`notify`).
 
 use std::{sync::Arc, sync::atomic::Ordering, time::Duration};
 
@@ -10,16 +11,17 @@ use super::{
     Agent,
     notify::Notifier,
     observer_faults::{LinkState, LinkWatch},
+    sweep_wake::Woke,
     wall_ms,
 };
 use crate::kernel::clock::monotonic_ns;
 
-/// The sweep's own thread: it wakes once a sweep and nothing else wakes it, where a sweep
-/// driven by the async runtime's timer cost a handful of thread switches each (the timer's
-/// worker, then the task's thread), and it keeps its pace whatever the socket's clients ask of
-/// the runtime.
+/// The sweep's own thread: it wakes for a scan or a due slot, or when poked (`SweepWake`),
+/// where a sweep driven by the async runtime's timer cost a handful of thread switches each
+/// (the timer's worker, then the task's thread), and it keeps its pace whatever the socket's
+/// clients ask of the runtime.
 pub(super) struct Sweeper {
-    stop: std::sync::mpsc::Sender<()>,
+    agent: Arc<Agent>,
     thread: std::thread::JoinHandle<()>,
 }
 
@@ -33,42 +35,34 @@ impl Sweeper {
         notifier: Notifier,
         ended: tokio::sync::oneshot::Sender<()>,
     ) -> Result<Self> {
-        let (stop, stopped) = std::sync::mpsc::channel();
+        let on = agent.clone();
         let thread = std::thread::Builder::new()
             .name("sweep".into())
             .spawn(move || {
                 // Dropped when the thread ends, also by a panic: the agent then stops.
                 let _ended = ended;
-                sweep_loop(
-                    &agent,
-                    interval,
-                    stall_bound,
-                    link_grace,
-                    notifier,
-                    &stopped,
-                );
+                sweep_loop(&on, interval, stall_bound, link_grace, notifier);
             })
             .context("starting the sweep thread")?;
-        Ok(Self { stop, thread })
+        Ok(Self { agent, thread })
     }
 
     pub(super) fn stop(self) {
-        drop(self.stop);
+        self.agent.sweep_wake.stop();
         let _ = self.thread.join();
     }
 }
 
-/// Sweeps every `interval` until `stop` is dropped; detects its own stalls (Cassandra pauses
-/// convictions the same way) and its interface's link going down (`observer_faults`), and
-/// holds new suspicions through either. A tick that comes late is taken at once and the next
-/// one an interval after it.
+/// Scans every `interval`, and runs the due slots between scans, until the agent's
+/// `SweepWake` is stopped; detects its own stalls (Cassandra pauses convictions the same way)
+/// and its interface's link going down (`observer_faults`), and holds new suspicions through
+/// either. A scan that comes late is taken at once and the next one an interval after it.
 fn sweep_loop(
     agent: &Agent,
     interval: Duration,
     stall_bound: Duration,
     link_grace: Duration,
     mut notifier: Notifier,
-    stop: &std::sync::mpsc::Receiver<()>,
 ) {
     let mut next = std::time::Instant::now() + interval;
     let mut last = monotonic_ns();
@@ -99,17 +93,17 @@ fn sweep_loop(
         agent.note_link(link);
     }
     loop {
-        match stop.recv_timeout(next.saturating_duration_since(std::time::Instant::now())) {
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-            _ => return,
+        // The planned wake: the next scan, or the earliest due slot if sooner.
+        let (planned, planned_ns) = (std::time::Instant::now(), monotonic_ns());
+        let wake = agent
+            .next_due_ns()
+            .map(|due| planned + Duration::from_nanos(due.saturating_sub(planned_ns)))
+            .map_or(next, |due| due.min(next));
+        if agent.sweep_wake.wait_until(wake) == Woke::Stopped {
+            return;
         }
         let woke = std::time::Instant::now();
-        next = if woke > next + interval {
-            woke + interval
-        } else {
-            next + interval
-        };
-        // The time since the last sweep ended: a sweep that itself takes long (the first one
+        // The time since the last pass ended: a pass that itself takes long (the first one
         // over a million new peers) is not a stall, since the kernel kept stamping arrivals
         // meanwhile; a thread or a machine that was not running is.
         let now = monotonic_ns();
@@ -122,7 +116,19 @@ fn sweep_loop(
                 gap as f64 / 1e6
             );
         }
-        // Two reads of sysfs files a sweep: a link change is seen within a sweep.
+        if woke < next {
+            // A due slot, or a poke: the link as last read, the clock as now.
+            let link_holds = link.as_ref().is_some_and(|link| link.holding(now));
+            agent.run_due(now, now < hold_until || link_holds);
+            last = monotonic_ns();
+            continue;
+        }
+        next = if woke > next + interval {
+            woke + interval
+        } else {
+            next + interval
+        };
+        // Two reads of sysfs files a scan: a link change is seen within a scan.
         let state = link.as_ref().map(|_| LinkState::read(agent.iface()));
         let event = link
             .as_mut()
@@ -143,7 +149,12 @@ fn sweep_loop(
             agent.publish(event);
         }
         let link_holds = link.as_ref().is_some_and(|link| link.holding(now));
-        agent.sweep(now, now < hold_until || link_holds);
+        // Due slots first (those armed for up to now), then the scan, which arms the slots due
+        // before the next one.
+        let hold = now < hold_until || link_holds;
+        agent.run_due(now, hold);
+        let next_ns = now + next.saturating_duration_since(woke).as_nanos() as u64;
+        agent.sweep_until(now, hold, next_ns);
         last = monotonic_ns();
         // The watchdog hears from the sweep itself: a stalled sweep stops the pings.
         notifier.tick(agent);

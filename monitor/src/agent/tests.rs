@@ -232,6 +232,96 @@ fn suspected(
         .collect()
 }
 
+/// The suspect events published since the last call, as (level, at, crossed_at).
+fn suspicions(
+    events: &mut tokio::sync::broadcast::Receiver<crate::serving::event::Event>,
+) -> Vec<(f64, u64, f64)> {
+    std::iter::from_fn(|| events.try_recv().ok())
+        .filter_map(|e| match e {
+            crate::serving::event::Event::Suspect(s) => Some((s.level, s.at, s.crossed_at)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// An hour: a next scan that never comes within a test.
+const HOUR_NS: u64 = 3_600_000_000_000;
+
+#[test]
+fn a_deadline_before_the_next_scan_raises_its_event_at_that_deadline_not_at_the_scan() {
+    let agent = agent(4, policy(&["10.0.0.0/8"], 0));
+    let mut events = agent.subscribe();
+    let slot = agent.admit(5).unwrap() as usize;
+    let t0 = crate::kernel::clock::monotonic_ns();
+    // Twice, as scans coming early would: a slot armed twice still raises each level once.
+    agent.sweep_until(t0, false, t0 + HOUR_NS);
+    agent.sweep_until(t0 + 1, false, t0 + HOUR_NS);
+    let deadline = |agent: &Agent| agent.trackers.lock().watches[slot].deadline_ns;
+    let levels = agent.detector().levels.as_slice().to_vec();
+    for &level in &levels {
+        let due = deadline(&agent);
+        assert!(due > t0 && due < t0 + HOUR_NS, "level {level} due at {due}");
+        assert_eq!(
+            agent.next_due_ns(),
+            Some(due.div_ceil(super::due_soon::DUE_TICK_NS) * super::due_soon::DUE_TICK_NS),
+            "the sweeper wakes for it"
+        );
+        agent.run_due(due - 1, false);
+        assert_eq!(suspicions(&mut events), [], "not before its deadline");
+        // On the virtual clock the pass runs at the deadline itself: the event's crossing is
+        // its detection, to the wall clock's resolution.
+        agent.run_due(due, false);
+        let raised = suspicions(&mut events);
+        assert_eq!(raised.len(), 1, "level {level}: {raised:?}");
+        let (raised_level, at, crossed_at) = raised[0];
+        assert_eq!(raised_level, level);
+        assert_eq!(at as f64, crossed_at.floor(), "raised as it crossed");
+    }
+    assert_eq!(deadline(&agent), u64::MAX, "every level crossed");
+    assert_eq!(agent.next_due_ns(), None, "nothing left armed");
+    // No scan ran after the first two: the due passes raised every level.
+    assert_eq!(agent.stats().unwrap().sweeps, 2);
+}
+
+#[test]
+fn a_held_due_pass_raises_nothing_and_leaves_the_deadline_to_the_scan() {
+    let agent = agent(4, policy(&["10.0.0.0/8"], 0));
+    let mut events = agent.subscribe();
+    let slot = agent.admit(5).unwrap() as usize;
+    let t0 = crate::kernel::clock::monotonic_ns();
+    agent.sweep_until(t0, false, t0 + HOUR_NS);
+    let due = agent.trackers.lock().watches[slot].deadline_ns;
+    agent.run_due(due, true);
+    assert_eq!(suspicions(&mut events), [], "held");
+    assert_eq!(
+        agent.next_due_ns(),
+        None,
+        "not armed again: no spinning on a hold"
+    );
+    // The scan after the hold raises it, late.
+    agent.sweep_until(due + 1_000_000, false, due + 2_000_000);
+    let raised = suspicions(&mut events);
+    assert_eq!(raised.len(), 1, "{raised:?}");
+    assert!(raised[0].1 as f64 >= raised[0].2, "{raised:?}");
+}
+
+#[test]
+fn a_peer_admitted_on_its_first_packet_is_looked_at_without_waiting_for_the_scan() {
+    let agent = agent(4, policy(&["10.0.0.0/8"], 0));
+    agent.on_unknown_peer(&first_heartbeat(1, "10.0.0.2"));
+    assert_eq!(agent.next_due_ns(), Some(0), "armed for now");
+    let now = crate::kernel::clock::monotonic_ns();
+    agent.run_due(now, false);
+    let trackers = agent.trackers.lock();
+    assert!(
+        trackers.of(0, 1).is_some(),
+        "its tracker made by the due pass"
+    );
+    assert!(trackers.watches[0].deadline_ns > now);
+    drop(trackers);
+    assert_eq!(agent.stats().unwrap().sweeps, 0);
+}
+
 #[test]
 fn a_detector_change_raises_only_the_levels_a_peer_is_newly_past() {
     let agent = agent(4, policy(&["10.0.0.0/8"], 0));

@@ -202,6 +202,10 @@ fn print_stats(s: &AgentStats) {
         s.uptime_s, s.sweeps, s.stalls, s.refreshes, s.refloors
     );
     println!(
+        "due passes     {} ({} slots looked at between scans)",
+        s.due_passes, s.due_looks
+    );
+    println!(
         "events         {} published, {} subscribers",
         s.events, s.subscribers
     );

@@ -189,6 +189,13 @@ pub struct AgentStats {
     /// full window that took every interval since its refresh: docs/tuning.md).
     #[serde(default)]
     pub refloors: u64,
+    /// Passes over the slots due before the next scan (the sweeper woke at a deadline, or
+    /// for a peer just admitted), and the slots they looked at: docs/tuning.md, "Events at
+    /// their deadline".
+    #[serde(default)]
+    pub due_passes: u64,
+    #[serde(default)]
+    pub due_looks: u64,
     /// Events published, and subscribers connected now.
     pub events: u64,
     pub subscribers: usize,

@@ -23,8 +23,11 @@ pub(crate) struct Agent {
 }
 
 impl Agent {
+    /// `binary` (this build's `monitor`, or another one compared with it) as the agent;
+    /// this build's queries it.
     pub fn start(
         tools: &Tools,
+        binary: &Path,
         net: &NetPair,
         dir: &Path,
         peers: u64,
@@ -38,7 +41,7 @@ impl Agent {
         std::fs::write(&peers_file, text)?;
         let socket = dir.join(format!("agent-{peers}.sock"));
         let process = Process::spawn(
-            NetPair::in_ns(net.ns_monitor, &tools.monitor)
+            NetPair::in_ns(net.ns_monitor, binary)
                 .args(["run", "--iface", net.if_monitor, "--socket"])
                 .arg(&socket)
                 .arg("--peers")

@@ -13,6 +13,8 @@ use super::{Rig, generator::Loadgen, procfs::process_cpu_s, tools::finish_json};
 
 /// The agent's CPU under a steady stream of `rate` Hz from every peer.
 pub(super) struct AgentCost {
+    /// The agent's label (`--compare`), with its leading space; empty for this build alone.
+    tag: String,
     peers: u64,
     rate_hz: f64,
     achieved_pps: f64,
@@ -24,6 +26,10 @@ pub(super) struct AgentCost {
     /// Events published per second over the steady part, from the agent's stats (0 while no
     /// peer's silence crosses a level).
     events_per_s: f64,
+    /// Wakes between scans for a due slot, and the slots they looked at, per second (0 for
+    /// an agent without them).
+    due_passes_per_s: f64,
+    due_looks_per_s: f64,
 }
 
 /// The agent alone under 1 Hz, 5 Hz and 10 Hz from `peers` peers, and 10 Hz from half as
@@ -46,37 +52,43 @@ pub(super) fn agent_cost(
         (peers, 10.0),
         (peers / 2, 10.0),
     ] {
-        rig.interrupt.check()?;
-        let agent = rig.agent(peers, &[])?;
-        let pid = agent.process.pid();
-        // Measured once every window is full (128 intervals: 12.8 s at 10 Hz, 128 s at 1 Hz),
-        // the steady state of a long-running agent; a quick run settles for at most 15 s.
-        let settle = (130.0 / rate_hz).min(if quick { 15.0 } else { 140.0 });
-        let generator = Loadgen::new(peers, rate_hz, settle + seconds as f64).spawn(rig)?;
-        rig.interrupt.pause(Duration::from_secs_f64(settle))?;
-        let before = agent.stats()?;
-        let (cpu0, t0) = (process_cpu_s(pid)?, Instant::now());
-        rig.interrupt.pause(Duration::from_secs(seconds))?;
-        let (cpu1, wall) = (process_cpu_s(pid)?, t0.elapsed().as_secs_f64());
-        let after = agent.stats()?;
-        let sent = finish_json(generator)?;
-        agent.process.stop();
-        let delta = |key: &str| {
-            after[key].as_f64().unwrap_or(f64::NAN) - before[key].as_f64().unwrap_or(f64::NAN)
-        };
-        rows.push(AgentCost {
-            peers,
-            rate_hz,
-            achieved_pps: sent["achieved_pps"].as_f64().unwrap_or(0.0),
-            agent_cpu_pct: (cpu1 - cpu0) / wall * 100.0,
-            refreshes_per_s: delta("refreshes") / wall,
-            refloors_per_s: delta("refloors") / wall,
-            events_per_s: delta("events") / wall,
-        });
+        for variant in rig.variants {
+            rig.interrupt.check()?;
+            let agent = rig.agent_as(variant, peers, &[])?;
+            let pid = agent.process.pid();
+            // Measured once every window is full (128 intervals: 12.8 s at 10 Hz, 128 s at 1 Hz),
+            // the steady state of a long-running agent; a quick run settles for at most 15 s.
+            let settle = (130.0 / rate_hz).min(if quick { 15.0 } else { 140.0 });
+            let generator = Loadgen::new(peers, rate_hz, settle + seconds as f64).spawn(rig)?;
+            rig.interrupt.pause(Duration::from_secs_f64(settle))?;
+            let before = agent.stats()?;
+            let (cpu0, t0) = (process_cpu_s(pid)?, Instant::now());
+            rig.interrupt.pause(Duration::from_secs(seconds))?;
+            let (cpu1, wall) = (process_cpu_s(pid)?, t0.elapsed().as_secs_f64());
+            let after = agent.stats()?;
+            let sent = finish_json(generator)?;
+            agent.process.stop();
+            let delta = |key: &str| {
+                after[key].as_f64().unwrap_or(f64::NAN) - before[key].as_f64().unwrap_or(f64::NAN)
+            };
+            rows.push(AgentCost {
+                tag: variant.tag(),
+                peers,
+                rate_hz,
+                achieved_pps: sent["achieved_pps"].as_f64().unwrap_or(0.0),
+                agent_cpu_pct: (cpu1 - cpu0) / wall * 100.0,
+                refreshes_per_s: delta("refreshes") / wall,
+                refloors_per_s: delta("refloors") / wall,
+                events_per_s: delta("events") / wall,
+                due_passes_per_s: delta("due_passes") / wall,
+                due_looks_per_s: delta("due_looks") / wall,
+            });
+        }
     }
     Ok(rows)
 }
 
+/// The agent-cost table, and under it each agent's summary (`render_agent_summary`).
 pub(super) fn render_agent_cost(peers: u64, rows: &[AgentCost]) -> String {
     let mut t = String::new();
     let _ = writeln!(
@@ -86,14 +98,15 @@ pub(super) fn render_agent_cost(peers: u64, rows: &[AgentCost]) -> String {
     );
     let _ = writeln!(
         t,
-        "| peers | rate per peer | sent pps | agent CPU % of a core | refreshes/s | refreshes per heartbeat | floors renewed without a read/s | events/s |"
+        "| peers | rate per peer | sent pps | agent CPU % of a core | refreshes/s | refreshes per heartbeat | floors renewed without a read/s | events/s | due passes/s (slots looked at/s) |"
     );
-    let _ = writeln!(t, "|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(t, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         let _ = writeln!(
             t,
-            "| {} | {} Hz | {:.0} | {:.2} | {:.0} | {:.3} | {:.0} | {:.0} |",
+            "| {}{} | {} Hz | {:.0} | {:.2} | {:.0} | {:.3} | {:.0} | {:.0} | {:.0} ({:.0}) |",
             r.peers,
+            r.tag,
             r.rate_hz,
             r.achieved_pps,
             r.agent_cpu_pct,
@@ -101,7 +114,30 @@ pub(super) fn render_agent_cost(peers: u64, rows: &[AgentCost]) -> String {
             r.refreshes_per_s / r.achieved_pps.max(1.0),
             r.refloors_per_s,
             r.events_per_s,
+            r.due_passes_per_s,
+            r.due_looks_per_s,
         );
+    }
+    // Each agent's summary, in the order they were measured.
+    let mut tags: Vec<&str> = Vec::new();
+    for r in rows {
+        if !tags.contains(&r.tag.as_str()) {
+            tags.push(&r.tag);
+        }
+    }
+    for tag in tags {
+        let mine: Vec<&AgentCost> = rows.iter().filter(|r| r.tag == tag).collect();
+        t.push_str(&render_agent_summary(peers, tag, &mine));
+    }
+    t
+}
+
+/// One agent's rows summed up: 10 Hz against 1 Hz, and its cost solved into a constant, a
+/// cost per peer and a cost per packet.
+fn render_agent_summary(peers: u64, tag: &str, rows: &[&AgentCost]) -> String {
+    let mut t = String::new();
+    if !tag.is_empty() {
+        let _ = write!(t, "\n{}:", tag.trim());
     }
     if let [one, five, ten, half] = rows {
         let _ = writeln!(
@@ -113,7 +149,7 @@ CPU at 10 Hz over CPU at 1 Hz: {:.2}x; {peers} peers x 10 Hz on schedule, estima
             half.peers,
             2.0 * half.agent_cpu_pct,
         );
-        if let Some(fit) = AgentCostModel::solve([one, five, half]) {
+        if let Some(fit) = AgentCostModel::solve([*one, *five, *half]) {
             let _ = writeln!(
                 t,
                 "
@@ -179,6 +215,7 @@ mod tests {
     #[test]
     fn the_cost_fit_recovers_a_linear_cost() {
         let cost = |peers: u64, pps: f64| AgentCost {
+            tag: String::new(),
             peers,
             rate_hz: pps / peers as f64,
             achieved_pps: pps,
@@ -186,6 +223,8 @@ mod tests {
             refreshes_per_s: 0.0,
             refloors_per_s: 0.0,
             events_per_s: 0.0,
+            due_passes_per_s: 0.0,
+            due_looks_per_s: 0.0,
         };
         let rows = [
             cost(50_000, 50_000.0),

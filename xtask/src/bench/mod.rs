@@ -24,6 +24,7 @@ mod record;
 mod run;
 mod scale;
 mod tools;
+mod variant;
 
 use std::path::Path;
 
@@ -36,6 +37,7 @@ pub(crate) use agent::Agent;
 pub(crate) use record::record;
 pub use run::run;
 pub(crate) use tools::Tools;
+use variant::Variant;
 
 const NET: NetPair = NetPair {
     ns_monitor: "hbm-bench-mon",
@@ -85,23 +87,39 @@ pub struct BenchArgs {
     /// 10 Hz (as far as the machine allows), `--seconds` each; recorded unless --no-record.
     #[arg(long)]
     kernel_loadgen: bool,
+    /// An agent measured beside the others in --agent-only and --scales-only runs, row by
+    /// row under the same load: `LABEL=BINARY [FLAGS]`, BINARY `.` for this build, e.g.
+    /// `--compare 'main=/tmp/monitor-main' --compare 'new=.' --compare 'new20=. --sweep-interval
+    /// 20ms'`. Repeatable; without it, this build alone.
+    #[arg(long, value_name = "LABEL=BINARY [FLAGS]")]
+    compare: Vec<String>,
 }
 
 /// Heartbeats per second per peer in the scale runs.
 const RATE_HZ: f64 = 10.0;
 
 /// What every measurement runs on: the release binaries, the namespace pair, a scratch
-/// directory for peers files and sockets, and the Ctrl-C flag long waits check.
+/// directory for peers files and sockets, the Ctrl-C flag long waits check, and the agents
+/// compared (`--compare`).
 struct Rig<'a> {
     tools: &'a Tools,
     net: &'a NetPair,
     dir: &'a Path,
     interrupt: &'a Interrupt,
+    variants: &'a [Variant],
 }
 
 impl Rig<'_> {
-    /// The agent over peers 1..=`peers`, with `extra` flags.
+    /// This build's agent over peers 1..=`peers`, with `extra` flags.
     fn agent(&self, peers: u64, extra: &[&str]) -> anyhow::Result<Agent> {
-        Agent::start(self.tools, self.net, self.dir, peers, extra)
+        self.agent_as(&Variant::this_build(), peers, extra)
+    }
+
+    /// `variant`'s agent over peers 1..=`peers`, with its flags and `extra`.
+    fn agent_as(&self, variant: &Variant, peers: u64, extra: &[&str]) -> anyhow::Result<Agent> {
+        let binary = variant.binary.as_deref().unwrap_or(&self.tools.monitor);
+        let mut flags: Vec<&str> = variant.flags.iter().map(String::as_str).collect();
+        flags.extend_from_slice(extra);
+        Agent::start(self.tools, binary, self.net, self.dir, peers, &flags)
     }
 }

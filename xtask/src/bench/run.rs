@@ -7,7 +7,7 @@ use anyhow::Result;
 use serde_json::Value;
 
 use super::{
-    BenchArgs, NET, Rig, Tools,
+    BenchArgs, NET, Rig, Tools, Variant,
     agent_cost::{agent_cost, render_agent_cost},
     bpf_stats::BpfStats,
     fleet::{fleet_figures, render_fleet},
@@ -39,11 +39,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let _stats = BpfStats::enable()?;
     let net = NET.create()?;
     let dir = TempDir::create("hbm-bench")?;
+    let variants = Variant::all(&args.compare)?;
     let rig = Rig {
         tools: &tools,
         net: &net,
         dir: &dir.0,
         interrupt: &interrupt,
+        variants: &variants,
     };
 
     if args.kernel_loadgen {
@@ -89,8 +91,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     for &peers in &scales {
         interrupt.check()?;
         let rate_hz = scale_rate_hz(peers, args.rate_hz);
-        println!("==> {peers} peers x {rate_hz} Hz for {seconds} s");
-        rows.push(scale_run(&rig, peers, rate_hz, seconds)?);
+        for variant in rig.variants {
+            println!(
+                "==> {peers} peers x {rate_hz} Hz for {seconds} s{}",
+                variant.tag()
+            );
+            rows.push(scale_run(&rig, variant, peers, rate_hz, seconds)?);
+        }
     }
     if args.scales_only {
         let table = render_scales(&rows);

@@ -11,7 +11,7 @@ use anyhow::{Result, bail};
 use serde_json::Value;
 
 use super::{
-    Rig, agent,
+    Rig, Variant, agent,
     generator::{KILL_FRACTION, Loadgen},
     procfs::{map_memory_bytes, process_cpu_s, rss_anon_mib},
     tools::{finish_json, number_at as f, probe_json},
@@ -42,6 +42,8 @@ pub(super) fn scale_rate_hz(peers: u64, rate_hz: f64) -> f64 {
 
 pub(super) struct ScaleRow {
     peers: u64,
+    /// The agent's label (`--compare`), with its leading space; empty for this build alone.
+    tag: String,
     requested_pps: f64,
     achieved_pps: f64,
     sent: u64,
@@ -55,7 +57,13 @@ pub(super) struct ScaleRow {
     events: Value,
 }
 
-pub(super) fn scale_run(rig: &Rig, peers: u64, rate_hz: f64, seconds: u64) -> Result<ScaleRow> {
+pub(super) fn scale_run(
+    rig: &Rig,
+    variant: &Variant,
+    peers: u64,
+    rate_hz: f64,
+    seconds: u64,
+) -> Result<ScaleRow> {
     let probe = &rig.tools.probe;
     let sweep = probe_json(probe, &["sweep", "--peers", &peers.to_string()])?;
     // Told the stream's interval, as an operator tells it the peers' one: with the default
@@ -64,7 +72,8 @@ pub(super) fn scale_run(rig: &Rig, peers: u64, rate_hz: f64, seconds: u64) -> Re
     // the kill's events reached the subscriber 35 ms after publication (p50), against 2 ms
     // when the agent was told.
     let first_interval_ms = format!("{:.0}", 1000.0 / rate_hz);
-    let agent = rig.agent(
+    let agent = rig.agent_as(
+        variant,
         peers,
         &[
             "--metrics-addr",
@@ -128,6 +137,7 @@ pub(super) fn scale_run(rig: &Rig, peers: u64, rate_hz: f64, seconds: u64) -> Re
 
     Ok(ScaleRow {
         peers,
+        tag: variant.tag(),
         requested_pps: peers as f64 * rate_hz,
         achieved_pps: sent["achieved_pps"].as_f64().unwrap_or(0.0),
         sent: sent["sent"].as_u64().unwrap_or(0),
@@ -165,8 +175,9 @@ pub(super) fn render_scales(rows: &[ScaleRow]) -> String {
         };
         let _ = writeln!(
             t,
-            "| {} | {:.0} | {:.0} | {} | {} | {} | {:.0} | {:.2} | {:.1} | {:.1} | {:.3} | {:.1} | {:.0}x | {:.3} | {:.0} / {:.0} | {:.0} / {:.0} ({}) | {agent_suspects} | {:.2} / {:.2} ({}) |",
+            "| {}{} | {:.0} | {:.0} | {} | {} | {} | {:.0} | {:.2} | {:.1} | {:.1} | {:.3} | {:.1} | {:.0}x | {:.3} | {:.0} / {:.0} | {:.0} / {:.0} ({}) | {agent_suspects} | {:.2} / {:.2} ({}) |",
             r.peers,
+            r.tag,
             r.requested_pps,
             r.achieved_pps,
             r.sent,
@@ -194,14 +205,15 @@ pub(super) fn render_scales(rows: &[ScaleRow]) -> String {
     // resolution) or on its way to the subscriber (received less `at`).
     let _ = writeln!(
         t,
-        "\nEvent latency split: detection (the event's `at` less its `crossed_at`: the sweep) and delivery (received less `at`: the socket and the subscriber), ms:\n\n\
+        "\nEvent latency split: detection (the event's `at` less its `crossed_at`: the sweep; `at` is in whole ms, so this reads up to 1 ms low) and delivery (received less `at`: the socket and the subscriber), ms:\n\n\
          | peers | detection p50/p99 | delivery p50/p99 | suspect events received, all peers (timed: the killed ones') |\n|---:|---:|---:|---:|"
     );
     for r in rows {
         let _ = writeln!(
             t,
-            "| {} | {:.1} / {:.1} | {:.1} / {:.1} | {} ({}) |",
+            "| {}{} | {:.1} / {:.1} | {:.1} / {:.1} | {} ({}) |",
             r.peers,
+            r.tag,
             f(&r.events, &["detection_ms", "p50"]),
             f(&r.events, &["detection_ms", "p99"]),
             f(&r.events, &["delivery_ms", "p50"]),

@@ -109,6 +109,12 @@ impl Agent {
         match self.admit_as(id, report.source) {
             Ok(slot) => {
                 admission.admitted(id, source);
+                // Its first deadline counts from this packet and may come before the next
+                // scan: the sweeper looks at the slot now. One poke for a storm of them: the
+                // sweeper takes every slot armed so when it wakes.
+                if self.trackers.lock().due.arm_now(slot) {
+                    self.sweep_wake.poke();
+                }
                 log::debug!(
                     "admitted {} peer {id} (slot {slot}) on its first packet",
                     source_name(report.source)

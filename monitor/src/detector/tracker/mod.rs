@@ -31,7 +31,7 @@ use monitor_common::{
 use serde::{Deserialize, Serialize};
 
 use self::config::RefloorBasis;
-use self::sweep_state::{NO_FLOOR, floor_ns, word_count};
+use self::sweep_state::{NO_FLOOR, exact_gap, floor_ns, word_count};
 pub use self::{
     config::DetectorConfig,
     sweep_state::{LevelFloor, MAX_FLOOR_SPAN, WordWatch},
@@ -50,8 +50,9 @@ pub struct Suspicion {
     pub silence_ms: f64,
     /// Unix time of detection, ms.
     pub at: u64,
-    /// Unix time at which phi reached `level`, ms with microsecond precision; `at` is at most
-    /// one sweep later.
+    /// Unix time at which phi reached `level`, ms with microsecond precision; `at` is the same
+    /// moment when the sweep armed the deadline (the agent's due-soon heap), at most one scan
+    /// later when it did not.
     pub crossed_at: f64,
 }
 
@@ -172,6 +173,9 @@ impl PeerTracker {
             refreshed: self.count,
             heartbeats: floor.as_ref().map_or(0, |f| f.heartbeats),
             exact: true,
+            exact_gap: exact_ms
+                .zip(floor.as_ref())
+                .map_or(0, |(exact, f)| exact_gap(exact - f.silence_ms)),
         };
         watch.deadline_ns = match exact_ms {
             Some(ms) => self.after_silence(ms),
@@ -276,11 +280,15 @@ impl PeerTracker {
             return false;
         }
         self.mean_floor_ms = floor.mean_ms;
+        // The refresh's estimate still predicts the crossing: the heartbeats since took their
+        // intervals' worth of time (else no refloor).
+        let exact_ms = config.crossing_ms(0, &self.refresh.estimate);
         *level_floor = LevelFloor {
             floor_ns: floor_ns(floor.silence_ms),
             refreshed: word_count(word),
             heartbeats: floor.heartbeats,
             exact: false,
+            exact_gap: exact_gap(exact_ms - floor.silence_ms),
         };
         *watch = WordWatch { word, deadline_ns };
         true
@@ -472,6 +480,12 @@ impl PeerTracker {
             new.first_floor_ns(self.mean_floor_ms)
         } else {
             NO_FLOOR
+        };
+        level_floor.exact_gap = if level_floor.floor_ns == NO_FLOOR {
+            0
+        } else {
+            let floor_ms = level_floor.floor_ns as f64 / 1e6;
+            exact_gap(new.crossing_ms(0, &self.refresh.estimate) - floor_ms)
         };
         let convicted = self.crossed as usize == levels.len();
         if convicted && !was_convicted {

@@ -18,6 +18,19 @@ const _: () = assert!((MAX_FLOOR_SPAN as u64) < last_heard::LEFT_OUT_STEP);
 /// `LevelFloor::floor_ns` of a peer whose estimate is refreshed with every heartbeat.
 pub(super) const NO_FLOOR: u64 = u64::MAX;
 
+/// The unit of `LevelFloor::exact_gap` (2^16 ns, about 66 µs; the gap holds up to 4.3 s).
+const GAP_UNIT_NS: u64 = 1 << 16;
+
+/// A gap in ms as `LevelFloor::exact_gap`: rounded down (a prediction early, never late) and
+/// held at the most it can say.
+pub(super) fn exact_gap(gap_ms: f64) -> u16 {
+    if gap_ms.is_nan() || gap_ms <= 0.0 {
+        0
+    } else {
+        ((gap_ms * 1e6) as u64 / GAP_UNIT_NS).min(u16::MAX as u64) as u16
+    }
+}
+
 /// The count a word carries (see `last_heard::count`), as `LevelFloor` and the tracker keep it.
 pub(super) fn word_count(word: u64) -> u32 {
     last_heard::count_of(word) as u32
@@ -84,6 +97,10 @@ pub struct LevelFloor {
     pub(super) heartbeats: u8,
     /// `WordWatch::deadline_ns` is the exact crossing of the current estimate, not a floor.
     pub(super) exact: bool,
+    /// How much later than the floor the last estimate crosses the first level, in units of
+    /// `GAP_UNIT_NS`: what the sweep predicts the crossing from when the deadline is a floor
+    /// (`predicted_crossing_ns`). In the two bytes the layout had spare.
+    pub(super) exact_gap: u16,
 }
 
 impl LevelFloor {
@@ -92,7 +109,25 @@ impl LevelFloor {
         refreshed: 0,
         heartbeats: 0,
         exact: true,
+        exact_gap: 0,
     };
+
+    /// When the watched peer crosses the first level not yet crossed if it is not heard
+    /// again: the watch's deadline if exact; if a floor, the floor plus the gap the last
+    /// estimate had above it. A prediction, not a bound: heartbeats the floor covered may
+    /// have brought the crossing nearer (down to the floor, never below it). The sweep arms a
+    /// floor for before the next scan only when the crossing it predicts also falls before
+    /// the next scan (`Agent::look_at_slot`).
+    #[inline]
+    pub fn predicted_crossing_ns(&self, watch: &WordWatch) -> u64 {
+        if self.exact {
+            watch.deadline_ns
+        } else {
+            watch
+                .deadline_ns
+                .saturating_add(self.exact_gap as u64 * GAP_UNIT_NS)
+        }
+    }
 
     /// A sweep's look at a slot whose watch was not quiet, without its tracker: a new
     /// heartbeat the floor covers moves the deadline to the floor past it. True if nothing

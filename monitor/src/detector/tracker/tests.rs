@@ -542,3 +542,45 @@ fn what_every_sweep_reads_is_small() {
     assert_eq!(std::mem::size_of::<WordWatch>(), 16);
     assert_eq!(std::mem::size_of::<LevelFloor>(), 16);
 }
+
+/// Where the sweep arms a floor (`LevelFloor::predicted_crossing_ns`): on a steady sender's
+/// full window, every heartbeat passed over under a floor or renewed without a read, the
+/// crossing predicted from the floor is within a hair of the exact crossing that reading the
+/// slot gives, and never before the floor itself.
+#[test]
+fn a_floor_predicts_a_steady_senders_crossing() {
+    let (cfg, xdp) = defaults();
+    let mut slot = crate::detector::window::slot_with_intervals(
+        (0..200).map(|i| 100_000 + i % 7 * 1000),
+        &xdp,
+    );
+    let mut lazy = Tracked::new(&slot.record(), &cfg);
+    let mut eager = lazy.clone();
+    let (mut arrival, mut seq) = (slot.record().last_arrival_ns, 201);
+    let (mut floors, mut worst_ms) = (0, 0.0f64);
+    for i in 0..1280u64 {
+        arrival += (100 + i % 7) * MS;
+        seq += 1;
+        monitor_common::slot::arrive(&mut slot, arrival, seq, 1, &xdp);
+        let (record, word) = (slot.record(), last_heard::of_record(&slot.record()));
+        let time = at(arrival + MS, 0.0, false);
+        eager.observe(&record, &[], &cfg, time, &mut |_| {});
+        if lazy.step(word, &cfg, time, &mut |_| {}) == SweepStep::Refresh {
+            lazy.observe(&record, &[], &cfg, time, &mut |_| {});
+        }
+        if lazy.level_floor.exact {
+            continue;
+        }
+        floors += 1;
+        let exact = eager.watch.deadline_ns;
+        let predicted = lazy.level_floor.predicted_crossing_ns(&lazy.watch);
+        assert!(lazy.watch.deadline_ns <= exact, "a floor at heartbeat {i}");
+        assert!(predicted >= lazy.watch.deadline_ns, "heartbeat {i}");
+        worst_ms = worst_ms.max((predicted as f64 - exact as f64).abs() / 1e6);
+    }
+    assert!(floors > 1000, "{floors} heartbeats under a floor");
+    assert!(
+        worst_ms < 0.5,
+        "predicted up to {worst_ms:.3} ms from the crossing"
+    );
+}

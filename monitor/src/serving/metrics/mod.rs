@@ -140,7 +140,8 @@ impl Default for AgentMetrics {
         Self {
             // 10 us .. ~1.3 s: a sweep of 1k peers takes tens of us, of 50k a few ms.
             sweep_seconds: Histogram::new(exponential_buckets(1e-5, 2.0, 18)),
-            // 100 us .. ~3.3 s: events are raised within one sweep (50 ms) of the crossing.
+            // 100 us .. ~3.3 s: events are raised at their crossing (within one 50 ms scan
+            // of it when the deadline was not armed).
             event_latency_seconds: Histogram::new(exponential_buckets(1e-4, 2.0, 16)),
             events: Family::default(),
             socket_refusals: Family::default(),

@@ -31,6 +31,8 @@ impl Source for Fake {
                 sweeps: 250,
                 refreshes: 40,
                 refloors: 160,
+                due_passes: 0,
+                due_looks: 0,
                 stalls: 1,
                 events: 7,
                 subscribers: 2,

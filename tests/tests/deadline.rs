@@ -1,0 +1,81 @@
+//! Events at their deadline: with scans far apart, a stopped sender's suspicions are raised
+//! when phi crosses each level, not at the next scan (the scan arms the deadlines that fall
+//! before the next one, and the sweeper wakes for them: docs/tuning.md, "Events at their
+//! deadline").
+
+use std::time::Duration;
+
+use integration_tests::{
+    agent_process::{AgentProcess, TempDir, events_until, sender, spawn},
+    netns::NetnsPair,
+    require_root, wait_for,
+};
+use serde_json::{Value, json};
+
+/// Scans this far apart: a suspicion raised by the next scan comes 250 ms late on average.
+const SWEEP_INTERVAL_MS: f64 = 500.0;
+
+/// How late after its crossing a suspicion may be raised here: the sweeper's wake on a loaded
+/// two-core machine, with room. A scan-bound event is later than this nine times out of ten,
+/// and three of them all this early, one in a thousand.
+const LATE_BOUND_MS: f64 = 50.0;
+
+#[test]
+fn a_stopped_ten_ms_sender_is_suspected_at_each_crossing_between_scans() {
+    require_root();
+    let pair = NetnsPair::new(90);
+    let dir = TempDir::new("hbmdl");
+    let agent = AgentProcess::start(
+        &pair,
+        &[
+            "--peers",
+            &dir.peers_file([7]),
+            "--levels",
+            "1,3,8",
+            "--first-interval-ms",
+            "10",
+            "--min-std-ms",
+            "2",
+            "--sweep-interval",
+            &format!("{SWEEP_INTERVAL_MS}ms"),
+            "--stall-bound",
+            "2s",
+        ],
+    );
+    let send = spawn(sender(&pair, 7, "10ms", &[]));
+    wait_for(Duration::from_secs(15), "100 heartbeats of peer 7", || {
+        let peer = &agent.ask(json!({"op": "peer", "id": 7}))["peer"];
+        (peer["heartbeats"].as_u64().unwrap() >= 100 && peer["level"].is_null()).then_some(())
+    });
+    let mut watcher = agent.subscribe();
+    drop(send); // SIGKILL: the sender dies mid-stream
+
+    let suspects = |events: &[Value]| -> Vec<Value> {
+        events
+            .iter()
+            .filter(|e| e["event"] == "suspect" && e["id"] == 7)
+            .cloned()
+            .collect()
+    };
+    let events = events_until(&mut watcher, Duration::from_secs(10), |e| {
+        suspects(e).iter().any(|s| s["level"] == json!(8.0))
+    });
+    let raised = suspects(&events);
+    // Whatever a loaded machine did to the stream before the kill, the last climb ends at 8,
+    // each level raised once it was crossed.
+    let climb: Vec<&Value> = raised.iter().rev().take(3).rev().collect();
+    let levels: Vec<f64> = climb.iter().map(|e| e["level"].as_f64().unwrap()).collect();
+    assert_eq!(levels, [1.0, 3.0, 8.0], "{events:#?}");
+    for e in climb {
+        // `at` is whole milliseconds, `crossed_at` has microseconds.
+        let late_ms = e["at"].as_f64().unwrap() - e["crossed_at"].as_f64().unwrap();
+        assert!(
+            late_ms < LATE_BOUND_MS,
+            "raised {late_ms:.1} ms after its crossing with scans {SWEEP_INTERVAL_MS} ms apart: {e}"
+        );
+        assert!(late_ms > -1.0, "raised before its crossing: {e}");
+    }
+    // Between scans: the sweeper woke for the deadlines.
+    let stats = &agent.ask(json!({"op": "stats"}))["stats"];
+    assert!(stats["due_passes"].as_u64().unwrap() >= 3, "{stats}");
+}
