@@ -1,8 +1,8 @@
-//! The floor comparison: the same stream into the floor program (a parse-to-UDP-port-and-drop
-//! XDP program, alone and with a clock read per packet), the monitor (at XDP, at TC ingress,
-//! without the destination check, and with ids found through the index rather than in their own
-//! slots) and the userspace socket path, beside the limit (the floor
-//! + clock plus one dependent miss over the peers' state), by BPF_PROG_TEST_RUN and live.
+//! The floor comparison: the same stream into the floor program (a parse-to-UDP-port-and-drop XDP
+//! program, alone and with a clock read per packet), the monitor (at XDP, at TC ingress, without
+//! the destination check, and with ids found through the index rather than in their own slots) and
+//! the userspace socket path, beside the limit (the floor + clock plus one dependent miss over the
+//! peers' state), by BPF_PROG_TEST_RUN and live.
 
 use std::{fmt::Write as _, process::Stdio, time::Duration};
 
