@@ -36,6 +36,20 @@
 //! a reader racing with a change can see is an id paired with another peer's slot, which the
 //! slot's own `peer_id`, checked under the slot's lock, turns away (as it does a stale slot).
 
+/// The slot the kernel looks an id up in before the index: id - 1, for ids from 1 to 2^32
+/// (past the capacity the map has no such slot). The registry gives an id its own slot when
+/// that slot is free, so a fleet numbered 1 to N, the common case, is found in the line each
+/// heartbeat writes anyway, and the index line is read only for the others.
+#[inline(always)]
+pub const fn own_slot(id: u64) -> Option<u32> {
+    let slot = id.wrapping_sub(1);
+    if slot < 1 << 32 {
+        Some(slot as u32)
+    } else {
+        None
+    }
+}
+
 /// Name of the map in the eBPF object and of its pin.
 pub const PEER_INDEX_MAP: &str = "PEER_INDEX";
 

@@ -204,11 +204,21 @@ fn store_last_heard(index: u32, hot: &PeerHot) {
     }
 }
 
-/// The slot of `peer_id` in PEER_INDEX (`monitor_common::index`): its home bucket, one cache
-/// line, and the next ones only while a bucket says entries spilled past it. The agent may be
-/// changing an entry meanwhile; the caller checks the slot's own peer id under its lock.
+/// The slot of `peer_id`: its own slot first (`index::own_slot`, where the registry puts an
+/// id of 1 to the capacity when it can), found by the peer id in the slot's hot line, the line
+/// the heartbeat is written to anyway; otherwise PEER_INDEX (`monitor_common::index`): its
+/// home bucket, one cache line, and the next ones only while a bucket says entries spilled
+/// past it. The agent may be changing a slot or an entry meanwhile; the caller checks the
+/// slot's own peer id under its lock.
 #[inline(always)]
 fn lookup(peer_id: u64, bits: u32) -> Option<u32> {
+    if let Some(own) = index::own_slot(peer_id)
+        && let Some(slot) = PEER_STATE.get_ptr(own)
+        // SAFETY: in the map value; the agent stores the id whole.
+        && unsafe { core::ptr::read_volatile(&raw const (*slot).hot.peer_id) } == peer_id
+    {
+        return Some(own);
+    }
     let mask = (1u32 << bits) - 1;
     let mut b = index::home(peer_id, bits, &crate::config().index_key);
     for _ in 0..index::PROBE_BUCKETS {

@@ -1,5 +1,5 @@
-//! `monitor replay -d budget:ms=B` on every trace of the corpus: the seven generated kinds the
-//! frontier tables use (3000 heartbeats, seed 1) and the recorded traces under tests/traces/.
+//! `monitor replay -d budget:ms=B` on every trace of the corpus: the generated kinds (3000
+//! heartbeats, seed 1; all but one, below) and the recorded traces under tests/traces/.
 //! At every budget the detector's own mean detection time (over crash times, exact) is within
 //! 0.9 B and B, the crash at the end is detected, and it is scored on the same clock as the
 //! fixed timeout of the same budget. How it compares with every family's frontier is
@@ -11,7 +11,11 @@ use std::{path::PathBuf, process::Command};
 use serde_json::Value;
 
 const BUDGETS_MS: [f64; 6] = [150.0, 200.0, 300.0, 500.0, 1000.0, 1500.0];
-const GENERATED: [&str; 7] = [
+/// Every generated kind but `asymmetric-loss`, where the budget is not met: its loss starts
+/// halfway and stays, the kernel's burst counters learn the bursts' share slowly, and the split
+/// of the aim between the states, made for the old share, puts the mean detection time up to
+/// 1.29 B (docs/tuning.md, "Generated kinds over 20 seeds"). An open defect, not a target met.
+const GENERATED: [&str; 10] = [
     "lan",
     "wan",
     "gc-pause",
@@ -19,6 +23,9 @@ const GENERATED: [&str; 7] = [
     "bursty",
     "jitter-change",
     "pareto",
+    "slowdown",
+    "clock-step",
+    "congested-link",
 ];
 
 fn monitor(args: &[&str]) -> String {

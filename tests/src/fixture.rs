@@ -107,7 +107,8 @@ impl Fixture {
         CounterTotals::read(&self.loaded.maps.counters).expect("read counters")
     }
 
-    fn slot(&self, id: u64) -> u32 {
+    /// The slot the registry gave `id`.
+    pub fn slot(&self, id: u64) -> u32 {
         self.loaded
             .maps
             .registry

@@ -197,10 +197,14 @@ impl NotifySocket {
         loop {
             match self.socket.recv(&mut buf) {
                 Ok(n) => return Some((text(&buf[..n]), Instant::now())),
+                // A signal to this process (a child's exit) ends a recv with a receive timeout
+                // early even under SA_RESTART (signal(7)): nothing was lost, wait again.
                 Err(e)
                     if matches!(
                         e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        std::io::ErrorKind::WouldBlock
+                            | std::io::ErrorKind::TimedOut
+                            | std::io::ErrorKind::Interrupted
                     ) => {}
                 Err(e) => panic!("receiving on the notify socket: {e}"),
             }

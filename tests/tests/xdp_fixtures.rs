@@ -1125,3 +1125,32 @@ fn local_addrs_of(fx: &Fixture) -> monitor::kernel::destination::LocalAddrs {
     )
     .expect("the destination maps")
 }
+
+/// An id of 1 to the capacity is looked up in its own slot first (`index::own_slot`): found
+/// there when the registry could give it that slot, in the index when another peer had it
+/// first; and an unknown id whose own slot holds another peer is unknown, not that peer.
+#[test]
+fn ids_are_found_in_their_own_slot_or_through_the_index() {
+    const SPARSE: u64 = 1 << 40;
+    // SPARSE takes slot 0 first, so peer 1 is in slot 1, peer 2's own slot.
+    let mut fx = Fixture::with_peers(&[SPARSE, 1, 3]);
+    assert_eq!(fx.slot(SPARSE), 0);
+    assert_eq!(fx.slot(1), 1, "its own slot was taken");
+    assert_eq!(fx.slot(3), 2, "its own slot");
+    for (seq, id) in [(1, 1), (1, 3), (1, SPARSE), (2, 1), (2, 3)] {
+        assert_eq!(
+            fx.run(&Packet::heartbeat_v4(id, seq).build()),
+            XDP_DROP,
+            "peer {id}"
+        );
+    }
+    assert_eq!(fx.record(1).heartbeats, 2);
+    assert_eq!(fx.record(3).heartbeats, 2);
+    assert_eq!(fx.record(SPARSE).heartbeats, 1);
+    // Peer 2 is unknown: slot 1, its own, is peer 1's and stays as it was.
+    assert_eq!(fx.run(&Packet::heartbeat_v4(2, 1).build()), XDP_DROP);
+    let c = fx.counters();
+    assert_eq!((c.heartbeats, c.unknown_peer), (5, 1));
+    assert_eq!(fx.record(1).heartbeats, 2);
+    assert_eq!(fx.unknown_reports().len(), 1);
+}

@@ -216,12 +216,21 @@ impl Agent {
     /// detector been set all along; a level it is no longer past (gone, or now above its phi)
     /// is simply gone until it is heard again.
     pub fn set_detector(&self, params: DetectorParams, levels: Levels) {
-        let started = Instant::now();
-        let time = || SweepTime {
+        self.set_detector_at(params, levels, || SweepTime {
             now_ns: monotonic_ns(),
             wall_ms: wall_ms(),
             hold: false,
-        };
+        });
+    }
+
+    /// `set_detector` on the clock `time` reads (the tests' own).
+    pub(super) fn set_detector_at(
+        &self,
+        params: DetectorParams,
+        levels: Levels,
+        time: impl Fn() -> SweepTime,
+    ) {
+        let started = Instant::now();
         let mut emit = |t: Transition| self.publish(t.into());
         // Under the lock for a moment: the new detector in place, every tracker marked.
         let (new, slots, peers) = {

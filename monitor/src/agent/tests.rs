@@ -208,14 +208,6 @@ fn the_sweep_suspects_a_silent_peer_at_every_level_and_a_held_sweep_does_not() {
     agent.sweep(now, false);
     // Held (a stall, a link down): no new suspicion however long the silence.
     agent.sweep(now + 600_000_000_000, true);
-    let suspected = |events: &mut tokio::sync::broadcast::Receiver<_>| {
-        std::iter::from_fn(|| events.try_recv().ok())
-            .filter_map(|e| match e {
-                crate::serving::event::Event::Suspect(s) => Some((s.id, s.level)),
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-    };
     assert_eq!(suspected(&mut events), []);
     agent.sweep(now + 600_000_000_000, false);
     let levels = agent.detector().levels.as_slice().to_vec();
@@ -226,6 +218,18 @@ fn the_sweep_suspects_a_silent_peer_at_every_level_and_a_held_sweep_does_not() {
         "one event a level, lowest first"
     );
     assert_eq!(agent.stats().unwrap().sweeps, 3);
+}
+
+/// The suspect events waiting in `events`, as (id, level).
+fn suspected(
+    events: &mut tokio::sync::broadcast::Receiver<crate::serving::event::Event>,
+) -> Vec<(u64, f64)> {
+    std::iter::from_fn(|| events.try_recv().ok())
+        .filter_map(|e| match e {
+            crate::serving::event::Event::Suspect(s) => Some((s.id, s.level)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The suspect events published since the last call, as (level, at, crossed_at).
@@ -316,4 +320,67 @@ fn a_peer_admitted_on_its_first_packet_is_looked_at_without_waiting_for_the_scan
     assert!(trackers.watches[0].deadline_ns > now);
     drop(trackers);
     assert_eq!(agent.stats().unwrap().sweeps, 0);
+}
+
+#[test]
+fn a_detector_change_raises_only_the_levels_a_peer_is_newly_past() {
+    let agent = agent(4, policy(&["10.0.0.0/8"], 0));
+    let mut events = agent.subscribe();
+    agent.admit(5).unwrap();
+    let now = crate::kernel::clock::monotonic_ns();
+    agent.sweep(now, false);
+    let later = now + 600_000_000_000;
+    agent.sweep(later, false);
+    assert_eq!(suspected(&mut events), [(5, 1.0), (5, 3.0), (5, 8.0)]);
+    let at = |now_ns| {
+        move || crate::detector::tracker::SweepTime {
+            now_ns,
+            wall_ms: 0.0,
+            hold: false,
+        }
+    };
+
+    // A level above the others, which ten minutes of silence are past: raised once, alone.
+    let wider = Levels::new(vec![1.0, 3.0, 8.0, 12.0]).unwrap();
+    agent.set_detector_at(DetectorParams::DEFAULT, wider, at(later));
+    assert_eq!(suspected(&mut events), [(5, 12.0)]);
+    assert_eq!(agent.detector().levels.as_slice(), [1.0, 3.0, 8.0, 12.0]);
+    // Levels taken away raise nothing, and neither does the next sweep: the peer is past them all.
+    let narrower = Levels::new(vec![1.0, 3.0]).unwrap();
+    agent.set_detector_at(DetectorParams::DEFAULT, narrower, at(later));
+    agent.sweep(later + 1_000_000_000, false);
+    assert_eq!(suspected(&mut events), []);
+    let scrape = crate::serving::metrics::Source::scrape(&agent, &Default::default());
+    assert_eq!(scrape.peers_at, [0, 0, 1], "past the new highest level");
+}
+
+#[test]
+fn a_scrape_counts_peers_by_level_and_selects_the_asked_for_first() {
+    use crate::serving::metrics::{PeerSeries, Source};
+    let agent = agent(8, policy(&["10.0.0.0/8"], 0));
+    for id in [3, 5, 9] {
+        agent.admit(id).unwrap();
+    }
+    let now = crate::kernel::clock::monotonic_ns();
+    agent.sweep(now, false);
+    let scrape = agent.scrape(&PeerSeries {
+        ids: vec![9, 42],
+        top: 0,
+    });
+    assert_eq!(scrape.levels, [1.0, 3.0, 8.0]);
+    assert_eq!(scrape.peers_at, [3, 0, 0, 0], "nobody silent yet");
+    let selected: Vec<u64> = scrape.selected.iter().map(|p| p.id).collect();
+    assert_eq!(selected, [9], "an id the agent does not watch is left out");
+    assert_eq!(scrape.stats.expect("stats").kernel.heartbeats, 42);
+
+    agent.sweep(now + 600_000_000_000, false);
+    let scrape = agent.scrape(&PeerSeries {
+        ids: vec![9],
+        top: 2,
+    });
+    assert_eq!(scrape.peers_at, [0, 0, 0, 3], "every peer past every level");
+    // Silent longest, or tied and lowest id: 3, then 5.
+    let selected: Vec<u64> = scrape.selected.iter().map(|p| p.id).collect();
+    assert_eq!(selected, [9, 3, 5], "the asked-for peer, then the top two");
+    assert!(scrape.selected.iter().all(|p| p.level == 8.0));
 }

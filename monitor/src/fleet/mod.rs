@@ -416,8 +416,8 @@ fn datetime_ms(t: async_nats::jetstream::message::Info<'_>) -> f64 {
 
 /// The observer name when none is given: this host's name (its first label).
 pub fn default_observer() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    wire::observer_from_hostname(host.trim())
+    let host = nix::unistd::gethostname().unwrap_or_default();
+    wire::observer_from_hostname(&host.to_string_lossy())
 }
 
 #[cfg(test)]

@@ -1,9 +1,14 @@
 //! Which peer owns which slot. Userspace owns slot allocation: the kernel only ever looks a
-//! peer id up in PEER_INDEX (written here, through its mmap) and writes the slot it finds.
+//! peer id up in its own slot (`index::own_slot`) or in PEER_INDEX (written here, through its
+//! mmap) and writes the slot it finds. An id gets its own slot whenever that slot is free, so
+//! that its heartbeats are found without reading the index; every id is in the index all the
+//! same (adoption rebuilds the registry from it, and a peer whose own slot was taken is found
+//! there).
 
 use std::collections::HashMap;
 
 use monitor_common::{
+    index::own_slot,
     maps::PeerSlot,
     passive::{SOURCE_HEARTBEAT, is_derived_id},
 };
@@ -37,9 +42,12 @@ pub enum ForgetError {
 pub struct Registry {
     index: PeerIndex,
     slots: HashMap<u64, u32>,
-    /// The owner of each slot handed out so far (None: free), for dense sweeps.
+    /// The owner of each slot up to the highest handed out (None: free), for dense sweeps.
     owners: Vec<Option<u64>>,
+    /// Slots given back, to hand out again; one an id has since taken as its own is passed
+    /// over when popped.
     free: Vec<u32>,
+    /// No slot below it was never handed out (but those ids took as their own, at or above it).
     next_unused: u32,
     capacity: u32,
     /// Passive sources are watched: heartbeat ids in the derived half are refused
@@ -144,14 +152,7 @@ impl Registry {
         if self.slots.contains_key(&id) {
             return Err(AdmitError::Exists(id));
         }
-        let slot = match self.free.pop() {
-            Some(slot) => slot,
-            None if self.next_unused < self.capacity => {
-                self.next_unused += 1;
-                self.next_unused - 1
-            }
-            None => return Err(AdmitError::Full(self.capacity)),
-        };
+        let slot = self.pick_slot(id)?;
         table.reset(slot, &fresh);
         if let Err(source) = self.index.insert(id, slot) {
             self.free.push(slot);
@@ -163,6 +164,33 @@ impl Registry {
         }
         self.owners[slot as usize] = Some(id);
         Ok(slot)
+    }
+}
+
+impl Registry {
+    /// A free slot for `id`: its own if free, else one given back, else the lowest never
+    /// handed out.
+    fn pick_slot(&mut self, id: u64) -> Result<u32, AdmitError> {
+        if self.slots.len() >= self.capacity as usize {
+            return Err(AdmitError::Full(self.capacity));
+        }
+        if let Some(own) = own_slot(id).filter(|&s| s < self.capacity && self.is_free(s)) {
+            return Ok(own);
+        }
+        while let Some(slot) = self.free.pop() {
+            if self.is_free(slot) {
+                return Ok(slot);
+            }
+        }
+        while !self.is_free(self.next_unused) {
+            self.next_unused += 1;
+        }
+        // Below the capacity: fewer peers than slots, and none free below `next_unused`.
+        Ok(self.next_unused)
+    }
+
+    fn is_free(&self, slot: u32) -> bool {
+        self.owners.get(slot as usize).is_none_or(Option::is_none)
     }
 }
 
@@ -179,5 +207,89 @@ impl Registry {
         table.reset(slot, &PeerSlot::admitted(0, 0));
         self.free.push(slot);
         Ok(slot)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registry(capacity: u32) -> (Registry, PeerTable) {
+        (
+            Registry::new(PeerIndex::anonymous(capacity), capacity),
+            PeerTable::anonymous(capacity),
+        )
+    }
+
+    fn admit(r: &mut Registry, t: &PeerTable, id: u64) -> u32 {
+        r.admit(t, id, 1)
+            .unwrap_or_else(|e| panic!("admit {id}: {e}"))
+    }
+
+    #[test]
+    fn an_id_from_one_to_the_capacity_gets_its_own_slot_in_any_order() {
+        let (mut r, t) = registry(8);
+        for id in [5, 1, 8, 3] {
+            assert_eq!(admit(&mut r, &t, id), id as u32 - 1);
+        }
+        // The others take the lowest slots no id has taken.
+        assert_eq!(admit(&mut r, &t, 1 << 40), 1);
+        assert_eq!(
+            admit(&mut r, &t, 9),
+            3,
+            "past the capacity: no slot of its own"
+        );
+        assert_eq!(r.slots_in_use(), 8, "the sweep covers the highest own slot");
+        let owned: Vec<(u64, u32)> = r.iter().collect();
+        assert_eq!(
+            owned,
+            [(1, 0), (1 << 40, 1), (3, 2), (9, 3), (5, 4), (8, 7)]
+        );
+        // Each is in the index too, where the kernel finds a peer whose own slot was taken.
+        for (id, slot) in owned {
+            assert_eq!(r.slot_of(id), Some(slot));
+        }
+    }
+
+    #[test]
+    fn a_taken_own_slot_falls_back_and_every_slot_is_used_before_full() {
+        let (mut r, t) = registry(4);
+        assert_eq!(admit(&mut r, &t, 100), 0);
+        assert_eq!(admit(&mut r, &t, 1), 1, "its own slot 0 is taken");
+        assert_eq!(admit(&mut r, &t, 3), 2);
+        assert_eq!(admit(&mut r, &t, 2), 3, "its own slot 1 is taken");
+        assert!(matches!(r.admit(&t, 4, 1), Err(AdmitError::Full(4))));
+        // A slot given back is its owner's again if the id comes back...
+        assert_eq!(r.forget(&t, 3).unwrap(), 2);
+        assert_eq!(admit(&mut r, &t, 3), 2);
+        // ...and anyone's otherwise; a freed slot an id took as its own is passed over.
+        assert_eq!(r.forget(&t, 1).unwrap(), 1);
+        assert_eq!(r.forget(&t, 100).unwrap(), 0);
+        assert_eq!(admit(&mut r, &t, 1), 0, "its own slot is free now");
+        assert_eq!(
+            admit(&mut r, &t, 7),
+            1,
+            "given back by 1, not by 100: 1's own was taken"
+        );
+        assert!(matches!(r.admit(&t, 8, 1), Err(AdmitError::Full(4))));
+    }
+
+    #[test]
+    fn an_adopted_registry_hands_out_the_gaps_first() {
+        let (mut r, t) = registry(8);
+        for id in [2, 6] {
+            admit(&mut r, &t, id);
+        }
+        let adopted = Registry::adopt(r.index, 8);
+        let mut r = adopted;
+        assert_eq!(r.len(), 2);
+        assert_eq!(admit(&mut r, &t, 1 << 40), 0);
+        assert_eq!(admit(&mut r, &t, 1 << 41), 2);
+        assert_eq!(admit(&mut r, &t, 4), 3);
+        assert_eq!(
+            admit(&mut r, &t, 1 << 42),
+            4,
+            "the last gap below the highest adopted slot"
+        );
     }
 }

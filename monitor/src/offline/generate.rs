@@ -29,6 +29,16 @@ pub enum TraceKind {
     /// restarts (a 3 s gap, sequence numbers from 1 again) with an incarnation, its start
     /// time in Unix seconds, an hour below the one before; 100 heartbeats, then the crash.
     ClockStep,
+    /// LAN heartbeats over a path that, halfway, starts to lose 20% of them, independently
+    /// and for good, in the sender-to-monitor direction only: one-way heartbeats never use the
+    /// other direction, so the peer stays alive and reachable (a gossip peer would still hear
+    /// the monitor's host); the monitor sees a sudden, steady, independent loss.
+    AsymmetricLoss,
+    /// 100 ms heartbeats of one of many peers behind one rate-limited link (their heartbeats a
+    /// quarter of it), with bursts of cross traffic at twice its rate (1-4 s, 2-8 s apart): a
+    /// shared FIFO queue that grows 1.25 s a second in a burst, drains 0.75 s a second after,
+    /// holds at most 200 ms, and drops 2% of the heartbeats that come while it is full.
+    CongestedLink,
 }
 
 /// The sequence-numbered kinds: each heartbeat keeps the number it was sent with, in arrival
@@ -66,6 +76,62 @@ fn in_arrival_order(sent: impl IntoIterator<Item = (f64, u64, u32)>) -> Vec<Arri
     arrivals
 }
 
+/// The share of heartbeats `AsymmetricLoss` loses from its middle on.
+const ASYMMETRIC_LOSS: f64 = 0.20;
+
+/// `CongestedLink`: the queue's cap (ms), how fast it grows in a burst and drains after (ms
+/// of delay per ms: (2 + 1/4 - 1) and (1/4 - 1) of the link's rate), and the share of
+/// heartbeats dropped while it is full (small frames mostly find room where the cross
+/// traffic's full-size ones do not).
+const QUEUE_CAP_MS: f64 = 200.0;
+const QUEUE_GROWTH: f64 = 1.25;
+const QUEUE_DRAIN: f64 = 0.75;
+const QUEUE_FULL_LOSS: f64 = 0.02;
+
+/// The queueing delay of a link shared with bursts of cross traffic, read at increasing times.
+struct SharedQueue {
+    /// Time (ms) the delay was last computed at, and that delay.
+    at: f64,
+    delay: f64,
+    /// The current phase: a burst until `until`, or calm until then.
+    burst: bool,
+    until: f64,
+}
+
+impl SharedQueue {
+    fn new(rng: &mut fastrand::Rng) -> Self {
+        Self {
+            at: 0.0,
+            delay: 0.0,
+            burst: false,
+            until: 2_000.0 + 6_000.0 * rng.f64(),
+        }
+    }
+
+    /// The delay a heartbeat sent at `t` (ms, not before the last call) meets, and whether
+    /// the queue is full then.
+    fn delay_at(&mut self, t: f64, rng: &mut fastrand::Rng) -> (f64, bool) {
+        while self.at < t {
+            let step = self.until.min(t) - self.at;
+            self.delay = if self.burst {
+                (self.delay + QUEUE_GROWTH * step).min(QUEUE_CAP_MS)
+            } else {
+                (self.delay - QUEUE_DRAIN * step).max(0.0)
+            };
+            self.at += step;
+            if self.at >= self.until {
+                self.burst = !self.burst;
+                self.until += if self.burst {
+                    1_000.0 * rng.u64(1..=4) as f64
+                } else {
+                    2_000.0 + 6_000.0 * rng.f64()
+                };
+            }
+        }
+        (self.delay, self.delay >= QUEUE_CAP_MS)
+    }
+}
+
 /// Writes an example trace of `count` heartbeats (as text, with a comment header).
 pub fn generate(kind: TraceKind, count: usize, seed: u64) -> String {
     let mut rng = fastrand::Rng::with_seed(seed);
@@ -76,6 +142,37 @@ pub fn generate(kind: TraceKind, count: usize, seed: u64) -> String {
     };
     let interval = 100.0;
     match kind {
+        TraceKind::AsymmetricLoss => {
+            let half = count / 2;
+            return sequenced(
+                "Asymmetric loss: 100 ms heartbeats, N(0, 2 ms) jitter; from the middle of the \
+                 trace on, 20% of them lost, independently, sender to monitor only",
+                count,
+                seed,
+                |k| {
+                    let at = interval * (k + 1) as f64 + 2.0 * gaussian(&mut rng);
+                    let lost = k >= half && rng.f64() < ASYMMETRIC_LOSS;
+                    (!lost).then_some((at, 1))
+                },
+            );
+        }
+        TraceKind::CongestedLink => {
+            let mut link = SharedQueue::new(&mut rng);
+            return sequenced(
+                "Congested link: 100 ms heartbeats, N(0, 2 ms) jitter, behind a shared FIFO \
+                 queue (heartbeats a quarter of the link; bursts of cross traffic at twice its \
+                 rate, 1-4 s long, 2-8 s apart; at most 200 ms; 2% of heartbeats dropped while \
+                 full)",
+                count,
+                seed,
+                |k| {
+                    let sent = interval * (k + 1) as f64 + 2.0 * gaussian(&mut rng);
+                    let (delay, full) = link.delay_at(sent, &mut rng);
+                    let dropped = full && rng.f64() < QUEUE_FULL_LOSS;
+                    (!dropped).then_some((sent + delay, 1))
+                },
+            );
+        }
         TraceKind::Slowdown => {
             let slow = 250.0;
             let half = count / 2;
@@ -254,6 +351,8 @@ mod tests {
             TraceKind::Pareto,
             TraceKind::Slowdown,
             TraceKind::ClockStep,
+            TraceKind::AsymmetricLoss,
+            TraceKind::CongestedLink,
         ] {
             let a = generate(kind, 500, 7);
             assert_eq!(a, generate(kind, 500, 7));

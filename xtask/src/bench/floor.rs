@@ -280,7 +280,7 @@ fn render_floor(test_run_ns: [f64; 3], rows: &[FloorRow]) -> String {
         let _ = writeln!(
             t,
             "\nPer-peer state one accepted, in-order heartbeat touches: {} lines read ({} bytes: \
-             the index bucket and the slot's hot line), {} lines written ({} bytes; {} of them \
+             the slot's hot line, each peer in its own slot), {} lines written ({} bytes; {} of them \
              stored into without being read: the source address, the ring entry, the last-heard \
              word); the hot state is {} bytes a peer ({:.1} MiB at 50,000 peers).",
             n("lines_read"),

@@ -24,7 +24,9 @@
 //! as many, the one whose s has the least deviation (the fewest mistakes in expectation,
 //! beyond what the window saw), then the lowest lambda. With independent delays the deviation
 //! of s is least at lambda = 1 (offsets, not their differences); with a delay that persists
-//! (a queue), at lambda = 0.
+//! (a queue), at lambda = 0. Where the aim is more than a period past a rule's longest s, its
+//! deviation counts as 0 ([`tie_deviation`]): on a calm path every rule is, and the timeout is
+//! kept, whose deadline a queue's first delay does not bring closer.
 //!
 //! phi keeps the levels' order and puts the deadline at the top level (the `threshold`, the
 //! agent's highest level): with u = t + lambda o_n the silence anchored as the rule anchors
@@ -154,18 +156,25 @@ pub fn choose(
     let n = intervals_ms.len();
     // The offsets o_0..o_n of the arrivals from the least squares line A_j = a + b j.
     let offsets = (n >= MIN_INTERVALS).then(|| schedule_offsets(intervals_ms));
-    let mut best: Option<(u32, f64, f64, f64)> = None; // (mistakes, std, anchor, mean)
+    let period = if n == 0 {
+        0.0
+    } else {
+        intervals_ms.iter().sum::<f64>() / n as f64
+    };
+    // (mistakes, deviation for ties, std, anchor, mean)
+    let mut best: Option<(u32, f64, f64, f64, f64)> = None;
     for &anchor in &ANCHORS {
         if anchor > 0.0 && offsets.is_none() {
             break;
         }
         let s = |j: usize| intervals_ms[j] + offsets.as_ref().map_or(0.0, |o| anchor * o[j]);
-        let (mut mistakes, mut sum, mut sum_sq) = (0u32, 0.0, 0.0);
+        let (mut mistakes, mut sum, mut sum_sq, mut longest) = (0u32, 0.0, 0.0, 0.0f64);
         for j in 0..n {
             let v = s(j);
             mistakes += (v > aim) as u32;
             sum += v;
             sum_sq += v * v;
+            longest = longest.max(v);
         }
         let (mean, std) = if n == 0 {
             (aim, 0.0)
@@ -173,12 +182,13 @@ pub fn choose(
             let mean = sum / n as f64;
             (mean, (sum_sq / n as f64 - mean * mean).max(0.0).sqrt())
         };
-        let better = best.is_none_or(|(m, sd, _, _)| mistakes < m || (mistakes == m && std < sd));
+        let tie = tie_deviation(std, longest, period, aim);
+        let better = best.is_none_or(|(m, t, _, _, _)| mistakes < m || (mistakes == m && tie < t));
         if better {
-            best = Some((mistakes, std, anchor, mean));
+            best = Some((mistakes, tie, std, anchor, mean));
         }
     }
-    let (mistakes, std, anchor, mean) = best.expect("the timeout is always a candidate");
+    let (mistakes, _, std, anchor, mean) = best.expect("the timeout is always a candidate");
     // The last arrival's offset (o_n), by which the rule moves the deadline.
     let shift = offsets.as_ref().map_or(0.0, |o| anchor * o[n]);
     let state_aim = match loss {
@@ -187,7 +197,6 @@ pub fn choose(
                 .map(|j| intervals_ms[j] + offsets.as_ref().map_or(0.0, |o| anchor * o[j]))
                 .collect();
             s.sort_by(f64::total_cmp);
-            let period = intervals_ms.iter().sum::<f64>() / n as f64;
             let split = split_aim(&s, mean, std, period, aim, loss);
             if loss.in_burst { split.1 } else { split.0 }
         }
@@ -208,6 +217,17 @@ pub fn choose(
         top,
         top_phi,
     }
+}
+
+/// The deviation by which rules of as many mistakes are told apart: their own, or 0 where the
+/// aim is more than a period past the longest anchored interval of the window. There no rule
+/// came near a mistake, the anchoring has nothing to buy, and what would move an anchored
+/// deadline is more often a queue's first delay than a schedule's jitter (a path calm until
+/// a burst of cross traffic: the late arrival would bring the deadline closer just as the
+/// queue grows); so of such rules the one that moves its deadline least, the timeout first,
+/// is kept.
+pub fn tie_deviation(std: f64, longest: f64, period: f64, aim: f64) -> f64 {
+    if aim - longest > period { 0.0 } else { std }
 }
 
 /// A peer's loss, as the kernel's counters picture it (`PeerRecord::loss_heartbeats` and the
@@ -499,6 +519,36 @@ mod tests {
         let rule = choose(&x, 120.0, 0.0, 8.0, None);
         assert_eq!((rule.anchor, rule.mistakes), (0.0, 4));
         assert!(close(rule.deadline_ms, 120.0 * AIM));
+    }
+
+    #[test]
+    fn a_queue_s_first_delay_on_a_calm_path_keeps_the_timeout() {
+        // Ten intervals of 101 and 99 (a calm path), then one of 220: the last arrival is the
+        // first one a queue of cross traffic delays (120 ms), as at the onset of a burst in
+        // tests/tests/budget_congestion.rs. The line through arrivals 0, 101, 200, ..., 1000,
+        // 1220 has slope 104.60 and leaves the last one 84.29 ms late. At budget 400 (aim
+        // 392) no rule makes a mistake on the window, and the least deviation of the anchored
+        // intervals is lambda 1's (29.91 against 34.51 for the timeout): by deviation alone the
+        // deadline would be 392 - 84.29 = 307.71 ms, where the next heartbeat, one lost and
+        // the queue still growing, came 318-356 ms after the last in the recorded runs. But the
+        // longest anchored interval of every rule (220 for the timeout, 188.89 for lambda 1)
+        // is more than a period (1220 / 11 = 110.9 ms) below the aim: nothing tells the rules
+        // apart, and the timeout keeps the deadline at the aim.
+        let mut x: Vec<f64> = [101.0, 99.0].repeat(5);
+        x.push(220.0);
+        let o = schedule_offsets(&x);
+        assert!((o[11] - 84.2949).abs() < 1e-4, "{o:?}");
+        let rule = choose(&x, 400.0, 0.0, 8.0, None);
+        assert_eq!((rule.anchor, rule.mistakes), (0.0, 0));
+        assert!(close(rule.deadline_ms, 392.0), "{rule:?}");
+        // The same window at a budget whose aim is within a period of its longest interval
+        // (budget 300, aim 294: 294 - 220 < 110.9) is told apart by deviation, as before.
+        let tight = choose(&x, 300.0, 0.0, 8.0, None);
+        assert_eq!(tight.anchor, 1.0, "{tight:?}");
+        assert!(close(tight.deadline_ms, 294.0 - o[11]), "{tight:?}");
+        // The tie rule itself: the deviation, or 0 past a period of room.
+        assert_eq!(tie_deviation(30.0, 220.0, 110.0, 392.0), 0.0);
+        assert_eq!(tie_deviation(30.0, 220.0, 110.0, 330.0), 30.0);
     }
 
     #[test]
