@@ -64,7 +64,7 @@ pub fn run(args: &TestArgs) -> Result<()> {
         phases.time("fuzz (build and run)", || {
             fuzz::TARGETS
                 .iter()
-                .try_for_each(|target| fuzz::fuzz(target, args.fuzz_seconds))
+                .try_for_each(|target| fuzz::fuzz(target, args.fuzz_seconds, fuzz::Sanitizer::None))
         })?;
     }
     // One closing line for the whole run (cargo's own last line is a crate's doc-tests).
