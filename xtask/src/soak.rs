@@ -56,6 +56,7 @@ pub fn run(args: &SoakArgs) -> Result<()> {
         &tools.monitor,
         &net,
         &dir.0,
+        1,
         args.peers,
         &["--first-interval-ms", &interval_ms.to_string()],
     )?;

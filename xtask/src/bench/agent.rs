@@ -30,12 +30,13 @@ impl Agent {
         binary: &Path,
         net: &NetPair,
         dir: &Path,
+        first_id: u64,
         peers: u64,
         extra: &[&str],
     ) -> Result<Self> {
-        let peers_file = dir.join(format!("peers-{peers}"));
+        let peers_file = dir.join(format!("peers-{first_id}-{peers}"));
         let mut text = String::with_capacity(peers as usize * 7);
-        for id in 1..=peers {
+        for id in first_id..first_id + peers {
             let _ = writeln!(text, "{id}");
         }
         std::fs::write(&peers_file, text)?;

@@ -1,7 +1,8 @@
-//! The floor comparison: the same stream into the floor program (a parse-to-UDP-port-and-drop
-//! XDP program, alone and with a clock read per packet), the monitor (at XDP, at TC ingress,
-//! without the destination check) and the userspace socket path, beside the limit (the floor
-//! + clock plus one dependent miss over the peers' state), by BPF_PROG_TEST_RUN and live.
+//! The floor comparison: the same stream into the floor program (a parse-to-UDP-port-and-drop XDP
+//! program, alone and with a clock read per packet), the monitor (at XDP, at TC ingress, without
+//! the destination check, and with ids found through the index rather than in their own slots) and
+//! the userspace socket path, beside the limit (the floor + clock plus one dependent miss over the
+//! peers' state), by BPF_PROG_TEST_RUN and live.
 
 use std::{fmt::Write as _, process::Stdio, time::Duration};
 
@@ -9,7 +10,7 @@ use anyhow::{Result, bail};
 use serde_json::Value;
 
 use super::{
-    RATE_HZ, Rig, agent,
+    RATE_HZ, Rig, Variant, agent,
     generator::Loadgen,
     procfs::system_busy_s,
     tools::{finish_json, probe_json},
@@ -22,6 +23,10 @@ use crate::lab::{NetPair, Process};
 /// 100 us and finds its slot, the index line and the program's maps cold, whichever program
 /// it is: that row measures cache misses between packets as much as the program.
 const HOT_RATE_HZ: f64 = 300.0;
+
+/// The first id of `FloorRow::monitor_indexed`'s peers: past 2^32, so none has a slot of its
+/// own (`monitor_common::index::own_slot`) and each is found through the index.
+const INDEXED_FIRST_ID: u64 = (1 << 32) + 1;
 
 /// One receiver of the floor comparison: what it cost per packet.
 struct Receiver {
@@ -45,6 +50,10 @@ struct FloorRow {
     /// The monitor without the destination check (`--listen-addr any`): what the check costs
     /// is the difference to `monitor`, which checks against the interface's addresses.
     monitor_any: Receiver,
+    /// The monitor with peers whose ids have no slot of their own (`INDEXED_FIRST_ID` on):
+    /// every heartbeat reads its index bucket before its hot line. `monitor`'s peers are
+    /// numbered from 1, each in its own slot: what the own slot saves is the difference.
+    monitor_indexed: Receiver,
     socket: Receiver,
     /// The probe's `limit` at this row's peers: one dependent miss over their state, and what
     /// a heartbeat touches of it.
@@ -138,11 +147,13 @@ fn floor_comparison(rig: &Rig, peers: u64, rate_hz: f64, seconds: u64) -> Result
     let floor_clock = floor_with(true)?;
 
     // The agent's `xdp` stats are the attached program's: the TC classifier with --hook tc.
-    let monitor_with = |extra: &[&str]| -> Result<Receiver> {
-        let agent = rig.agent(peers, extra)?;
+    let monitor_from = |first_id: u64, extra: &[&str]| -> Result<Receiver> {
+        let agent = rig.agent_from(&Variant::this_build(), first_id, peers, extra)?;
         let before = agent.stats()?;
         let busy0 = system_busy_s()?;
-        let sent = stream.run(rig)?;
+        let sent = Loadgen::new(peers, rate_hz, seconds as f64)
+            .first_id(first_id)
+            .run(rig)?;
         std::thread::sleep(Duration::from_millis(200));
         let busy1 = system_busy_s()?;
         let after = agent.stats()?;
@@ -154,9 +165,10 @@ fn floor_comparison(rig: &Rig, peers: u64, rate_hz: f64, seconds: u64) -> Result
             machine_s_per_m: per_m(busy1 - busy0, sent_n),
         })
     };
-    let monitor = monitor_with(&[])?;
-    let monitor_tc = monitor_with(&["--hook", "tc"])?;
-    let monitor_any = monitor_with(&["--listen-addr", "any"])?;
+    let monitor = monitor_from(1, &[])?;
+    let monitor_tc = monitor_from(1, &["--hook", "tc"])?;
+    let monitor_any = monitor_from(1, &["--listen-addr", "any"])?;
+    let monitor_indexed = monitor_from(INDEXED_FIRST_ID, &[])?;
 
     let receiver = Process::spawn(
         NetPair::in_ns(net.ns_monitor, &tools.probe)
@@ -184,6 +196,7 @@ fn floor_comparison(rig: &Rig, peers: u64, rate_hz: f64, seconds: u64) -> Result
         monitor,
         monitor_tc,
         monitor_any,
+        monitor_indexed,
         socket,
         limit,
     })
@@ -237,6 +250,7 @@ fn render_floor(test_run_ns: [f64; 3], rows: &[FloorRow]) -> String {
             ("monitor", &r.monitor),
             ("monitor --hook tc", &r.monitor_tc),
             ("monitor --listen-addr any", &r.monitor_any),
+            ("monitor, ids through the index", &r.monitor_indexed),
             ("socket path", &r.socket),
         ] {
             let ns = x.kernel_ns.map_or("-".into(), |v| format!("{v:.0}"));

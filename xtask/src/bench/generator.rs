@@ -14,6 +14,8 @@ pub(super) const KILL_FRACTION: f64 = 0.01;
 
 /// One stream: `peers` peers at `rate_hz` each for `seconds`.
 pub(super) struct Loadgen {
+    /// The first peer's id; the others follow it.
+    first_id: u64,
     peers: u64,
     rate_hz: f64,
     seconds: f64,
@@ -26,6 +28,7 @@ pub(super) struct Loadgen {
 impl Loadgen {
     pub fn new(peers: u64, rate_hz: f64, seconds: f64) -> Self {
         Self {
+            first_id: 1,
             peers,
             rate_hz,
             seconds,
@@ -42,6 +45,11 @@ impl Loadgen {
         }
     }
 
+    /// Peers numbered from `first_id`.
+    pub fn first_id(self, first_id: u64) -> Self {
+        Self { first_id, ..self }
+    }
+
     /// Sent by the kernel generator (`--kernel`).
     pub fn kernel_generator(self, kernel: bool) -> Self {
         Self { kernel, ..self }
@@ -56,6 +64,8 @@ impl Loadgen {
             &rig.net.target(),
             "--peers",
             &self.peers.to_string(),
+            "--first-id",
+            &self.first_id.to_string(),
         ])
         .args([
             "--rate",

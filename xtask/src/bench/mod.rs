@@ -117,9 +117,22 @@ impl Rig<'_> {
 
     /// `variant`'s agent over peers 1..=`peers`, with its flags and `extra`.
     fn agent_as(&self, variant: &Variant, peers: u64, extra: &[&str]) -> anyhow::Result<Agent> {
+        self.agent_from(variant, 1, peers, extra)
+    }
+
+    /// `variant`'s agent over peers `first_id..first_id + peers`.
+    fn agent_from(
+        &self,
+        variant: &Variant,
+        first_id: u64,
+        peers: u64,
+        extra: &[&str],
+    ) -> anyhow::Result<Agent> {
         let binary = variant.binary.as_deref().unwrap_or(&self.tools.monitor);
         let mut flags: Vec<&str> = variant.flags.iter().map(String::as_str).collect();
         flags.extend_from_slice(extra);
-        Agent::start(self.tools, binary, self.net, self.dir, peers, &flags)
+        Agent::start(
+            self.tools, binary, self.net, self.dir, first_id, peers, &flags,
+        )
     }
 }
