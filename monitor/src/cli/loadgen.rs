@@ -21,6 +21,12 @@ pub struct LoadgenArgs {
     /// Id of the first peer; the others follow consecutively.
     #[arg(long, default_value_t = 1, value_parser = monitor::agent::peers_file::parse_peer_id)]
     first_id: u64,
+    /// Send heartbeat i of each round to peer i x N mod --peers: consecutive heartbeats go to
+    /// peers N apart (N coprime to --peers, e.g. a prime that does not divide it), as real
+    /// senders' phases scatter them; 1 sends in id order, which a receiver's prefetchers can
+    /// follow (the userspace generator only).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    stride: u64,
     /// Heartbeats per second per peer.
     #[arg(long, default_value_t = 10.0)]
     rate: f64,
@@ -67,6 +73,7 @@ pub fn loadgen(args: LoadgenArgs) -> anyhow::Result<ExitCode> {
         to,
         peers: args.peers,
         first_id: args.first_id,
+        stride: args.stride,
         rate_hz: args.rate,
         jitter: args.jitter,
         duration: args.duration,

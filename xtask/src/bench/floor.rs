@@ -24,6 +24,12 @@ use crate::lab::{NetPair, Process};
 /// it is: that row measures cache misses between packets as much as the program.
 const HOT_RATE_HZ: f64 = 300.0;
 
+/// How far apart consecutive heartbeats of the floor comparison's stream are, in peers
+/// (`monitor loadgen --stride`; a prime that divides neither peer count): real senders'
+/// phases scatter their heartbeats over the peers' slots, where a stream in id order walks
+/// them in order and lets the CPU's prefetchers fetch the next slot ahead.
+const STRIDE: u64 = 7919;
+
 /// The first id of `FloorRow::monitor_indexed`'s peers: past 2^32, so none has a slot of its
 /// own (`monitor_common::index::own_slot`) and each is found through the index.
 const INDEXED_FIRST_ID: u64 = (1 << 32) + 1;
@@ -50,6 +56,9 @@ struct FloorRow {
     /// The monitor without the destination check (`--listen-addr any`): what the check costs
     /// is the difference to `monitor`, which checks against the interface's addresses.
     monitor_any: Receiver,
+    /// The monitor on the same peers sent to in id order (stride 1): what a stream the
+    /// prefetchers can follow flatters.
+    monitor_in_order: Receiver,
     /// The monitor with peers whose ids have no slot of their own (`INDEXED_FIRST_ID` on):
     /// every heartbeat reads its index bucket before its hot line. `monitor`'s peers are
     /// numbered from 1, each in its own slot: what the own slot saves is the difference.
@@ -114,7 +123,7 @@ pub(super) fn floor_table(
 /// socket path pays.
 fn floor_comparison(rig: &Rig, peers: u64, rate_hz: f64, seconds: u64) -> Result<FloorRow> {
     let (tools, net) = (rig.tools, rig.net);
-    let stream = Loadgen::new(peers, rate_hz, seconds as f64);
+    let stream = Loadgen::new(peers, rate_hz, seconds as f64).stride(STRIDE);
     let pps = peers as f64 * rate_hz;
     let per_m = |busy: f64, sent: u64| busy / sent.max(1) as f64 * 1e6;
 
@@ -147,12 +156,13 @@ fn floor_comparison(rig: &Rig, peers: u64, rate_hz: f64, seconds: u64) -> Result
     let floor_clock = floor_with(true)?;
 
     // The agent's `xdp` stats are the attached program's: the TC classifier with --hook tc.
-    let monitor_from = |first_id: u64, extra: &[&str]| -> Result<Receiver> {
+    let monitor_from = |first_id: u64, stride: u64, extra: &[&str]| -> Result<Receiver> {
         let agent = rig.agent_from(&Variant::this_build(), first_id, peers, extra)?;
         let before = agent.stats()?;
         let busy0 = system_busy_s()?;
         let sent = Loadgen::new(peers, rate_hz, seconds as f64)
             .first_id(first_id)
+            .stride(stride)
             .run(rig)?;
         std::thread::sleep(Duration::from_millis(200));
         let busy1 = system_busy_s()?;
@@ -165,10 +175,11 @@ fn floor_comparison(rig: &Rig, peers: u64, rate_hz: f64, seconds: u64) -> Result
             machine_s_per_m: per_m(busy1 - busy0, sent_n),
         })
     };
-    let monitor = monitor_from(1, &[])?;
-    let monitor_tc = monitor_from(1, &["--hook", "tc"])?;
-    let monitor_any = monitor_from(1, &["--listen-addr", "any"])?;
-    let monitor_indexed = monitor_from(INDEXED_FIRST_ID, &[])?;
+    let monitor = monitor_from(1, STRIDE, &[])?;
+    let monitor_tc = monitor_from(1, STRIDE, &["--hook", "tc"])?;
+    let monitor_any = monitor_from(1, STRIDE, &["--listen-addr", "any"])?;
+    let monitor_in_order = monitor_from(1, 1, &[])?;
+    let monitor_indexed = monitor_from(INDEXED_FIRST_ID, STRIDE, &[])?;
 
     let receiver = Process::spawn(
         NetPair::in_ns(net.ns_monitor, &tools.probe)
@@ -196,6 +207,7 @@ fn floor_comparison(rig: &Rig, peers: u64, rate_hz: f64, seconds: u64) -> Result
         monitor,
         monitor_tc,
         monitor_any,
+        monitor_in_order,
         monitor_indexed,
         socket,
         limit,
@@ -210,7 +222,8 @@ fn render_floor(test_run_ns: [f64; 3], rows: &[FloorRow]) -> String {
         t,
         "Against the floor (a parse-to-UDP-port-and-drop XDP program) and the floor + clock (the \
          same, reading the clock for each packet it drops, as the monitor does for each \
-         heartbeat), same stream, same run:\n\n\
+         heartbeat), same stream, same run (consecutive heartbeats {STRIDE} peers apart, as \
+         senders' phases scatter them, but for the row in id order):\n\n\
          BPF_PROG_TEST_RUN, one IPv4 heartbeat: floor {floor:.0} ns, floor + clock {clock:.0} ns \
          ({:.1}x), monitor {monitor:.0} ns ({:.1}x the floor, {:.1}x the floor + clock)\n",
         clock / floor,
@@ -250,6 +263,7 @@ fn render_floor(test_run_ns: [f64; 3], rows: &[FloorRow]) -> String {
             ("monitor", &r.monitor),
             ("monitor --hook tc", &r.monitor_tc),
             ("monitor --listen-addr any", &r.monitor_any),
+            ("monitor, peers sent to in id order", &r.monitor_in_order),
             ("monitor, ids through the index", &r.monitor_indexed),
             ("socket path", &r.socket),
         ] {

@@ -16,6 +16,8 @@ pub(super) const KILL_FRACTION: f64 = 0.01;
 pub(super) struct Loadgen {
     /// The first peer's id; the others follow it.
     first_id: u64,
+    /// `monitor loadgen --stride`: 1 sends in id order.
+    stride: u64,
     peers: u64,
     rate_hz: f64,
     seconds: f64,
@@ -29,6 +31,7 @@ impl Loadgen {
     pub fn new(peers: u64, rate_hz: f64, seconds: f64) -> Self {
         Self {
             first_id: 1,
+            stride: 1,
             peers,
             rate_hz,
             seconds,
@@ -50,6 +53,11 @@ impl Loadgen {
         Self { first_id, ..self }
     }
 
+    /// Consecutive heartbeats `stride` peers apart (`monitor loadgen --stride`).
+    pub fn stride(self, stride: u64) -> Self {
+        Self { stride, ..self }
+    }
+
     /// Sent by the kernel generator (`--kernel`).
     pub fn kernel_generator(self, kernel: bool) -> Self {
         Self { kernel, ..self }
@@ -66,6 +74,8 @@ impl Loadgen {
             &self.peers.to_string(),
             "--first-id",
             &self.first_id.to_string(),
+            "--stride",
+            &self.stride.to_string(),
         ])
         .args([
             "--rate",

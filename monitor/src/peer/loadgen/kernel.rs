@@ -364,6 +364,7 @@ mod tests {
             to: "10.0.0.1:18498".parse().unwrap(),
             peers: 1000,
             first_id: 5,
+            stride: 1,
             rate_hz: 10.0,
             jitter: Duration::ZERO,
             duration: Duration::from_secs(10),

@@ -29,6 +29,11 @@ pub struct LoadgenConfig {
     pub to: SocketAddr,
     pub peers: u64,
     pub first_id: u64,
+    /// Heartbeat i of a round goes to peer index `i x stride mod peers` (coprime to `peers`,
+    /// so each peer once a round): 1 sends in id order; a larger stride sends consecutive
+    /// heartbeats to peers far apart, as real senders' phases do, where id order lets a
+    /// receiver's prefetchers follow its slots.
+    pub stride: u64,
     /// Heartbeats per second per peer.
     pub rate_hz: f64,
     /// Each heartbeat is sent up to this much late, uniformly (must be under half the interval).
@@ -68,6 +73,12 @@ impl LoadgenConfig {
         })
     }
 
+    /// The index (0..peers, the id less `first_id`) of the peer heartbeat `n` goes to.
+    #[inline]
+    pub fn peer_index(&self, n: u64) -> u64 {
+        ((n % self.peers) as u128 * self.stride as u128 % self.peers as u128) as u64
+    }
+
     /// Heartbeats a second, all peers together.
     pub fn total_rate(&self) -> f64 {
         self.peers as f64 * self.rate_hz
@@ -94,6 +105,14 @@ impl LoadgenConfig {
         }
         if !(0.0..=1.0).contains(&self.kill_fraction) {
             return Err(LoadgenError::Kill);
+        }
+        if self.stride == 0 || gcd(self.stride, self.peers) != 1 {
+            return Err(LoadgenError::Stride(self.stride, self.peers));
+        }
+        if self.kernel && self.stride != 1 {
+            return Err(LoadgenError::Kernel(
+                "--stride is the userspace generator's (the kernel one sends in id order)".into(),
+            ));
         }
         Ok(())
     }
@@ -202,6 +221,10 @@ pub enum LoadgenError {
     Kill,
     #[error("--churn must be a fraction between 0 and 1, with a non-zero --churn-period")]
     Churn,
+    #[error(
+        "--stride {0} shares a factor with --peers {1}: some peers would never be sent to; pick a stride coprime to it (a prime that does not divide it)"
+    )]
+    Stride(u64, u64),
     #[error("sending to {to}: {source}")]
     Io { to: SocketAddr, source: io::Error },
     #[error("--kernel: {0}")]
@@ -218,8 +241,63 @@ pub fn run(config: &LoadgenConfig, stop: &AtomicBool) -> Result<LoadgenReport, L
     }
 }
 
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
 fn unix_ms() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+}
+
+#[cfg(test)]
+mod stride_tests {
+    use super::*;
+
+    fn config(peers: u64, stride: u64) -> LoadgenConfig {
+        LoadgenConfig {
+            to: "127.0.0.1:9".parse().unwrap(),
+            peers,
+            first_id: 1,
+            stride,
+            rate_hz: 10.0,
+            jitter: Duration::ZERO,
+            duration: Duration::from_secs(1),
+            kill_fraction: 0.0,
+            kill_after: Duration::ZERO,
+            churn_fraction: 0.0,
+            churn_period: Duration::ZERO,
+            incarnation: 1,
+            key: None,
+            kernel: false,
+        }
+    }
+
+    #[test]
+    fn a_stride_sends_to_every_peer_once_a_round_far_apart() {
+        let c = config(1000, 7919);
+        c.validate().unwrap();
+        let round: Vec<u64> = (0..1000).map(|n| c.peer_index(n)).collect();
+        let mut sorted = round.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..1000).collect::<Vec<_>>(), "a permutation");
+        assert_eq!(&round[..3], [0, 919, 838], "7919 mod 1000 apart");
+        // The next round is the same order.
+        assert_eq!(c.peer_index(1001), round[1]);
+        assert_eq!(config(1000, 1).peer_index(5), 5, "stride 1: id order");
+    }
+
+    #[test]
+    fn a_stride_that_shares_a_factor_with_the_peers_is_refused() {
+        for stride in [0, 2, 1000, 2500] {
+            let e = config(1000, stride).validate().unwrap_err();
+            assert!(matches!(e, LoadgenError::Stride(..)), "{stride}: {e}");
+        }
+        let kernel = LoadgenConfig {
+            kernel: true,
+            ..config(1000, 7)
+        };
+        assert!(matches!(kernel.validate(), Err(LoadgenError::Kernel(_))));
+    }
 }

@@ -107,7 +107,7 @@ pub(super) fn run(
 
     let push = |batch: &mut Batch, n: u64| {
         let mut header = HeartbeatHeader::new(
-            config.first_id + n % config.peers,
+            config.first_id + config.peer_index(n),
             config.incarnation,
             n / config.peers,
         );
@@ -130,7 +130,10 @@ pub(super) fn run(
             let n = next_n;
             next_n += 1;
             if let Some(churn) = &churn
-                && churn.silent(config.first_id + n % config.peers, n as f64 / total_rate)
+                && churn.silent(
+                    config.first_id + config.peer_index(n),
+                    n as f64 / total_rate,
+                )
             {
                 continue;
             }
@@ -138,7 +141,7 @@ pub(super) fn run(
                 if killed_at.is_none() {
                     killed_at = Some(unix_ms());
                 }
-                if n % config.peers < killed {
+                if config.peer_index(n) < killed {
                     continue;
                 }
             }
