@@ -38,6 +38,7 @@ fn config(key: Option<AuthKey>) -> LoadgenConfig {
         to: "10.0.0.1:18498".parse().unwrap(),
         peers: PEERS,
         first_id: FIRST_ID,
+        stride: 1,
         rate_hz: 10.0,
         jitter: Duration::ZERO,
         duration: Duration::from_secs(1),
