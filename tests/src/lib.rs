@@ -5,6 +5,7 @@ pub mod agent_process;
 pub mod attack;
 pub mod bench;
 pub mod cgroup;
+pub mod cross_traffic;
 pub mod daemon;
 pub mod fixture;
 pub mod fleet_net;

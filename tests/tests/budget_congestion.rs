@@ -23,7 +23,6 @@
 //! `budget-congestion-row` JSON line.
 
 use std::{
-    path::Path,
     process::{Command, Stdio},
     sync::{
         Arc, Mutex,
@@ -35,7 +34,7 @@ use std::{
 
 use integration_tests::{
     agent_process::{AgentProcess, ChildGuard},
-    daemon::Daemon,
+    cross_traffic::{Bursts, bursts, iperf_server, setting},
     monitor_bin,
     netns::{NetnsPair, ip},
     require_root, wait_for,
@@ -54,17 +53,6 @@ const LINK_PER_LOAD: u64 = 8;
 /// One iperf3 stream per this much cross traffic (bit/s): a stream's send buffer holds back
 /// what the queue would hold past about 135 ms at this rate.
 const STREAM_BITS: u64 = 9_472_000;
-
-/// A setting from the environment, else its default.
-fn setting(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .map(|v| {
-            v.parse()
-                .unwrap_or_else(|_| panic!("{name}={v:?} is not a number"))
-        })
-        .unwrap_or(default)
-}
 
 /// `monitor loadgen` from the peers' namespace: `peers` peers from `first_id`, at 10 Hz, for
 /// at most `seconds`; killed (SIGKILL, mid-stream) on drop.
@@ -235,49 +223,19 @@ fn under_congestion_the_budget_convicts_no_live_peer_and_every_dead_one() {
         });
 
     // --- Congestion: bursts of cross traffic; every peer lives, so level 8 is a mistake.
-    let mut iperf_server = NetnsPair::command_in(&pair.ns_a, Path::new("iperf3"));
-    iperf_server
-        .args(["-s", "-B", &pair.addr_a, "-p", &IPERF_PORT.to_string()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let _iperf_server = Daemon::new(iperf_server.spawn().expect("iperf3 -s"));
-    wait_for(Duration::from_secs(10), "iperf3 listening", || {
-        let out = NetnsPair::command_in(&pair.ns_a, Path::new("ss"))
-            .args(["-Hltn", &format!("sport = :{IPERF_PORT}")])
-            .output()
-            .ok()?;
-        (!out.stdout.is_empty()).then_some(())
-    });
+    let _iperf_server = iperf_server(&pair, IPERF_PORT);
     let lost_before: u64 = lost(&agent);
     let drops_before = tbf_drops(&pair);
-    let begun = Instant::now();
-    let mut next_burst = begun;
-    let (mut bursts, mut burst_time) = (0u32, Duration::ZERO);
-    while begun.elapsed() < congested {
-        let now = Instant::now();
-        if now < next_burst {
-            thread::sleep((next_burst - now).min(congested.saturating_sub(begun.elapsed())));
-            continue;
-        }
-        let secs = rng
-            .u64(1..=4)
-            .min(congested.saturating_sub(begun.elapsed()).as_secs().max(1));
-        let status = NetnsPair::command_in(&pair.ns_b, Path::new("iperf3"))
-            .args(["-c", &pair.addr_a, "-p", &IPERF_PORT.to_string(), "-u"])
-            .args(["-b", &format!("{}", 2 * link_bits / streams)])
-            .args(["-P", &streams.to_string()])
-            .args(["-t", &secs.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("iperf3 -c");
-        assert!(status.success(), "iperf3 -c failed: {status}");
-        bursts += 1;
-        burst_time += Duration::from_secs(secs);
-        next_burst = Instant::now() + Duration::from_millis(rng.u64(2_000..8_000));
-    }
+    let rate_args = [
+        "-b".to_string(),
+        (2 * link_bits / streams).to_string(),
+        "-P".to_string(),
+        streams.to_string(),
+    ];
+    let Bursts {
+        count: bursts,
+        time: burst_time,
+    } = bursts(&pair, IPERF_PORT, congested, &mut rng, &rate_args);
     // The last burst's queue drains (200 ms at most) before the kill.
     thread::sleep(Duration::from_millis(500));
     let drops_after = tbf_drops(&pair);

@@ -32,6 +32,7 @@ use std::{
 
 use integration_tests::{
     agent_process::{AgentProcess, TempDir},
+    cross_traffic::{Bursts, bursts, iperf_server, setting},
     daemon::{Daemon, enter_netns},
     haproxy::{Backend, agent_responder, col, get, num, show_stat, write_backend_py},
     netns::{NetnsPair, ip},
@@ -47,17 +48,6 @@ const AGENT_PORT: u16 = 19_778;
 const FRONT_CHECKS: u16 = 18_081;
 const FRONT_AGENT: u16 = 18_082;
 const IPERF_PORT: u16 = 5201;
-
-/// A setting from the environment, else its default.
-fn setting(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .map(|v| {
-            v.parse()
-                .unwrap_or_else(|_| panic!("{name}={v:?} is not a number"))
-        })
-        .unwrap_or(default)
-}
 
 /// One line of HAProxy's log about a server's state, when it was read.
 #[derive(Debug, Clone)]
@@ -286,20 +276,7 @@ fn under_congestion_the_agent_check_marks_no_live_backend_down_where_haproxys_ch
     };
 
     // --- Congestion: bursts of cross traffic; nobody dies, so every DOWN is false.
-    let mut iperf_server = NetnsPair::command_in(&pair.ns_a, Path::new("iperf3"));
-    iperf_server
-        .args(["-s", "-B", &pair.addr_a, "-p", &IPERF_PORT.to_string()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let _iperf_server = Daemon::new(iperf_server.spawn().expect("iperf3 -s"));
-    wait_for(Duration::from_secs(10), "iperf3 listening", || {
-        let out = NetnsPair::command_in(&pair.ns_a, Path::new("ss"))
-            .args(["-Hltn", &format!("sport = :{IPERF_PORT}")])
-            .output()
-            .ok()?;
-        (!out.stdout.is_empty()).then_some(())
-    });
+    let _iperf_server = iperf_server(&pair, IPERF_PORT);
     let load_before = {
         let l = loads.lock().unwrap();
         [(l[0].sent, l[0].failed), (l[1].sent, l[1].failed)]
@@ -307,39 +284,16 @@ fn under_congestion_the_agent_check_marks_no_live_backend_down_where_haproxys_ch
     let begun = Instant::now();
     // The first burst at once (a short run has room for one or two), the next 2-8 s after
     // each, 1-4 s long, as `cargo xtask traces` schedules them.
-    let mut next_burst = begun;
-    let (mut bursts, mut burst_time) = (0u32, Duration::ZERO);
-    while begun.elapsed() < congested {
-        let now = Instant::now();
-        if now < next_burst {
-            thread::sleep((next_burst - now).min(congested.saturating_sub(begun.elapsed())));
-            continue;
-        }
-        let secs = rng
-            .u64(1..=4)
-            .min(congested.saturating_sub(begun.elapsed()).as_secs().max(1));
-        let mut client = NetnsPair::command_in(&pair.ns_b, Path::new("iperf3"));
-        client
-            .args([
-                "-c",
-                &pair.addr_a,
-                "-p",
-                &IPERF_PORT.to_string(),
-                "-u",
-                "-b",
-                "8M",
-            ])
-            .args(["-t", &secs.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let burst_start = Instant::now();
-        let status = client.status().expect("iperf3 -c");
-        assert!(status.success(), "iperf3 -c failed: {status}");
-        bursts += 1;
-        burst_time += burst_start.elapsed();
-        next_burst = Instant::now() + Duration::from_millis(rng.u64(2_000..8_000));
-    }
+    let Bursts {
+        count: bursts,
+        time: burst_time,
+    } = bursts(
+        &pair,
+        IPERF_PORT,
+        congested,
+        &mut rng,
+        &["-b".into(), "8M".into()],
+    );
     // The last burst's queue drains and the checks rise again (rise 2).
     all_up("every server up again after the congestion");
     let ended = Instant::now();
