@@ -8,11 +8,24 @@
 //! drops: the least a program that timestamps heartbeats pays, since the monitor reads the
 //! clock once per heartbeat and the clock is not free (on this project's VMs it costs half to
 //! three quarters of what this program costs per packet without it).
+//!
+//! With `FLOOR_TOUCH` set it also touches per-peer state the way an accepted heartbeat of a
+//! peer in its own slot does, and nothing else: the heartbeat's id names a peer, whose hot
+//! line is read and written back (1), and whose source address line, ring entry (at the
+//! position the hot line holds) and last-heard word are stored into (2). `FLOOR_LAYOUT`
+//! places that state as the monitor's slots do (0: a peer's hot line, cold lines and ring
+//! together, 704 bytes apart) or split (1: the hot lines in a dense table of their own, the
+//! rest after it), so the bench can show, in the same stream, what each line costs and what
+//! a layout would save before anyone builds it.
 #![no_std]
 #![no_main]
 
 use aya_ebpf::{
-    bindings::xdp_action, helpers::bpf_ktime_get_ns, macros::xdp, programs::XdpContext,
+    bindings::xdp_action,
+    helpers::bpf_ktime_get_ns,
+    macros::{map, xdp},
+    maps::Array,
+    programs::XdpContext,
 };
 use network_types::{
     eth::{EthHdr, EtherType},
@@ -26,63 +39,159 @@ static FLOOR_PORT: u16 = 0;
 /// Non-zero: read the clock for every packet dropped. Set before load like the port.
 #[unsafe(no_mangle)]
 static FLOOR_CLOCK: u8 = 0;
+/// Per-peer state touched for each heartbeat: 0 none, 1 the hot line, 2 the hot line and the
+/// lines a heartbeat stores into. Set before load; needs `FLOOR_PEERS` and FLOOR_STATE sized.
+#[unsafe(no_mangle)]
+static FLOOR_TOUCH: u8 = 0;
+/// Where the state lies: [`LAYOUT_SLOTS`] or [`LAYOUT_SPLIT`]. Set before load.
+#[unsafe(no_mangle)]
+static FLOOR_LAYOUT: u8 = LAYOUT_SLOTS;
+/// Peers (ids 1 to this); FLOOR_STATE holds `FLOOR_PEERS * LINES_PER_PEER` lines.
+#[unsafe(no_mangle)]
+static FLOOR_PEERS: u32 = 0;
+
+/// As the monitor's `PeerSlot`: the hot line, two cold lines, eight ring lines.
+pub const LAYOUT_SLOTS: u8 = 0;
+/// The hot lines of all peers first, one after another; each peer's other ten lines after them.
+pub const LAYOUT_SPLIT: u8 = 1;
+/// `size_of::<PeerSlot>() / 64`.
+pub const LINES_PER_PEER: u32 = 11;
+/// Ring entries (u32) per line, and lines of the ring.
+const RING_PER_LINE: u32 = 16;
+const RING_LINES: u32 = 8;
+
+/// One cache line of per-peer state. In the hot line: word 0 the lock's place, 1 the id, 2
+/// the last arrival, 3 the ring's head.
+#[repr(C, align(64))]
+pub struct Line {
+    pub words: [u64; 8],
+}
+
+/// The state `FLOOR_TOUCH` touches; the loader sets its size (`FLOOR_PEERS` x
+/// [`LINES_PER_PEER`] lines).
+#[map]
+static FLOOR_STATE: Array<Line> = Array::with_max_entries(1, 0);
+
+/// One word per peer, as the monitor's LAST_HEARD; sized by the loader (`FLOOR_PEERS`).
+#[map]
+static FLOOR_LAST_HEARD: Array<u64> = Array::with_max_entries(1, 0);
 
 #[xdp]
 pub fn floor(ctx: XdpContext) -> u32 {
     let port = unsafe { core::ptr::read_volatile(&FLOOR_PORT) };
-    if !is_heartbeat_port(&ctx, port) {
+    let Some(payload_at) = heartbeat_payload(&ctx, port) else {
         return xdp_action::XDP_PASS;
-    }
+    };
+    let touch = unsafe { core::ptr::read_volatile(&FLOOR_TOUCH) };
     // The reading decides the verdict (it is never zero), so nothing can drop the call.
-    if unsafe { core::ptr::read_volatile(&FLOOR_CLOCK) } != 0 && unsafe { bpf_ktime_get_ns() } == 0
+    if (touch != 0 || unsafe { core::ptr::read_volatile(&FLOOR_CLOCK) } != 0)
+        && touch_state(&ctx, payload_at, touch, unsafe { bpf_ktime_get_ns() }) == 0
     {
         return xdp_action::XDP_PASS;
     }
     xdp_action::XDP_DROP
 }
 
+/// Touches the state of the peer the heartbeat at `payload_at` names (nothing when `touch` is
+/// 0 or the id is not 1 to `FLOOR_PEERS`); `now` unless it read something that made it 0.
 #[inline(always)]
-fn is_heartbeat_port(ctx: &XdpContext, port: u16) -> bool {
+fn touch_state(ctx: &XdpContext, payload_at: usize, touch: u8, now: u64) -> u64 {
+    if touch == 0 {
+        return now;
+    }
+    let start = ctx.data();
+    // The id, big-endian, at bytes 8..16 of the heartbeat header (`monitor_common::wire`).
+    if start + payload_at + 16 > ctx.data_end() {
+        return now;
+    }
+    let id =
+        u64::from_be(unsafe { core::ptr::read_unaligned((start + payload_at + 8) as *const u64) });
+    let peers = unsafe { core::ptr::read_volatile(&FLOOR_PEERS) } as u64;
+    if id == 0 || id > peers {
+        return now;
+    }
+    let peer = (id - 1) as u32;
+    let split = unsafe { core::ptr::read_volatile(&FLOOR_LAYOUT) } == LAYOUT_SPLIT;
+    // The hot line, then the first of the peer's other lines (two cold, then the ring).
+    let (hot_at, rest_at) = if split {
+        (peer, peers as u32 + peer * (LINES_PER_PEER - 1))
+    } else {
+        (peer * LINES_PER_PEER, peer * LINES_PER_PEER + 1)
+    };
+    let Some(hot) = FLOOR_STATE.get_ptr_mut(hot_at) else {
+        return now;
+    };
+    // SAFETY: in the map value; the bench sends each peer's heartbeats from one flow, and a
+    // race between CPUs would only make a measurement's stored values wrong.
+    let hot = unsafe { &mut *hot };
+    let interval = now.wrapping_sub(hot.words[2]);
+    let head = hot.words[3] as u32 % (RING_PER_LINE * RING_LINES);
+    hot.words[0] = hot.words[0].wrapping_add(2);
+    hot.words[1] = id;
+    hot.words[2] = now;
+    hot.words[3] = (head + 1) as u64;
+    if touch >= 2 {
+        // Stores only, as the monitor's: the source address, the ring entry at the head the
+        // hot line gave, the last-heard word.
+        if let Some(cold) = FLOOR_STATE.get_ptr_mut(rest_at) {
+            let cold = unsafe { &mut *cold };
+            cold.words[0] = id;
+            cold.words[1] = now;
+        }
+        if let Some(ring) = FLOOR_STATE.get_ptr_mut(rest_at + 2 + head / RING_PER_LINE) {
+            let ring = unsafe { &mut *(ring as *mut [u32; 16]) };
+            ring[(head % RING_PER_LINE) as usize] = interval as u32;
+        }
+        if let Some(word) = FLOOR_LAST_HEARD.get_ptr_mut(peer) {
+            unsafe { *word = now };
+        }
+    }
+    now
+}
+
+/// Where the UDP payload starts, if the packet is UDP to `port`.
+#[inline(always)]
+fn heartbeat_payload(ctx: &XdpContext, port: u16) -> Option<usize> {
     let start = ctx.data();
     let end = ctx.data_end();
     if start + EthHdr::LEN > end {
-        return false;
+        return None;
     }
     let eth = unsafe { &*(start as *const EthHdr) };
     let udp_at = if eth.ether_type == EtherType::Ipv4 as u16 {
         if start + EthHdr::LEN + Ipv4Hdr::LEN > end {
-            return false;
+            return None;
         }
         let ip = unsafe { &*((start + EthHdr::LEN) as *const Ipv4Hdr) };
         if ip.proto != IpProto::Udp as u8 {
-            return false;
+            return None;
         }
         let ihl = ((ip.vihl & 0x0f) as usize) * 4;
         if ihl < Ipv4Hdr::LEN {
-            return false;
+            return None;
         }
         EthHdr::LEN + ihl
     } else if eth.ether_type == EtherType::Ipv6 as u16 {
         if start + EthHdr::LEN + Ipv6Hdr::LEN > end {
-            return false;
+            return None;
         }
         let ip = unsafe { &*((start + EthHdr::LEN) as *const Ipv6Hdr) };
         if ip.next_hdr != IpProto::Udp as u8 {
-            return false;
+            return None;
         }
         EthHdr::LEN + Ipv6Hdr::LEN
     } else {
-        return false;
+        return None;
     };
     // Bound the offset so the verifier can track the packet pointer (IHL is at most 60).
     if udp_at > EthHdr::LEN + 60 {
-        return false;
+        return None;
     }
     if start + udp_at + UdpHdr::LEN > end {
-        return false;
+        return None;
     }
     let udp = unsafe { &*((start + udp_at) as *const UdpHdr) };
-    u16::from_be_bytes(udp.dst) == port
+    (u16::from_be_bytes(udp.dst) == port).then_some(udp_at + UdpHdr::LEN)
 }
 
 #[cfg(not(test))]

@@ -1,5 +1,6 @@
 //! The floor program (monitor-ebpf/src/floor.rs: parse to the UDP port and drop), the least
-//! any XDP program pays: loaded, timed by BPF_PROG_TEST_RUN, or attached for a while.
+//! any XDP program pays: loaded, timed by BPF_PROG_TEST_RUN, or attached for a while; and the
+//! same, touching per-peer state line by line as a heartbeat does ([`Touch`]).
 
 use std::{os::fd::AsFd, time::Duration};
 
@@ -8,16 +9,70 @@ use monitor::kernel::program;
 use super::test_run::test_run_ns;
 use crate::packet::Packet;
 
+/// Per-peer state the floor touches for each heartbeat besides reading the clock (its
+/// `FLOOR_TOUCH`, `FLOOR_LAYOUT`, `FLOOR_PEERS`): the lines of the peer the heartbeat names, so
+/// the bench shows what each line costs in the monitor's stream, and what another layout of
+/// them would.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Touch {
+    /// Nothing: the floor (+ clock).
+    None,
+    /// The peer's hot line, read and written back, in the monitor's slot layout (704 bytes a
+    /// peer): one dependent line per heartbeat, the least state a heartbeat can touch.
+    Hot,
+    /// The hot line and the three lines a heartbeat stores into (source address, ring entry at
+    /// the hot line's head, last-heard word), in the monitor's slot layout.
+    Stores,
+    /// `hot`, with the hot lines in a dense table of their own (64 bytes a peer).
+    SplitHot,
+    /// `stores`, with the hot lines in a dense table of their own and the rest after it.
+    SplitStores,
+}
+
+impl Touch {
+    /// (FLOOR_TOUCH, FLOOR_LAYOUT).
+    fn globals(self) -> (u8, u8) {
+        match self {
+            Touch::None => (0, 0),
+            Touch::Hot => (1, 0),
+            Touch::Stores => (2, 0),
+            Touch::SplitHot => (1, 1),
+            Touch::SplitStores => (2, 1),
+        }
+    }
+}
+
+/// Lines of per-peer state in the floor's table (monitor-ebpf/src/floor.rs, `LINES_PER_PEER`):
+/// the monitor's `PeerSlot`.
+const LINES_PER_PEER: u32 = (std::mem::size_of::<monitor_common::maps::PeerSlot>() / 64) as u32;
+
 /// The floor program (monitor-ebpf/src/floor.rs) loaded and verified, matching `port`; not
 /// attached. With `clock`, it reads the clock for every packet it drops.
 pub fn load_floor(port: u16, clock: bool) -> aya::Ebpf {
+    load_floor_touching(port, clock, Touch::None, 0)
+}
+
+/// [`load_floor`], touching `touch` of the state of `peers` peers (ids 1 to `peers`) for each
+/// heartbeat; the clock is read whenever state is touched.
+pub fn load_floor_touching(port: u16, clock: bool, touch: Touch, peers: u32) -> aya::Ebpf {
     assert!(
         !program::FLOOR_OBJECT.is_empty(),
         "built without the eBPF programs"
     );
+    let (touch_level, layout) = touch.globals();
+    let peers = if touch == Touch::None {
+        0
+    } else {
+        peers.max(1)
+    };
     let mut ebpf = aya::EbpfLoader::new()
         .override_global("FLOOR_PORT", &port, true)
         .override_global("FLOOR_CLOCK", &u8::from(clock), true)
+        .override_global("FLOOR_TOUCH", &touch_level, true)
+        .override_global("FLOOR_LAYOUT", &layout, true)
+        .override_global("FLOOR_PEERS", &peers, true)
+        .map_max_entries("FLOOR_STATE", (peers * LINES_PER_PEER).max(1))
+        .map_max_entries("FLOOR_LAST_HEARD", peers.max(1))
         .load(program::FLOOR_OBJECT)
         .expect("load the floor program");
     let xdp: &mut aya::programs::Xdp = ebpf
@@ -36,9 +91,10 @@ fn floor_xdp(ebpf: &mut aya::Ebpf) -> &mut aya::programs::Xdp {
         .expect("XDP")
 }
 
-/// The floor's cost per packet by BPF_PROG_TEST_RUN, on the heartbeat `prog_test_run_ns` uses.
-pub fn floor_test_run_ns(repeat: u32, clock: bool) -> f64 {
-    let mut ebpf = load_floor(monitor_common::wire::DEFAULT_PORT, clock);
+/// The floor's cost per packet by BPF_PROG_TEST_RUN, on the heartbeat `prog_test_run_ns` uses
+/// (peer 7: with `touch`, the state of 7 peers is touched, peer 7's each time).
+pub fn floor_test_run_ns(repeat: u32, clock: bool, touch: Touch) -> f64 {
+    let mut ebpf = load_floor_touching(monitor_common::wire::DEFAULT_PORT, clock, touch, 7);
     let packet = Packet::heartbeat_v4(7, 1).build();
     test_run_ns(floor_xdp(&mut ebpf), &packet, repeat)
 }
@@ -48,11 +104,11 @@ pub fn floor_test_run_ns(repeat: u32, clock: bool) -> f64 {
 pub fn floor_attached(
     iface: &str,
     port: u16,
-    clock: bool,
+    (clock, touch, peers): (bool, Touch, u32),
     duration: Duration,
     attached: impl FnOnce(),
 ) -> program::RunStats {
-    let mut ebpf = load_floor(port, clock);
+    let mut ebpf = load_floor_touching(port, clock, touch, peers);
     let xdp = floor_xdp(&mut ebpf);
     xdp.attach(iface, aya::programs::XdpMode::default())
         .expect("attach the floor");

@@ -18,7 +18,7 @@ pub mod sweep;
 pub mod test_run;
 
 pub use events::{EventLatency, EventProbe};
-pub use floor::{floor_attached, floor_test_run_ns, load_floor};
+pub use floor::{Touch, floor_attached, floor_test_run_ns, load_floor, load_floor_touching};
 pub use percentiles::Percentiles;
 pub use receiver::{ReceiverReport, cpu_seconds, udp_receiver};
 pub use socket::{BucketQuantiles, SocketLatency, request_quantiles_us, socket_latency};

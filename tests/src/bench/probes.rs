@@ -28,6 +28,9 @@ enum Probe {
         /// The floor that also reads the clock for every packet it drops.
         #[arg(long)]
         clock: bool,
+        /// Per-peer state it touches for each heartbeat, as the monitor's lines.
+        #[arg(long, value_enum, default_value_t = bench::Touch::None)]
+        touch: bench::Touch,
     },
     /// Attach the floor program to IFACE for a while; prints `{"attached":true}`, then its run
     /// statistics (kernel.bpf_stats_enabled must be 1).
@@ -41,6 +44,12 @@ enum Probe {
         /// The floor that also reads the clock for every packet it drops.
         #[arg(long)]
         clock: bool,
+        /// Per-peer state it touches for each heartbeat (the clock is then read too).
+        #[arg(long, value_enum, default_value_t = bench::Touch::None)]
+        touch: bench::Touch,
+        /// Peers whose state it holds (ids 1 to this), with --touch.
+        #[arg(long, default_value_t = 0)]
+        peers: u32,
     },
     /// What kernel logging costs (TEST_RUN): hot and cold path, logging off and at debug.
     KernelLog {
@@ -125,19 +134,25 @@ pub fn main() {
         Probe::Kernel { repeat } => {
             serde_json::json!({ "ns_per_packet": bench::prog_test_run_ns(repeat) })
         }
-        Probe::FloorTestRun { repeat, clock } => {
-            serde_json::json!({ "ns_per_packet": bench::floor_test_run_ns(repeat, clock) })
+        Probe::FloorTestRun {
+            repeat,
+            clock,
+            touch,
+        } => {
+            serde_json::json!({ "ns_per_packet": bench::floor_test_run_ns(repeat, clock, touch) })
         }
         Probe::Floor {
             iface,
             port,
             duration_s,
             clock,
+            touch,
+            peers,
         } => {
             let stats = bench::floor_attached(
                 &iface,
                 port,
-                clock,
+                (clock, touch, peers),
                 Duration::from_secs_f64(duration_s),
                 || {
                     println!("{{\"attached\":true}}");

@@ -24,6 +24,11 @@ use crate::lab::{NetPair, Process};
 /// it is: that row measures cache misses between packets as much as the program.
 const HOT_RATE_HZ: f64 = 300.0;
 
+/// Per peer, in the floor comparison's row at 1,000,000 peers (with `--scales 1000000`): the
+/// userspace generator's 500,000 packets a second, the most it sends on schedule here. Each
+/// peer's state is touched every 2 s, by then long gone from every cache, as at 10 Hz.
+const MILLION_RATE_HZ: f64 = 0.5;
+
 /// How far apart consecutive heartbeats of the floor comparison's stream are, in peers
 /// (`monitor loadgen --stride`; a prime that divides neither peer count): real senders'
 /// phases scatter their heartbeats over the peers' slots, where a stream in id order walks
@@ -44,12 +49,35 @@ struct Receiver {
     machine_s_per_m: f64,
 }
 
+/// The floor + clock touching per-peer state as a heartbeat does (`hbm-bench floor --touch`):
+/// the probe's name for it and the row's.
+const TOUCHES: [(&str, &str); 4] = [
+    (
+        "hot",
+        "floor + clock + the hot line (read and written), slots as the monitor's",
+    ),
+    (
+        "stores",
+        "floor + clock + the hot line + the monitor's three stores, slots as the monitor's",
+    ),
+    (
+        "split-hot",
+        "floor + clock + the hot line, hot lines in a table of their own",
+    ),
+    (
+        "split-stores",
+        "floor + clock + the hot line + the three stores, hot lines in a table of their own",
+    ),
+];
+
 struct FloorRow {
     peers: u64,
     pps: f64,
     floor: Receiver,
     /// The floor that also reads the clock for each packet it drops.
     floor_clock: Receiver,
+    /// The floor + clock touching state, one receiver per entry of [`TOUCHES`].
+    touching: Vec<Receiver>,
     monitor: Receiver,
     /// The monitor at TC ingress (`--hook tc`), kernel ns from its TC program's run stats.
     monitor_tc: Receiver,
@@ -83,8 +111,8 @@ impl FloorRow {
 }
 
 /// The floor program's TEST_RUN and live rows beside the monitor's, rendered: 1,000 peers
-/// twice (at the hot-cache rate and at the scale runs' 10 Hz) and 50,000 peers, those
-/// of them that are among `scales`.
+/// twice (at the hot-cache rate and at the scale runs' 10 Hz), 50,000 peers and 1,000,000,
+/// those of them that are among `scales`.
 pub(super) fn floor_table(
     rig: &Rig,
     scales: &[u64],
@@ -99,8 +127,17 @@ pub(super) fn floor_table(
     };
     let floor_test_run_ns = test_run_ns(&["floor-test-run"])?;
     let floor_clock_test_run_ns = test_run_ns(&["floor-test-run", "--clock"])?;
+    let touching_test_run_ns = TOUCHES
+        .iter()
+        .map(|(touch, _)| test_run_ns(&["floor-test-run", "--clock", "--touch", touch]))
+        .collect::<Result<Vec<_>>>()?;
     let mut rows = Vec::new();
-    for (peers, rate_hz) in [(1000u64, HOT_RATE_HZ), (1000, RATE_HZ), (50_000, RATE_HZ)] {
+    for (peers, rate_hz) in [
+        (1000u64, HOT_RATE_HZ),
+        (1000, RATE_HZ),
+        (50_000, RATE_HZ),
+        (1_000_000, MILLION_RATE_HZ),
+    ] {
         if scales.contains(&peers) {
             rig.interrupt.check()?;
             rows.push(floor_comparison(rig, peers, rate_hz, seconds)?);
@@ -112,6 +149,7 @@ pub(super) fn floor_table(
             floor_clock_test_run_ns,
             monitor_test_run_ns,
         ],
+        &touching_test_run_ns,
         &rows,
     ))
 }
@@ -128,12 +166,13 @@ fn floor_comparison(rig: &Rig, peers: u64, rate_hz: f64, seconds: u64) -> Result
     let per_m = |busy: f64, sent: u64| busy / sent.max(1) as f64 * 1e6;
 
     // The floor, attached by the probe for the stream's length and a little more.
-    let floor_with = |clock: bool| -> Result<Receiver> {
+    let floor_with = |clock: bool, touch: &str| -> Result<Receiver> {
         let mut probe = Process::spawn(
             NetPair::in_ns(net.ns_monitor, &tools.probe)
                 .args(["floor", "--iface", net.if_monitor, "--duration-s"])
                 .arg((seconds as f64 + 1.5).to_string())
                 .args(clock.then_some("--clock"))
+                .args(["--touch", touch, "--peers", &peers.to_string()])
                 .stdout(Stdio::piped()),
         )?;
         let line = probe.read_line()?;
@@ -152,8 +191,12 @@ fn floor_comparison(rig: &Rig, peers: u64, rate_hz: f64, seconds: u64) -> Result
             machine_s_per_m: per_m(busy1 - busy0, sent_n),
         })
     };
-    let floor = floor_with(false)?;
-    let floor_clock = floor_with(true)?;
+    let floor = floor_with(false, "none")?;
+    let floor_clock = floor_with(true, "none")?;
+    let touching = TOUCHES
+        .iter()
+        .map(|(touch, _)| floor_with(true, touch))
+        .collect::<Result<Vec<_>>>()?;
 
     // The agent's `xdp` stats are the attached program's: the TC classifier with --hook tc.
     let monitor_from = |first_id: u64, stride: u64, extra: &[&str]| -> Result<Receiver> {
@@ -204,6 +247,7 @@ fn floor_comparison(rig: &Rig, peers: u64, rate_hz: f64, seconds: u64) -> Result
         pps,
         floor,
         floor_clock,
+        touching,
         monitor,
         monitor_tc,
         monitor_any,
@@ -214,8 +258,9 @@ fn floor_comparison(rig: &Rig, peers: u64, rate_hz: f64, seconds: u64) -> Result
     })
 }
 
-/// `test_run_ns`: the floor's, the floor's with the clock, and the monitor's.
-fn render_floor(test_run_ns: [f64; 3], rows: &[FloorRow]) -> String {
+/// `test_run_ns`: the floor's, the floor's with the clock, and the monitor's; `touching_ns`:
+/// the floor + clock's touching state, one per entry of [`TOUCHES`].
+fn render_floor(test_run_ns: [f64; 3], touching_ns: &[f64], rows: &[FloorRow]) -> String {
     let [floor, clock, monitor] = test_run_ns;
     let mut t = String::new();
     let _ = writeln!(
@@ -229,6 +274,25 @@ fn render_floor(test_run_ns: [f64; 3], rows: &[FloorRow]) -> String {
         clock / floor,
         monitor / floor,
         monitor / clock,
+    );
+    let _ = writeln!(
+        t,
+        "BPF_PROG_TEST_RUN, the floor + clock touching one peer's state as a heartbeat does \
+         (hot caches: the instructions alone): {}\n",
+        TOUCHES
+            .iter()
+            .zip(touching_ns)
+            .map(|((touch, _), ns)| format!("{touch} {ns:.0} ns"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let _ = writeln!(
+        t,
+        "The rows \"floor + clock + ...\" are the floor program touching the per-peer state \
+         of the peer each heartbeat names, line by line as an accepted heartbeat does and \
+         nothing else (`hbm-bench floor --touch`): what each line costs in this stream, and \
+         what a layout with the hot lines in a table of their own would cost, before the \
+         monitor is built that way.\n"
     );
     let _ = writeln!(
         t,
@@ -257,16 +321,22 @@ fn render_floor(test_run_ns: [f64; 3], rows: &[FloorRow]) -> String {
                     .map_or("-".into(), |c| format!("{:.1}x", limit / c)),
             );
         }
-        for (name, x) in [
-            ("floor", &r.floor),
-            ("floor + clock", &r.floor_clock),
-            ("monitor", &r.monitor),
-            ("monitor --hook tc", &r.monitor_tc),
-            ("monitor --listen-addr any", &r.monitor_any),
-            ("monitor, peers sent to in id order", &r.monitor_in_order),
-            ("monitor, ids through the index", &r.monitor_indexed),
-            ("socket path", &r.socket),
-        ] {
+        let touching = TOUCHES
+            .iter()
+            .zip(&r.touching)
+            .map(|((_, name), x)| (*name, x));
+        for (name, x) in [("floor", &r.floor), ("floor + clock", &r.floor_clock)]
+            .into_iter()
+            .chain(touching)
+            .chain([
+                ("monitor", &r.monitor),
+                ("monitor --hook tc", &r.monitor_tc),
+                ("monitor --listen-addr any", &r.monitor_any),
+                ("monitor, peers sent to in id order", &r.monitor_in_order),
+                ("monitor, ids through the index", &r.monitor_indexed),
+                ("socket path", &r.socket),
+            ])
+        {
             let ns = x.kernel_ns.map_or("-".into(), |v| format!("{v:.0}"));
             let ns_ratio = |to: &Receiver| match (x.kernel_ns, to.kernel_ns) {
                 (Some(a), Some(b)) if b > 0.0 => format!("{:.1}x", a / b),
