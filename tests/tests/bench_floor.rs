@@ -1,0 +1,155 @@
+//! The bench's floor program touching per-peer state (`hbm-bench floor --touch`): it must touch
+//! exactly the lines an accepted heartbeat of a peer in its own slot touches, where the layout
+//! puts them, and nothing for an id it holds no state for, or the bench's limit and its
+//! line-by-line rows would measure something else than they say.
+
+use aya::{
+    maps::Array,
+    programs::{TestRun, TestRunOptions, Xdp},
+};
+use integration_tests::{
+    bench::{Touch, load_floor_touching},
+    packet::Packet,
+    require_root,
+};
+use monitor_common::wire::DEFAULT_PORT;
+
+/// The peers the floor holds state for in these tests (ids 1 to 10).
+const PEERS: u32 = 10;
+/// Lines of state a peer has (`PeerSlot`, 704 bytes): the hot line, two cold lines, the ring.
+const LINES_PER_PEER: u32 = 11;
+const XDP_DROP: u32 = 1;
+
+/// Runs the heartbeat of `id` with sequence number `seq` through the program `repeat` times;
+/// its verdict.
+fn run(ebpf: &mut aya::Ebpf, id: u64, seq: u64, repeat: u32) -> u32 {
+    let xdp: &mut Xdp = ebpf
+        .program_mut("floor")
+        .expect("floor")
+        .try_into()
+        .expect("XDP");
+    let packet = Packet::heartbeat_v4(id, seq).build();
+    xdp.test_run(TestRunOptions {
+        data_in: Some(&packet),
+        repeat,
+        ..TestRunOptions::default()
+    })
+    .expect("BPF_PROG_TEST_RUN")
+    .return_value
+}
+
+/// FLOOR_STATE's lines, as words, and FLOOR_LAST_HEARD's words.
+fn state(ebpf: &aya::Ebpf) -> (Vec<[u64; 8]>, Vec<u64>) {
+    let lines: Array<_, [u64; 8]> =
+        Array::try_from(ebpf.map("FLOOR_STATE").expect("FLOOR_STATE")).expect("an array");
+    let words: Array<_, u64> =
+        Array::try_from(ebpf.map("FLOOR_LAST_HEARD").expect("FLOOR_LAST_HEARD")).expect("an array");
+    (
+        (0..lines.len())
+            .map(|i| lines.get(&i, 0).expect("line"))
+            .collect(),
+        (0..words.len())
+            .map(|i| words.get(&i, 0).expect("word"))
+            .collect(),
+    )
+}
+
+/// Indexes of the lines with anything in them.
+fn touched(lines: &[[u64; 8]]) -> Vec<u32> {
+    (0..lines.len() as u32)
+        .filter(|&i| lines[i as usize] != [0; 8])
+        .collect()
+}
+
+/// Peer 7's lines (hot, first cold, first ring line) in each layout.
+fn lines_of_peer_7(touch: Touch) -> (u32, u32, u32) {
+    let peer = 6;
+    match touch {
+        Touch::Hot | Touch::Stores => {
+            let at = peer * LINES_PER_PEER;
+            (at, at + 1, at + 3)
+        }
+        Touch::SplitHot | Touch::SplitStores => {
+            let rest = PEERS + peer * (LINES_PER_PEER - 1);
+            (peer, rest, rest + 2)
+        }
+        Touch::None => unreachable!(),
+    }
+}
+
+#[test]
+fn the_floor_touches_the_lines_a_heartbeat_touches_where_the_layout_puts_them() {
+    require_root();
+    for touch in [
+        Touch::Hot,
+        Touch::Stores,
+        Touch::SplitHot,
+        Touch::SplitStores,
+    ] {
+        let mut ebpf = load_floor_touching(DEFAULT_PORT, true, touch, PEERS);
+        let (lines, words) = state(&ebpf);
+        assert_eq!(lines.len() as u32, PEERS * LINES_PER_PEER, "{touch:?}");
+        assert_eq!(words.len() as u32, PEERS, "{touch:?}");
+        assert!(
+            touched(&lines).is_empty(),
+            "{touch:?}: state before any heartbeat"
+        );
+
+        // Ids it holds no state for: dropped (the port is the heartbeats'), nothing touched.
+        for id in [0, u64::from(PEERS) + 1, u64::MAX] {
+            assert_eq!(run(&mut ebpf, id, 1, 1), XDP_DROP, "{touch:?}: id {id}");
+        }
+        let (lines, words) = state(&ebpf);
+        assert!(
+            touched(&lines).is_empty(),
+            "{touch:?}: an unknown id touched state"
+        );
+        assert!(words.iter().all(|&w| w == 0), "{touch:?}");
+
+        // Peer 7, three times: its hot line counts them, holds its id, the last arrival and
+        // the ring's head; with the stores, the source line, the ring's first line (three
+        // entries) and its last-heard word, and nothing else.
+        assert_eq!(run(&mut ebpf, 7, 1, 3), XDP_DROP, "{touch:?}");
+        let (lines, words) = state(&ebpf);
+        let (hot_at, cold_at, ring_at) = lines_of_peer_7(touch);
+        let hot = lines[hot_at as usize];
+        assert_eq!(hot[0], 6, "{touch:?}: three updates of the lock's word");
+        assert_eq!(hot[1], 7, "{touch:?}: the id");
+        assert_ne!(hot[2], 0, "{touch:?}: the last arrival");
+        assert_eq!(hot[3], 3, "{touch:?}: the ring's head");
+        let stores = matches!(touch, Touch::Stores | Touch::SplitStores);
+        if stores {
+            assert_eq!(touched(&lines), vec![hot_at, cold_at, ring_at], "{touch:?}");
+            assert_eq!(lines[cold_at as usize][..2], [7, hot[2]], "{touch:?}");
+            let ring: [u32; 16] = unsafe { std::mem::transmute(lines[ring_at as usize]) };
+            assert!(
+                ring[..3].iter().all(|&e| e != 0) && ring[3..].iter().all(|&e| e == 0),
+                "{touch:?}: three ring entries, in order: {ring:?}"
+            );
+            assert_eq!(
+                words,
+                (1..=PEERS as u64)
+                    .map(|id| if id == 7 { hot[2] } else { 0 })
+                    .collect::<Vec<_>>(),
+                "{touch:?}: the last-heard word of peer 7 only"
+            );
+        } else {
+            assert_eq!(touched(&lines), vec![hot_at], "{touch:?}");
+            assert!(words.iter().all(|&w| w == 0), "{touch:?}");
+        }
+    }
+}
+
+#[test]
+fn the_floor_without_touch_holds_no_state() {
+    require_root();
+    let mut ebpf = load_floor_touching(DEFAULT_PORT, true, Touch::None, PEERS);
+    assert_eq!(run(&mut ebpf, 7, 1, 1), XDP_DROP);
+    let (lines, words) = state(&ebpf);
+    assert_eq!(
+        (lines.len(), words.len()),
+        (1, 1),
+        "one placeholder entry each"
+    );
+    assert!(touched(&lines).is_empty() && words == [0]);
+}
