@@ -373,16 +373,6 @@ fn agent_config(args: RunArgs) -> anyhow::Result<AgentConfig> {
     if args.stall_bound <= args.sweep_interval {
         anyhow::bail!("--stall-bound must be longer than --sweep-interval");
     }
-    if let Some(budget) = args.budget
-        && budget <= args.sweep_interval
-    {
-        anyhow::bail!(
-            "--budget {} cannot be met by a sweep every {}: the budget must be longer than \
-             --sweep-interval",
-            humantime::format_duration(budget),
-            humantime::format_duration(args.sweep_interval)
-        );
-    }
     let detector = match args.detector {
         Some(spec) => DetectorParams {
             threshold: args.levels.highest(),
@@ -582,15 +572,8 @@ mod tests {
                 .expect_err(&format!("{flags:?}"));
             assert!(err.contains(expected), "{flags:?}: {err}");
         }
-        let err = agent_config(run_args(&["--budget", "40ms"]).unwrap()).unwrap_err();
-        assert!(
-            err.to_string()
-                .contains("must be longer than --sweep-interval"),
-            "{err}"
-        );
-        assert!(
-            agent_config(run_args(&["--budget", "40ms", "--sweep-interval", "10ms"]).unwrap())
-                .is_ok()
-        );
+        // Shorter than the scan interval: the due passes between scans raise its crossings
+        // (tests/tests/budget.rs, `a_budget_shorter_than_the_scan_is_met_between_scans`).
+        assert!(agent_config(run_args(&["--budget", "40ms"]).unwrap()).is_ok());
     }
 }
