@@ -1,5 +1,5 @@
 //! `monitor replay -d budget:ms=B` on every trace of the corpus: the generated kinds (3000
-//! heartbeats, seed 1; all but one, below) and the recorded traces under tests/traces/.
+//! heartbeats, seed 1) and the recorded traces under tests/traces/.
 //! At every budget the detector's own mean detection time (over crash times, exact) is within
 //! 0.9 B and B, the crash at the end is detected, and it is scored on the same clock as the
 //! fixed timeout of the same budget. How it compares with every family's frontier is
@@ -11,11 +11,11 @@ use std::{path::PathBuf, process::Command};
 use serde_json::Value;
 
 const BUDGETS_MS: [f64; 6] = [150.0, 200.0, 300.0, 500.0, 1000.0, 1500.0];
-/// Every generated kind but `asymmetric-loss`, where the budget is not met: its loss starts
-/// halfway and stays, the kernel's burst counters learn the bursts' share slowly, and the split
-/// of the aim between the states, made for the old share, puts the mean detection time up to
-/// 1.29 B (docs/tuning.md, "Generated kinds over 20 seeds"). An open defect, not a target met.
-const GENERATED: [&str; 10] = [
+/// Every generated kind. `asymmetric-loss` was left out while its mean detection time went
+/// up to 1.29 B (the split of the aim made for the kernel counters' share of heartbeats inside
+/// bursts, which lags a loss that starts and stays); the split now waits for bursts and leaves
+/// steady loss to the one aim (docs/tuning.md, "Generated kinds over 20 seeds").
+const GENERATED: [&str; 11] = [
     "lan",
     "wan",
     "gc-pause",
@@ -25,6 +25,7 @@ const GENERATED: [&str; 10] = [
     "pareto",
     "slowdown",
     "clock-step",
+    "asymmetric-loss",
     "congested-link",
 ];
 

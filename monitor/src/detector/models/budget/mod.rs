@@ -49,7 +49,10 @@ use crate::detector::{
     tail,
 };
 
-use monitor_common::maps::{MAX_INTERVAL_US, PeerRecord};
+use monitor_common::{
+    maps::{MAX_INTERVAL_US, PeerRecord},
+    slot::{BURST_MEMORY, MISSING_SPAN},
+};
 
 /// The anchor weights the choice is among, lowest first (the tie-break order).
 pub const ANCHORS: [f64; 5] = [0.0, 0.25, 0.5, 0.75, 1.0];
@@ -248,10 +251,22 @@ pub struct LossStates {
 }
 
 impl LossStates {
-    /// From the record's counters; None where no burst has been seen (the split would have
-    /// nothing to go on, and the single aim is the rule).
+    /// From the record's counters; None, and the single aim is the rule, where
+    /// - fewer than [`MIN_BURST_HEARTBEATS`] heartbeats came inside a burst: the share is
+    ///   that of a first burst, which no deadline outside a burst has yet given anything up
+    ///   for, and the split would send its deadlines to the bound, unpaid;
+    /// - or the last [`MISSING_SPAN`] sequence numbers show the peer inside a burst after at
+    ///   least [`STEADY_SHARE`] of their heartbeats ([`recent_burst_share`]): the loss is
+    ///   steady, not in bursts, so there is no calm state to buy a burst's deadline from,
+    ///   and the counters, which remember about a thousand heartbeats, still describe the
+    ///   path before the change (a loss that starts and stays: their share of heartbeats
+    ///   inside bursts lags the true one by hundreds of heartbeats, and a split made for it
+    ///   puts the mean detection time well past the budget).
     pub fn from_record(r: &PeerRecord) -> Option<Self> {
-        if r.loss_heartbeats == 0 || r.burst_heartbeats == 0 || r.loss_gaps == 0 {
+        if r.loss_heartbeats == 0 || r.burst_heartbeats < MIN_BURST_HEARTBEATS || r.loss_gaps == 0 {
+            return None;
+        }
+        if recent_burst_share(r.missing).is_some_and(|share| share >= STEADY_SHARE) {
             return None;
         }
         let good = r.loss_heartbeats.saturating_sub(r.burst_heartbeats);
@@ -268,6 +283,54 @@ impl LossStates {
             in_burst: r.burst_left != 0,
         })
     }
+}
+
+/// Heartbeats inside a burst the counters must hold before the aim is split: two bursts'
+/// memory ([`BURST_MEMORY`]), more than a first burst alone gives by the time the next
+/// heartbeats' deadlines are set.
+pub const MIN_BURST_HEARTBEATS: u32 = 2 * BURST_MEMORY as u32;
+
+/// The share of recent heartbeats inside a burst ([`recent_burst_share`]) from which the loss
+/// is steady rather than bursty: two thirds. Bursts of a Gilbert-Elliott path that come and
+/// go leave the peer inside one after fewer of the span's heartbeats (a burst of ten losses
+/// at 40% and its [`BURST_MEMORY`] fill about half of it); a steady loss of a few percent
+/// or more, after nearly all (a gap in every 16 heartbeats keeps the peer inside).
+pub const STEADY_SHARE: f64 = 2.0 / 3.0;
+
+/// The share of the heartbeats among the last [`MISSING_SPAN`] sequence numbers after which
+/// the peer was inside a loss burst, as `monitor_common::slot` counts it (a gap came with one
+/// of the last [`BURST_MEMORY`] accepted heartbeats), from `PeerRecord::missing` alone: of
+/// those heartbeats, the ones whose state the span determines (a gap seen within the span,
+/// or [`BURST_MEMORY`] heartbeats of it before them). None if fewer than [`BURST_MEMORY`]
+/// are. Bit i of `missing` is the number `i + 1` below the last accepted one, lost.
+pub fn recent_burst_share(missing: u64) -> Option<f64> {
+    let memory = BURST_MEMORY as u32;
+    // Accepted heartbeats since the last one that came after a gap (0: that one), once a
+    // gap is seen.
+    let mut since_gap: Option<u32> = None;
+    let (mut accepted, mut known, mut inside) = (0u32, 0u32, 0u32);
+    // The number d below the last accepted one, oldest first: lost if bit d - 1 is set;
+    // else accepted, after a gap if bit d (the number below it) is.
+    for d in (0..MISSING_SPAN).rev() {
+        if d > 0 && (missing >> (d - 1)) & 1 == 1 {
+            continue;
+        }
+        accepted += 1;
+        since_gap = if (missing >> d) & 1 == 1 {
+            Some(0)
+        } else {
+            since_gap.map(|m| m + 1)
+        };
+        match since_gap {
+            Some(m) => {
+                known += 1;
+                inside += (m < memory) as u32;
+            }
+            None if accepted >= memory => known += 1,
+            None => {}
+        }
+    }
+    (known >= memory).then(|| inside as f64 / known as f64)
 }
 
 /// Most periods a deadline inside a burst may go past the aim: the split buys fewer mistakes

@@ -272,3 +272,60 @@ fn through_the_estimate_of_a_gapless_window() {
     assert_eq!(p.crossing_ms(&levels, 0, p.threshold, &e), rule.deadline_ms);
     assert_eq!(p.phi(&e, rule.deadline_ms), 8.0);
 }
+
+#[test]
+fn the_recent_burst_share_from_the_missing_numbers() {
+    // Nothing lost in the span: 64 heartbeats, the first 15 of unknown state (a gap just
+    // before the span would still hold the peer inside a burst), 49 known, none inside.
+    assert_eq!(recent_burst_share(0), Some(0.0));
+    // Only the number just below the last heartbeat lost: 62 heartbeats before it with no
+    // gap (47 known, outside), then the last, after the gap: inside. 1 of 48.
+    assert_eq!(recent_burst_share(1), Some(1.0 / 48.0));
+    // Only the number 32 below the last lost (bit 31): 31 heartbeats before it (16 known,
+    // outside), the one after the gap and the 15 after it inside (16), the 16 after those
+    // outside again (16). 16 of 48.
+    assert_eq!(recent_burst_share(1 << 31), Some(1.0 / 3.0));
+    // Every fourth number lost (4, 8, ..., 64 below the last): every heartbeat comes within
+    // three of a gap, and the first one after a gap (bit 63 is the number below it): all
+    // 49 inside.
+    assert_eq!(recent_burst_share(0x8888_8888_8888_8888), Some(1.0));
+    // Every number of the span lost: one heartbeat, too few to say.
+    assert_eq!(recent_burst_share(u64::MAX), None);
+}
+
+/// A peer slot after heartbeats numbered `seqs`, 100 ms apart, through the kernel's rules.
+fn slot_after(seqs: impl IntoIterator<Item = u64>) -> monitor_common::maps::PeerSlot {
+    let p = parse_spec("budget:ms=300").unwrap();
+    let config = p.window_config();
+    let mut slot = monitor_common::maps::PeerSlot::admitted(1, 0);
+    for (i, seq) in seqs.into_iter().enumerate() {
+        let at = 1_000_000_000 + i as u64 * 100_000_000;
+        monitor_common::slot::arrive(&mut slot, at, seq, 1, &config);
+    }
+    slot
+}
+
+#[test]
+fn the_split_waits_for_bursts_and_leaves_steady_loss_alone() {
+    // 600 heartbeats without loss, then one number in 30 lost: a burst every 30 numbers
+    // that ends after 16 heartbeats, so half the heartbeats come inside a burst (short of
+    // the steady share), and the split applies once the counters hold 32 of them.
+    let calm = 1..=600u64;
+    let bursts = |last: u64| (601..=last).filter(|s| s % 30 != 0);
+    let first = slot_after(calm.clone().chain(bursts(650))).record();
+    assert!(first.burst_heartbeats > 0 && first.burst_heartbeats < MIN_BURST_HEARTBEATS);
+    assert_eq!(LossStates::from_record(&first), None, "{first:?}");
+    let later = slot_after(calm.clone().chain(bursts(1200))).record();
+    let share = recent_burst_share(later.missing).unwrap();
+    assert!(share < STEADY_SHARE, "{share}");
+    assert!(later.burst_heartbeats >= MIN_BURST_HEARTBEATS);
+    assert!(LossStates::from_record(&later).is_some(), "{later:?}");
+    // One number in 4 lost from 601 on, for good: 150 numbers later the counters, which
+    // remember the calm 600, put about a fifth of the heartbeats inside a burst, where every
+    // recent one is: steady loss, the one aim.
+    let steady = slot_after(calm.chain((601..=750).filter(|s| s % 4 != 0))).record();
+    let counted = steady.burst_heartbeats as f64 / steady.loss_heartbeats as f64;
+    assert!(counted < 0.25, "{counted}");
+    assert_eq!(recent_burst_share(steady.missing), Some(1.0));
+    assert_eq!(LossStates::from_record(&steady), None);
+}
