@@ -33,9 +33,11 @@ fn a_stopped_sender_is_convicted_at_its_deadline() {
 /// heartbeat, so the due passes that follow the peer between scans have it armed (the scans
 /// alone would raise it 0-50 ms late). A crossing within a millisecond of a heartbeat the
 /// agent has not yet seen cannot be armed, and is raised by the next look, as before: for this
-/// 5 ms sender the budget model puts levels 1 and 3 there (0.5-0.7 ms after the last heartbeat,
+/// 5 ms sender the budget model puts levels 1 and 3 there (0.1-0.7 ms after the last heartbeat,
 /// and level 8 after 48-49 ms of silence, 1.2 times the budget; the 300 ms test above holds
-/// the model to its budget).
+/// the model to its budget). An open defect of the model, not of the sweep: it suspects this
+/// live sender at levels 1 and 3 again and again (19 suspect events in its first 300 ms in
+/// one run, printed below), where the 300 ms budget of a 20 ms sender raises none.
 #[test]
 fn a_budget_shorter_than_the_scan_is_met_between_scans() {
     require_root();
@@ -125,6 +127,13 @@ fn convicted_after(pair: &NetnsPair, budget_ms: f64, interval: &str, extra: &[&s
         "--budget {budget_ms}ms: levels 1, 3, 8 crossed after {crossed:?} ms of silence, raised {late:?} ms after their crossings"
     );
     let raised_late_ms = late[2];
+    println!(
+        "{} suspect events of peer 9 before the climb",
+        events[..climb]
+            .iter()
+            .filter(|e| e["event"] == "suspect" && e["id"] == 9)
+            .count()
+    );
     let peer = &agent.ask(json!({"op": "peer", "id": 9}))["peer"];
     assert!(peer["phi"].as_f64().unwrap() >= 8.0, "{peer}");
     Conviction {
