@@ -27,6 +27,9 @@ use aya_ebpf::{
     maps::Array,
     programs::XdpContext,
 };
+use core::mem::size_of;
+
+use monitor_common::maps::{MAX_WINDOW, PeerCold, PeerSlot};
 use network_types::{
     eth::{EthHdr, EtherType},
     ip::{IpProto, Ipv4Hdr, Ipv6Hdr},
@@ -54,11 +57,15 @@ static FLOOR_PEERS: u32 = 0;
 pub const LAYOUT_SLOTS: u8 = 0;
 /// The hot lines of all peers first, one after another; each peer's other ten lines after them.
 pub const LAYOUT_SPLIT: u8 = 1;
-/// `size_of::<PeerSlot>() / 64`.
-pub const LINES_PER_PEER: u32 = 11;
+const LINE: usize = 64;
+/// Lines of the monitor's `PeerSlot`: the hot line, the cold lines, the ring.
+pub const LINES_PER_PEER: u32 = (size_of::<PeerSlot>() / LINE) as u32;
+/// Lines of `PeerCold`, between a peer's hot line and its ring.
+const COLD_LINES: u32 = (size_of::<PeerCold>() / LINE) as u32;
 /// Ring entries (u32) per line, and lines of the ring.
-const RING_PER_LINE: u32 = 16;
-const RING_LINES: u32 = 8;
+const RING_PER_LINE: u32 = (LINE / size_of::<u32>()) as u32;
+const RING_LINES: u32 = MAX_WINDOW as u32 / RING_PER_LINE;
+const _: () = assert!(LINES_PER_PEER == 1 + COLD_LINES + RING_LINES);
 
 /// One cache line of per-peer state. In the hot line: word 0 the lock's place, 1 the id, 2
 /// the last arrival, 3 the ring's head.
@@ -112,7 +119,7 @@ fn touch_state(ctx: &XdpContext, payload_at: usize, touch: u8, now: u64) -> u64 
     }
     let peer = (id - 1) as u32;
     let split = unsafe { core::ptr::read_volatile(&FLOOR_LAYOUT) } == LAYOUT_SPLIT;
-    // The hot line, then the first of the peer's other lines (two cold, then the ring).
+    // The hot line, then the first of the peer's other lines (the cold ones, then the ring).
     let (hot_at, rest_at) = if split {
         (peer, peers as u32 + peer * (LINES_PER_PEER - 1))
     } else {
@@ -138,7 +145,7 @@ fn touch_state(ctx: &XdpContext, payload_at: usize, touch: u8, now: u64) -> u64 
             cold.words[0] = id;
             cold.words[1] = now;
         }
-        if let Some(ring) = FLOOR_STATE.get_ptr_mut(rest_at + 2 + head / RING_PER_LINE) {
+        if let Some(ring) = FLOOR_STATE.get_ptr_mut(rest_at + COLD_LINES + head / RING_PER_LINE) {
             let ring = unsafe { &mut *(ring as *mut [u32; 16]) };
             ring[(head % RING_PER_LINE) as usize] = interval as u32;
         }

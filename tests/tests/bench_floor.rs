@@ -8,7 +8,7 @@ use aya::{
     programs::{TestRun, TestRunOptions, Xdp},
 };
 use integration_tests::{
-    bench::{Touch, load_floor_touching},
+    bench::{Touch, floor::LINES_PER_PEER, load_floor_touching},
     packet::Packet,
     require_root,
 };
@@ -16,8 +16,6 @@ use monitor_common::wire::DEFAULT_PORT;
 
 /// The peers the floor holds state for in these tests (ids 1 to 10).
 const PEERS: u32 = 10;
-/// Lines of state a peer has (`PeerSlot`, 704 bytes): the hot line, two cold lines, the ring.
-const LINES_PER_PEER: u32 = 11;
 const XDP_DROP: u32 = 1;
 
 /// Runs the heartbeat of `id` with sequence number `seq` through the program `repeat` times;

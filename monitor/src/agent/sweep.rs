@@ -93,14 +93,15 @@ impl Agent {
                 }
                 self.look_at_slot(&mut pass, &mut trackers, &detector, slot, word);
             }
-            // Handed to a waiting query, if any: an unfair unlock lets this loop take the lock
-            // straight back, chunk after chunk, while the query waits out the whole sweep.
-            parking_lot::MutexGuard::unlock_fair(trackers);
             // Slots armed for now are not kept waiting for the rest of the scan: a scan that
             // reads many slots (200,000 peers at 1 Hz) takes milliseconds, and crossings due
             // meanwhile were raised that late (the p99 of 5.6 ms at 200,000 peers).
             let now = monotonic_ns();
-            if self.anything_due(now) {
+            let due_now = trackers.due.earliest().is_some_and(|due| due <= now);
+            // Handed to a waiting query, if any: an unfair unlock lets this loop take the lock
+            // straight back, chunk after chunk, while the query waits out the whole sweep.
+            parking_lot::MutexGuard::unlock_fair(trackers);
+            if due_now {
                 self.run_due_under(&registry, now, hold);
             }
         }

@@ -44,7 +44,7 @@ impl Touch {
 
 /// Lines of per-peer state in the floor's table (monitor-ebpf/src/floor.rs, `LINES_PER_PEER`):
 /// the monitor's `PeerSlot`.
-const LINES_PER_PEER: u32 = (std::mem::size_of::<monitor_common::maps::PeerSlot>() / 64) as u32;
+pub const LINES_PER_PEER: u32 = (std::mem::size_of::<monitor_common::maps::PeerSlot>() / 64) as u32;
 
 /// The floor program (monitor-ebpf/src/floor.rs) loaded and verified, matching `port`; not
 /// attached. With `clock`, it reads the clock for every packet it drops.
