@@ -208,8 +208,11 @@ fn level_text(level: Option<f64>) -> String {
 }
 
 async fn query(fleet: &Fleet, what: Query, json_out: bool) -> Result<ExitCode, FleetError> {
-    let (view, malformed) = fleet.snapshot().await?;
-    let now = unix_ms();
+    let consumer::Snapshot {
+        view,
+        malformed,
+        as_of_ms: now,
+    } = fleet.snapshot().await?;
     if !json_out {
         warn_malformed(&malformed);
     }
@@ -328,9 +331,11 @@ async fn watch(fleet: &Fleet, rule: Rule, json_out: bool) -> Result<ExitCode, Fl
     let mut convictions = Convictions::default();
     let mut malformed = 0u64;
     loop {
-        let mut reader = loop {
+        // The snapshot is judged as of when its read began (see `consumer::Snapshot`).
+        let (mut reader, read_from) = loop {
+            let read_from = unix_ms();
             match fleet.bucket(">", true).await {
-                Ok(Some(reader)) => break reader,
+                Ok(Some(reader)) => break (reader, read_from),
                 Ok(None) => {}
                 Err(e) => eprintln!("monitor fleet: {e}; trying again"),
             }
@@ -340,7 +345,7 @@ async fn watch(fleet: &Fleet, rule: Rule, json_out: bool) -> Result<ExitCode, Fl
         // Until the snapshot is read, changes are not reported one by one.
         let mut started = reader.current();
         if started {
-            for c in convictions.update_all(&view, unix_ms(), rule) {
+            for c in convictions.update_all(&view, read_from, rule) {
                 print_change(&c, json_out);
             }
         }
@@ -377,7 +382,7 @@ async fn watch(fleet: &Fleet, rule: Rule, json_out: bool) -> Result<ExitCode, Fl
                     }
                     if !started && reader.current() {
                         started = true;
-                        for c in convictions.update_all(&view, unix_ms(), rule) {
+                        for c in convictions.update_all(&view, read_from, rule) {
                             print_change(&c, json_out);
                         }
                     }

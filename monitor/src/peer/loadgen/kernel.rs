@@ -306,6 +306,22 @@ impl Generator {
             {
                 Ok(0.0)
             }
+            // Some kernels refuse live frames even to root (a sandboxed 6.18 build answers
+            // EPERM to the first call, while ordinary BPF_PROG_RUN works): say what to use.
+            Err(ProgramError::SyscallError(e))
+                if e.io_error.raw_os_error() == Some(libc::EPERM) =>
+            {
+                Err(format!(
+                    "BPF_PROG_RUN (live frames): {}: {}: this kernel refuses live frames to \
+                     this process; the default (userspace) sender works without --kernel",
+                    e.call, e.io_error
+                ))
+            }
+            // aya's error says which call failed; the errno is in its source.
+            Err(ProgramError::SyscallError(e)) => Err(format!(
+                "BPF_PROG_RUN (live frames): {}: {}",
+                e.call, e.io_error
+            )),
             Err(e) => Err(format!("BPF_PROG_RUN (live frames): {e}")),
         }
     }
