@@ -1,5 +1,6 @@
 //! The Debian package that `cargo xtask package` builds (and `cargo xtask test` builds before
-//! the tests, passing its path in HEARTBEAT_MONITOR_DEB), checked with the real tools: lintian
+//! the tests, of the debug build with fast compression, passing its path in
+//! HEARTBEAT_MONITOR_DEB; xtask/src/package.rs says why), checked with the real tools: lintian
 //! reports no error (in the dbgsym package either), `dpkg-deb --contents` lists exactly what
 //! README.md says is installed (its conffiles too), the binary is stripped and its line tables
 //! are in the dbgsym package, and the unit inside passes `systemd-analyze verify` without a

@@ -58,13 +58,24 @@ pub fn run(args: &FuzzArgs) -> Result<()> {
                 TARGETS.join(", ")
             );
         }
-        fuzz(target, args.seconds, args.sanitizer)?;
+        fuzz(target, args.seconds, args.sanitizer, Build::Optimized)?;
     }
     Ok(())
 }
 
+/// How the fuzz targets are compiled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Build {
+    /// Optimised (cargo-fuzz's default): many more runs a second, for real fuzzing.
+    Optimized,
+    /// Unoptimised (`--dev`): for the test command's short runs, whose worth is the replay
+    /// of every seed and a few seconds of search, not the rate; the build of the fuzz crate
+    /// and its dependencies is then the cheaper half of what it was.
+    Dev,
+}
+
 /// Runs one target for `seconds`; a crash fails with libFuzzer's report and reproducer.
-pub fn fuzz(target: &str, seconds: u64, sanitizer: Sanitizer) -> Result<()> {
+pub fn fuzz(target: &str, seconds: u64, sanitizer: Sanitizer, build: Build) -> Result<()> {
     println!("fuzz: {target} for {seconds} s");
     let working = workspace::root().join("target/fuzz-corpus").join(target);
     fs::create_dir_all(&working)
@@ -77,6 +88,7 @@ pub fn fuzz(target: &str, seconds: u64, sanitizer: Sanitizer) -> Result<()> {
                 Sanitizer::Address => ["--sanitizer", "address"],
                 Sanitizer::None => ["--sanitizer", "none"],
             })
+            .args((build == Build::Dev).then_some("--dev"))
             // New inputs go to the first directory; the seeds are only read.
             .arg(&working)
             .args([seeds.as_str(), "--"])

@@ -27,9 +27,9 @@ pub fn run(args: &TestArgs) -> Result<()> {
     phases.time("setup", setup::ensure)?;
     workspace::require_root("test")?;
     phases.time("build", || build::build(false))?;
-    // tests/tests/deb_package.rs checks the .deb: the release build (incremental: seconds when
-    // nothing changed, minutes after a change to the agent) and cargo-deb (strip, xz: ~20 s).
-    // A run limited to other test files (`-- --test NAME`) does not need it.
+    // tests/tests/deb_package.rs checks the .deb, made of the debug build just built (see
+    // `package::Build::Test`). A run limited to other test files (`-- --test NAME`) does not
+    // need it.
     let only_files: Vec<&str> = args
         .cargo_args
         .windows(2)
@@ -42,8 +42,7 @@ pub fn run(args: &TestArgs) -> Result<()> {
         )
         .collect();
     let deb = if only_files.is_empty() || only_files.contains(&"deb_package") {
-        phases.time("release build", || build::build(true))?;
-        Some(phases.time("package", package::package)?)
+        Some(phases.time("package", || package::package(package::Build::Test))?)
     } else {
         None
     };
@@ -62,9 +61,14 @@ pub fn run(args: &TestArgs) -> Result<()> {
     let (passed, failed) = phases.time("tests (build and run)", || run_counting(&mut cmd))?;
     if args.fuzz_seconds > 0 && args.cargo_args.is_empty() {
         phases.time("fuzz (build and run)", || {
-            fuzz::TARGETS
-                .iter()
-                .try_for_each(|target| fuzz::fuzz(target, args.fuzz_seconds, fuzz::Sanitizer::None))
+            fuzz::TARGETS.iter().try_for_each(|target| {
+                fuzz::fuzz(
+                    target,
+                    args.fuzz_seconds,
+                    fuzz::Sanitizer::None,
+                    fuzz::Build::Dev,
+                )
+            })
         })?;
     }
     // One closing line for the whole run (cargo's own last line is a crate's doc-tests).
