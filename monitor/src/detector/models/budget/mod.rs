@@ -28,6 +28,10 @@
 //! deviation counts as 0 ([`tie_deviation`]): on a calm path every rule is, and the timeout is
 //! kept, whose deadline a queue's first delay does not bring closer.
 //!
+//! The window is the peer's own intervals: the first-interval estimate's two samples, which
+//! every model's window starts with, are not arrivals, and only a peer heard once is judged
+//! by them ([`choose_unheard`]).
+//!
 //! phi keeps the levels' order and puts the deadline at the top level (the `threshold`, the
 //! agent's highest level): with u = t + lambda o_n the silence anchored as the rule anchors
 //! it, m and s the mean and deviation (floored by `min_std_ms`) of the s_j,
@@ -35,9 +39,13 @@
 //!   phi(t) = top * normal_phi((u - m) / s) / normal_phi((0.98 B - m) / s)
 //!
 //! so phi = top exactly at the deadline, and a lower level at the silence where the normal
-//! phi of the anchored silence is that fraction of its value at the deadline. (Where the
-//! budget is less than one deviation above m the curve is moved so that it is one: the
-//! deadline stays where the budget puts it.)
+//! phi of the anchored silence is that fraction of its value at the deadline. The floor
+//! yields where it would put the aim less than z_top deviations above m (z_top: the normal
+//! deviate whose phi is the top level): s is then (0.98 B - m) / z_top, or the window's own
+//! deviation if wider, and phi the normal phi of the anchored silence, log10 2 at m (a fast
+//! sender under a short budget; see [`BudgetRule::around`]). Where the budget is still less
+//! than one deviation above m the curve is moved so that it is one: the deadline stays where
+//! the budget puts it.
 //!
 //! Cost: the choice is made when the estimate is (a refresh: every heartbeat, as for the other
 //! ring models), in five passes over the window; a read of phi is one normal tail, as
@@ -206,20 +214,98 @@ pub fn choose(
         _ => aim,
     };
     let deadline_ms = (state_aim - shift).max(0.0);
-    let scale_ms = std.max(min_std_ms).max(1e-3);
-    // The curve in silence after the last arrival, its deadline at least a scale past the
-    // center so that phi there is well away from 0.
-    let center_ms = (mean - shift).min(deadline_ms - scale_ms);
-    let top_phi = tail::normal_phi((deadline_ms - center_ms) / scale_ms);
-    BudgetRule {
-        anchor,
-        deadline_ms,
-        mistakes,
-        center_ms,
-        scale_ms,
-        top,
-        top_phi,
+    BudgetRule::around(anchor, mistakes, deadline_ms, mean - shift, std, min_std_ms, top)
+}
+
+/// The rule for a peer whose window holds no interval of its own yet (one heartbeat heard):
+/// the timeout at the aim, its curve around the first-interval estimate's samples
+/// (`estimate_ms`, the two every model's window starts with), whose deviation is assumed,
+/// as the floor is, and yields as the floor does where the budget is short for it.
+pub fn choose_unheard(estimate_ms: &[f64], budget_ms: f64, min_std_ms: f64, top: f64) -> BudgetRule {
+    let deadline_ms = budget_ms * AIM;
+    let n = estimate_ms.len() as f64;
+    if estimate_ms.is_empty() {
+        return BudgetRule::around(0.0, 0, deadline_ms, deadline_ms, 0.0, min_std_ms, top);
     }
+    let mean = estimate_ms.iter().sum::<f64>() / n;
+    let var = estimate_ms.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n;
+    let floor = var.sqrt().max(min_std_ms);
+    BudgetRule::around(0.0, 0, deadline_ms, mean, 0.0, floor, top)
+}
+
+/// The least scale of a curve (ms): a deadline with no room before it is a step.
+const MIN_SCALE_MS: f64 = 1e-3;
+
+impl BudgetRule {
+    /// The rule of `anchor` with its deadline, and its phi curve: around `mean` (ms of
+    /// silence after the last arrival, the anchored intervals' mean moved by the rule's
+    /// shift), over the scale of their deviation `std`, floored by `floor_ms`, with phi
+    /// `top` at the deadline.
+    ///
+    /// The floor yields where it would put the deadline less than z_top scales past the mean
+    /// (z_top: the standard normal deviate whose phi is the top level, 5.61 for 8): there the
+    /// scale is (deadline - mean) / z_top, or the window's own deviation if that is wider,
+    /// and where it is (deadline - mean) / z_top the curve is the normal phi of the silence
+    /// itself, log10 2 at the mean. That is a budget short for the floor: a 5 ms sender under
+    /// a 40 ms budget, whose 50 ms floor would put the deadline 0.68 scales past the mean.
+    /// Unyielding, the floor's scale made the curve end a scale before the deadline, centred
+    /// 10.8 ms before the heartbeat: phi was 3.8 at the heartbeat itself, a suspicion at
+    /// levels 1 and 3 after every one. The window's own deviation never yields: a deadline
+    /// inside the spread of the peer's intervals is reached by some of them, and the levels
+    /// below it come before it. Where the deadline is not a scale past the center, the center
+    /// moves back to a scale before it (a deadline before the mean: a budget shorter than the
+    /// interval, or only the first-interval estimate to go by; with nothing but the floor,
+    /// every level within microseconds of the deadline, a plain timeout).
+    fn around(
+        anchor: f64,
+        mistakes: u32,
+        deadline_ms: f64,
+        mean: f64,
+        std: f64,
+        floor_ms: f64,
+        top: f64,
+    ) -> Self {
+        let z_top = top_deviate(top);
+        let room = deadline_ms - mean;
+        // A top level at or below the mean's phi (log10 2) has no such deviate: the floor
+        // stands.
+        let floor = if z_top > 0.0 {
+            floor_ms.min(room.max(0.0) / z_top)
+        } else {
+            floor_ms
+        };
+        let scale_ms = std.max(floor).max(MIN_SCALE_MS);
+        let center_ms = mean.min(deadline_ms - scale_ms);
+        let top_phi = tail::normal_phi((deadline_ms - center_ms) / scale_ms);
+        BudgetRule {
+            anchor,
+            deadline_ms,
+            mistakes,
+            center_ms,
+            scale_ms,
+            top,
+            top_phi,
+        }
+    }
+}
+
+/// The standard normal deviate at which phi is `top`: an inversion, remembered per thread
+/// for the last `top` asked (a detector has one top level, and the estimate of every
+/// heartbeat may ask).
+fn top_deviate(top: f64) -> f64 {
+    use std::cell::Cell;
+    thread_local! {
+        static LAST: Cell<(f64, f64)> = const { Cell::new((f64::NAN, f64::NAN)) };
+    }
+    LAST.with(|last| {
+        let (at, z) = last.get();
+        if at == top {
+            return z;
+        }
+        let z = tail::invert(tail::normal_phi, top);
+        last.set((top, z));
+        z
+    })
 }
 
 /// The deviation by which rules of as many mistakes are told apart: their own, or 0 where the
@@ -427,6 +513,18 @@ pub fn schedule_offsets(intervals_ms: &[f64]) -> Vec<f64> {
         .collect()
 }
 
+/// The intervals the rule is chosen from (ms, oldest first): the window's own, between
+/// heartbeats the peer sent. The first-interval estimate's samples, which every other model
+/// starts its window with, are not arrivals: read as such, they bent the schedule's line
+/// through the first `window - 2` heartbeats (a 5 ms sender's window behind samples of 75
+/// and 125 ms left its last arrival 9.2 ms early on the line after 60 heartbeats, and the
+/// schedule-anchored rule put the deadline 9.2 ms past the aim, at 1.21 B), and counted as
+/// mistakes of every rule whose deadline is shorter than them. A window with none of its
+/// own is [`choose_unheard`]'s.
+pub fn arrival_intervals_ms(window: &WindowView<'_>) -> Vec<f64> {
+    window.ring.iter().map(|&us| us as f64 / 1000.0).collect()
+}
+
 /// The `budget` model: its parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Budget {
@@ -499,8 +597,16 @@ impl PhiModel for Budget {
     }
 
     fn shape(&self, window: &WindowView<'_>) -> Shape {
+        if window.ring.is_empty() {
+            return Shape::Budget(choose_unheard(
+                &super::intervals_ms(window),
+                self.budget_ms,
+                self.min_std_ms,
+                self.top,
+            ));
+        }
         Shape::Budget(choose(
-            &super::intervals_ms(window),
+            &arrival_intervals_ms(window),
             self.budget_ms,
             self.min_std_ms,
             self.top,
