@@ -214,21 +214,38 @@ pub fn choose(
         _ => aim,
     };
     let deadline_ms = (state_aim - shift).max(0.0);
-    BudgetRule::around(anchor, mistakes, deadline_ms, mean - shift, std, min_std_ms, top)
+    BudgetRule::around(
+        anchor,
+        mistakes,
+        deadline_ms,
+        mean - shift,
+        std,
+        min_std_ms,
+        top,
+    )
 }
 
 /// The rule for a peer whose window holds no interval of its own yet (one heartbeat heard):
 /// the timeout at the aim, its curve around the first-interval estimate's samples
 /// (`estimate_ms`, the two every model's window starts with), whose deviation is assumed,
 /// as the floor is, and yields as the floor does where the budget is short for it.
-pub fn choose_unheard(estimate_ms: &[f64], budget_ms: f64, min_std_ms: f64, top: f64) -> BudgetRule {
+pub fn choose_unheard(
+    estimate_ms: &[f64],
+    budget_ms: f64,
+    min_std_ms: f64,
+    top: f64,
+) -> BudgetRule {
     let deadline_ms = budget_ms * AIM;
     let n = estimate_ms.len() as f64;
     if estimate_ms.is_empty() {
         return BudgetRule::around(0.0, 0, deadline_ms, deadline_ms, 0.0, min_std_ms, top);
     }
     let mean = estimate_ms.iter().sum::<f64>() / n;
-    let var = estimate_ms.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n;
+    let var = estimate_ms
+        .iter()
+        .map(|x| (x - mean) * (x - mean))
+        .sum::<f64>()
+        / n;
     let floor = var.sqrt().max(min_std_ms);
     BudgetRule::around(0.0, 0, deadline_ms, mean, 0.0, floor, top)
 }

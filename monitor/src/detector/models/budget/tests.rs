@@ -356,7 +356,11 @@ fn a_floor_wider_than_the_budget_leaves_a_fast_sender_unsuspected() {
     let scale = 34.2 / Z_PHI_8;
     assert!((rule.scale_ms - scale).abs() < 1e-9, "{rule:?}");
     assert!((rule.center_ms - 5.0).abs() < 1e-9, "{rule:?}");
-    assert!((rule.phi(5.0) - 2f64.log10()).abs() < 1e-9, "{}", rule.phi(5.0));
+    assert!(
+        (rule.phi(5.0) - 2f64.log10()).abs() < 1e-9,
+        "{}",
+        rule.phi(5.0)
+    );
     // Level 1 at 5 + 1.2816 scales = 12.81 ms, level 3 at 5 + 3.0902 scales = 23.83 ms:
     // more than a period after the next heartbeat was due.
     assert!((rule.crossing_ms(1.0) - (5.0 + Z_PHI_1 * scale)).abs() < 1e-9);
@@ -401,7 +405,10 @@ fn a_peer_heard_once_under_a_budget_shorter_than_the_estimate_gets_a_timeout() {
     // The peer's own intervals of 75 and 125 ms are a spread, not an assumption: it does not
     // yield, and the curve ends a deviation (25 ms) before the deadline, as before.
     let own = choose(&[75.0, 125.0], 40.0, 50.0, 8.0, None);
-    assert!(close(own.scale_ms, 25.0) && close(own.center_ms, 39.2 - 25.0), "{own:?}");
+    assert!(
+        close(own.scale_ms, 25.0) && close(own.center_ms, 39.2 - 25.0),
+        "{own:?}"
+    );
 }
 
 #[test]
