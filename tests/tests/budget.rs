@@ -6,7 +6,9 @@ use std::time::Duration;
 use integration_tests::{
     agent_process::{AgentProcess, TempDir, events_until, sender, spawn},
     netns::NetnsPair,
-    require_root, wait_for,
+    require_root,
+    soak::unix_ms,
+    wait_for,
 };
 use serde_json::{Value, json};
 
@@ -29,24 +31,31 @@ fn a_stopped_sender_is_convicted_at_its_deadline() {
 
 /// A budget shorter than the scan interval (40 ms against the default 50 ms scans): the
 /// crossings are raised at their time by the due passes between scans, not by the next scan.
-/// Level 8, the budget's own level, is checked: its crossing comes 40-50 ms after the last
+/// Level 8, the budget's own level, is checked: its crossing comes about 39 ms after the last
 /// heartbeat, so the due passes that follow the peer between scans have it armed (the scans
-/// alone would raise it 0-50 ms late). A crossing within a millisecond of a heartbeat the
-/// agent has not yet seen cannot be armed, and is raised by the next look, as before: for this
-/// 5 ms sender the budget model puts levels 1 and 3 there (0.1-0.7 ms after the last heartbeat,
-/// and level 8 after 48-49 ms of silence, 1.2 times the budget; the 300 ms test above holds
-/// the model to its budget). An open defect of the model, not of the sweep: it suspects this
-/// live sender at levels 1 and 3 again and again (19 suspect events in its first 300 ms in
-/// one run, printed below), where the 300 ms budget of a 20 ms sender raises none.
+/// alone would raise it 0-50 ms late), and it is the budget's deadline. And the fast sender is
+/// never suspected while it lives (`convicted_after`): the model once put levels 1 and 3 at
+/// the very heartbeat of this 5 ms sender (its 50 ms deviation floor, wider than the budget,
+/// moved the curve before it) and level 8 at 48-49 ms (1.2 B: the first-interval estimate's
+/// samples read as arrivals bent the schedule's line), and suspected it 19 times in its
+/// first 300 ms (docs/tuning.md, "Fast senders with short budgets").
 #[test]
 fn a_budget_shorter_than_the_scan_is_met_between_scans() {
     require_root();
     let pair = NetnsPair::named(125, ["hbmbudgetc", "hbmbudgetd"], ["hbvbudgc", "hbvbudgd"]);
-    let deadline = convicted_after(&pair, 40.0, "5ms", &[]);
+    let budget_ms = 40.0;
+    let deadline = convicted_after(&pair, budget_ms, "5ms", &[]);
     assert!(
         deadline.raised_late_ms < 10.0,
         "level 8 raised {} ms after its crossing, with scans 50 ms apart: {deadline:?}",
         deadline.raised_late_ms
+    );
+    // At the aim (0.98 B), or the aim moved by the last heartbeat's offset from the schedule
+    // where a delay of the sender's made the rule anchor on it: a few ms at most on a loaded
+    // machine. (The first-interval estimate's samples once moved it to 48.4 ms.)
+    assert!(
+        (0.9 * budget_ms..=1.1 * budget_ms).contains(&deadline.crossed_after_ms),
+        "{deadline:?}"
     );
 }
 
@@ -60,8 +69,9 @@ struct Conviction {
 }
 
 /// Runs an agent with `--budget budget_ms`, levels 1, 3 and 8 and `extra` flags, a sender of
-/// peer 9 every `interval` that is killed after 60 heartbeats; checks that every level is
-/// raised in order, and returns when level 8 came.
+/// peer 9 every `interval` that is killed after 60 heartbeats; checks that the sender was
+/// never suspected, at any level, while it lived, and that every level is raised in order
+/// after its death, and returns when level 8 came.
 fn convicted_after(pair: &NetnsPair, budget_ms: f64, interval: &str, extra: &[&str]) -> Conviction {
     let dir = TempDir::new("hbmbudget");
     let budget = format!("{budget_ms}ms");
@@ -83,19 +93,29 @@ fn convicted_after(pair: &NetnsPair, budget_ms: f64, interval: &str, extra: &[&s
         let peer = &agent.ask(json!({"op": "peer", "id": 9}))["peer"];
         (peer["heartbeats"].as_u64().unwrap() >= 60).then_some(())
     });
+    // Whole Unix ms, as the events' `at`: an event stamped earlier was raised before the kill.
+    let killed_at_ms = unix_ms().floor();
     drop(send); // SIGKILL: the sender dies mid-stream
 
     let events = events_until(&mut watcher, Duration::from_secs(10), |e| {
         e.iter()
             .any(|e| e["event"] == "suspect" && e["id"] == 9 && e["level"] == json!(8.0))
     });
-    // The climb after the sender's death: a live sender descheduled on a loaded machine may
-    // cross the first level before it (a level-1 mistake, ended by its next heartbeat).
-    let climb = events
+    // Every suspicion of the sender while it lived was a mistake: one raised before the kill,
+    // or one its next heartbeat ended (a recover).
+    let mistakes: Vec<&Value> = events
         .iter()
-        .rposition(|e| e["event"] == "recover" && e["id"] == 9)
-        .map_or(0, |i| i + 1);
-    let suspicion: Vec<&Value> = events[climb..]
+        .filter(|e| {
+            e["id"] == 9
+                && (e["event"] == "recover"
+                    || (e["event"] == "suspect" && e["at"].as_f64().unwrap() < killed_at_ms))
+        })
+        .collect();
+    assert!(
+        mistakes.is_empty(),
+        "--budget {budget_ms}ms, a sender every {interval}: suspected while it lived: {mistakes:#?}"
+    );
+    let suspicion: Vec<&Value> = events
         .iter()
         .filter(|e| e["event"] == "suspect" && e["id"] == 9)
         .collect();
@@ -127,13 +147,6 @@ fn convicted_after(pair: &NetnsPair, budget_ms: f64, interval: &str, extra: &[&s
         "--budget {budget_ms}ms: levels 1, 3, 8 crossed after {crossed:?} ms of silence, raised {late:?} ms after their crossings"
     );
     let raised_late_ms = late[2];
-    println!(
-        "{} suspect events of peer 9 before the climb",
-        events[..climb]
-            .iter()
-            .filter(|e| e["event"] == "suspect" && e["id"] == 9)
-            .count()
-    );
     let peer = &agent.ask(json!({"op": "peer", "id": 9}))["peer"];
     assert!(peer["phi"].as_f64().unwrap() >= 8.0, "{peer}");
     Conviction {

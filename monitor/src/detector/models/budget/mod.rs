@@ -28,6 +28,10 @@
 //! deviation counts as 0 ([`tie_deviation`]): on a calm path every rule is, and the timeout is
 //! kept, whose deadline a queue's first delay does not bring closer.
 //!
+//! The window is the peer's own intervals: the first-interval estimate's two samples, which
+//! every model's window starts with, are not arrivals, and only a peer heard once is judged
+//! by them ([`choose_unheard`]).
+//!
 //! phi keeps the levels' order and puts the deadline at the top level (the `threshold`, the
 //! agent's highest level): with u = t + lambda o_n the silence anchored as the rule anchors
 //! it, m and s the mean and deviation (floored by `min_std_ms`) of the s_j,
@@ -35,13 +39,22 @@
 //!   phi(t) = top * normal_phi((u - m) / s) / normal_phi((0.98 B - m) / s)
 //!
 //! so phi = top exactly at the deadline, and a lower level at the silence where the normal
-//! phi of the anchored silence is that fraction of its value at the deadline. (Where the
-//! budget is less than one deviation above m the curve is moved so that it is one: the
-//! deadline stays where the budget puts it.)
+//! phi of the anchored silence is that fraction of its value at the deadline. The floor
+//! yields where it would put the aim less than z_top deviations above m (z_top: the normal
+//! deviate whose phi is the top level): s is then (0.98 B - m) / z_top, or the window's own
+//! deviation if wider, and phi the normal phi of the anchored silence, log10 2 at m (a fast
+//! sender under a short budget; see [`BudgetRule::around`]). Where the budget is still less
+//! than one deviation above m the curve is moved so that it is one: the deadline stays where
+//! the budget puts it.
 //!
 //! Cost: the choice is made when the estimate is (a refresh: every heartbeat, as for the other
-//! ring models), in five passes over the window; a read of phi is one normal tail, as
-//! `normal`'s, and the sweep compares the clock with the precomputed deadline.
+//! ring models), in five passes over the window, and one normal tail for the curve (z_top is
+//! inverted once per thread and top level); a read of phi is one normal tail, as `normal`'s,
+//! and the sweep compares the clock with the precomputed deadline.
+
+mod curve;
+
+pub use curve::BudgetRule;
 
 use super::{ModelInfo, ModelSpec, PhiModel, SpecKey, WindowNeeds, WindowView};
 use crate::detector::{
@@ -88,61 +101,6 @@ pub fn check_budget_ms(ms: f64) -> Result<f64, String> {
         ));
     }
     Ok(ms)
-}
-
-/// The rule chosen for one window, and the phi curve around its deadline.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct BudgetRule {
-    /// lambda: 0 a timeout from the last arrival, 1 anchored on the schedule.
-    pub anchor: f64,
-    /// Silence after the last arrival at which phi reaches `top`: the deadline.
-    pub deadline_ms: f64,
-    /// Heartbeats of the window the rule would have suspected wrongly.
-    pub mistakes: u32,
-    /// The curve: phi(t) = top * normal_phi((t - center) / scale) / top_phi.
-    pub center_ms: f64,
-    pub scale_ms: f64,
-    pub top: f64,
-    top_phi: f64,
-}
-
-impl BudgetRule {
-    /// phi after `silence_ms` without a heartbeat.
-    pub fn phi(&self, silence_ms: f64) -> f64 {
-        let z = (silence_ms - self.center_ms) / self.scale_ms;
-        let phi = (self.top * tail::normal_phi(z) / self.top_phi).max(0.0);
-        // Exactly the top level from the deadline on, and below it before, whatever the
-        // rounding far in the tail: the deadline is the rule, the curve only grades it.
-        match silence_ms.total_cmp(&self.deadline_ms) {
-            std::cmp::Ordering::Less => phi.min(self.top.next_down()),
-            std::cmp::Ordering::Equal => self.top,
-            std::cmp::Ordering::Greater => phi.max(self.top),
-        }
-    }
-
-    /// The least silence (ms) at which phi reaches `level`: the deadline itself for the top
-    /// level, else the normal tail inverted and nudged up to the first float that reaches it.
-    pub fn crossing_ms(&self, level: f64) -> f64 {
-        if level == self.top {
-            return self.deadline_ms;
-        }
-        if level <= 0.0 {
-            return 0.0;
-        }
-        let z = tail::invert(tail::normal_phi, level * self.top_phi / self.top);
-        let mut t = (self.center_ms + z * self.scale_ms).max(0.0);
-        if !t.is_finite() {
-            return t;
-        }
-        // The bisection's answer may sit a rounding either side of the level.
-        while t > 0.0 && self.phi(t.next_down()) >= level {
-            t = t.next_down();
-        }
-        while self.phi(t) < level {
-            t = t.next_up();
-        }
-        t
-    }
 }
 
 /// The rule for a window of intervals (ms, oldest first, every one between consecutive
@@ -206,20 +164,40 @@ pub fn choose(
         _ => aim,
     };
     let deadline_ms = (state_aim - shift).max(0.0);
-    let scale_ms = std.max(min_std_ms).max(1e-3);
-    // The curve in silence after the last arrival, its deadline at least a scale past the
-    // center so that phi there is well away from 0.
-    let center_ms = (mean - shift).min(deadline_ms - scale_ms);
-    let top_phi = tail::normal_phi((deadline_ms - center_ms) / scale_ms);
-    BudgetRule {
+    BudgetRule::around(
         anchor,
-        deadline_ms,
         mistakes,
-        center_ms,
-        scale_ms,
+        deadline_ms,
+        mean - shift,
+        std,
+        min_std_ms,
         top,
-        top_phi,
+    )
+}
+
+/// The rule for a peer whose window holds no interval of its own yet (one heartbeat heard):
+/// the timeout at the aim, its curve around the first-interval estimate's samples
+/// (`estimate_ms`, the two every model's window starts with), whose deviation is assumed,
+/// as the floor is, and yields as the floor does where the budget is short for it.
+pub fn choose_unheard(
+    estimate_ms: &[f64],
+    budget_ms: f64,
+    min_std_ms: f64,
+    top: f64,
+) -> BudgetRule {
+    let deadline_ms = budget_ms * AIM;
+    let n = estimate_ms.len() as f64;
+    if estimate_ms.is_empty() {
+        return BudgetRule::around(0.0, 0, deadline_ms, deadline_ms, 0.0, min_std_ms, top);
     }
+    let mean = estimate_ms.iter().sum::<f64>() / n;
+    let var = estimate_ms
+        .iter()
+        .map(|x| (x - mean) * (x - mean))
+        .sum::<f64>()
+        / n;
+    let floor = var.sqrt().max(min_std_ms);
+    BudgetRule::around(0.0, 0, deadline_ms, mean, 0.0, floor, top)
 }
 
 /// The deviation by which rules of as many mistakes are told apart: their own, or 0 where the
@@ -427,6 +405,18 @@ pub fn schedule_offsets(intervals_ms: &[f64]) -> Vec<f64> {
         .collect()
 }
 
+/// The intervals the rule is chosen from (ms, oldest first): the window's own, between
+/// heartbeats the peer sent. The first-interval estimate's samples, which every other model
+/// starts its window with, are not arrivals: read as such, they bent the schedule's line
+/// through the first `window - 2` heartbeats (a 5 ms sender's window behind samples of 75
+/// and 125 ms left its last arrival 9.2 ms early on the line after 60 heartbeats, and the
+/// schedule-anchored rule put the deadline 9.2 ms past the aim, at 1.21 B), and counted as
+/// mistakes of every rule whose deadline is shorter than them. A window with none of its
+/// own is [`choose_unheard`]'s.
+pub fn arrival_intervals_ms(window: &WindowView<'_>) -> Vec<f64> {
+    window.ring.iter().map(|&us| us as f64 / 1000.0).collect()
+}
+
 /// The `budget` model: its parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Budget {
@@ -499,8 +489,16 @@ impl PhiModel for Budget {
     }
 
     fn shape(&self, window: &WindowView<'_>) -> Shape {
+        if window.ring.is_empty() {
+            return Shape::Budget(choose_unheard(
+                &super::intervals_ms(window),
+                self.budget_ms,
+                self.min_std_ms,
+                self.top,
+            ));
+        }
         Shape::Budget(choose(
-            &super::intervals_ms(window),
+            &arrival_intervals_ms(window),
             self.budget_ms,
             self.min_std_ms,
             self.top,

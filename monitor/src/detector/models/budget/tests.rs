@@ -329,3 +329,117 @@ fn the_split_waits_for_bursts_and_leaves_steady_loss_alone() {
     assert_eq!(recent_burst_share(steady.missing), Some(1.0));
     assert_eq!(LossStates::from_record(&steady), None);
 }
+
+/// The upper normal quantiles the levels below use, from tables (R: qnorm(p, lower.tail =
+/// FALSE)): phi 1 is P = 0.1, phi 3 is P = 0.001, phi 8 is P = 1e-8.
+const Z_PHI_1: f64 = 1.281_551_565_544_600_4;
+const Z_PHI_3: f64 = 3.090_232_306_167_813_5;
+const Z_PHI_8: f64 = 5.612_001_244_174_965;
+
+#[test]
+fn a_floor_wider_than_the_budget_leaves_a_fast_sender_unsuspected() {
+    // A 5 ms sender on a veth: 64 intervals of 4.9 and 5.1 ms in turn (mean 5, deviation
+    // 0.1), the default floor of 50 ms, a 40 ms budget (aim 39.2), levels up to 8. No rule
+    // comes near a mistake (every anchored interval is within 0.2 ms of 5, the aim 34 ms
+    // past it, more than a period), so the timeout is kept: the deadline is the aim.
+    let x: Vec<f64> = [4.9, 5.1].repeat(32);
+    let rule = choose(&x, 40.0, 50.0, 8.0, None);
+    assert_eq!((rule.anchor, rule.mistakes), (0.0, 0), "{rule:?}");
+    assert!(close(rule.deadline_ms, 39.2), "{rule:?}");
+    // The floor would put the deadline (39.2 - 5) / 50 = 0.684 scales past the mean, where
+    // the top level needs 5.612 (phi 8 is P = 1e-8): spread over a scale that wide, the
+    // curve had to be moved a scale before the deadline, to -10.8 ms, and it put phi at
+    // 8 * normal_phi(0.216) / normal_phi(1) = 3.83 at the heartbeat itself, levels 1 and 3
+    // at 0 ms of silence. The floor yields instead: the scale is the one that puts the top
+    // level at the deadline, 34.2 / 5.612 = 6.094 ms, and phi is the normal phi of the
+    // silence around the mean, log10 2 at the mean.
+    let scale = 34.2 / Z_PHI_8;
+    assert!((rule.scale_ms - scale).abs() < 1e-9, "{rule:?}");
+    assert!((rule.center_ms - 5.0).abs() < 1e-9, "{rule:?}");
+    assert!(
+        (rule.phi(5.0) - 2f64.log10()).abs() < 1e-9,
+        "{}",
+        rule.phi(5.0)
+    );
+    // Level 1 at 5 + 1.2816 scales = 12.81 ms, level 3 at 5 + 3.0902 scales = 23.83 ms:
+    // more than a period after the next heartbeat was due.
+    assert!((rule.crossing_ms(1.0) - (5.0 + Z_PHI_1 * scale)).abs() < 1e-9);
+    assert!((rule.crossing_ms(3.0) - (5.0 + Z_PHI_3 * scale)).abs() < 1e-9);
+    assert_eq!(rule.crossing_ms(8.0), rule.deadline_ms);
+    // Below level 1 at every silence up to a heartbeat missed (two periods): far past the
+    // window's spread (5 +/- 0.1 ms).
+    for i in 0..=1000 {
+        let t = i as f64 * 0.01;
+        assert!(rule.phi(t) < 1.0, "phi({t}) = {}", rule.phi(t));
+    }
+}
+
+#[test]
+fn a_peer_heard_once_under_a_budget_shorter_than_the_estimate_gets_a_timeout() {
+    use crate::detector::window::slot_with_intervals;
+    // The first heartbeat of a peer under `--budget 40ms`: its window holds no interval, only
+    // the first-interval estimate's two samples (75 and 125 ms, mean 100, deviation 25), past
+    // the deadline (the aim, 39.2 ms). Their deviation is assumed, as the floor's is, and
+    // yields: no curve around the expected arrival reaches the top at the deadline, so every
+    // level comes at it, within microseconds (a plain timeout). The curve moved a scale (50
+    // ms, the floor) before the deadline put phi at 8 * normal_phi(0.216) / normal_phi(1) =
+    // 3.83 at the heartbeat, and the next heartbeat, 5 ms later, ended two suspicions.
+    let p = parse_spec("budget:ms=40").unwrap();
+    let config = p.window_config();
+    let slot = slot_with_intervals([], &config);
+    let e = p.estimate(&slot.record(), &[]);
+    let Shape::Budget(rule) = e.shape else {
+        panic!("{e:?}")
+    };
+    assert_eq!(rule, choose_unheard(&[75.0, 125.0], 40.0, 50.0, 8.0));
+    assert!(close(rule.deadline_ms, 39.2), "{rule:?}");
+    for level in [1.0, 3.0] {
+        let t = rule.crossing_ms(level);
+        assert!((39.19..39.2).contains(&t), "level {level} at {t}: {rule:?}");
+    }
+    assert!(rule.phi(39.0) < 1e-6, "{}", rule.phi(39.0));
+    // Under the default budget (500 ms, aim 490) the estimate's curve stands as it was: the
+    // floor puts the aim (490 - 100) / 50 = 7.8 scales past its mean, more than z_top.
+    let wide = choose_unheard(&[75.0, 125.0], 500.0, 50.0, 8.0);
+    assert_eq!((wide.center_ms, wide.scale_ms), (100.0, 50.0));
+    // The peer's own intervals of 75 and 125 ms are a spread, not an assumption: it does not
+    // yield, and the curve ends a deviation (25 ms) before the deadline, as before.
+    let own = choose(&[75.0, 125.0], 40.0, 50.0, 8.0, None);
+    assert!(
+        close(own.scale_ms, 25.0) && close(own.center_ms, 39.2 - 25.0),
+        "{own:?}"
+    );
+}
+
+#[test]
+fn the_first_interval_estimate_is_not_an_arrival() {
+    use crate::detector::window::slot_with_intervals;
+    // `monitor run --budget 40ms` (the default first_interval_ms of 100 and window of 128)
+    // after 61 heartbeats of a sender every 5 ms exactly: the window holds 60 intervals of
+    // 5 ms. Every arrival is on the line through them, so every rule's deadline is the aim,
+    // 39.2 ms, and phi is the normal phi of the silence around 5 ms that reaches 8 there.
+    // Read with the first-interval estimate's two samples (75 and 125 ms) in front, as if
+    // they were arrivals, the line's slope was 5.46 ms and the last arrival 9.20 ms early on
+    // it: the schedule-anchored rule, the only one with no mistake on that window (the
+    // others counted the 75 and 125), put the deadline at 39.2 + 9.2 = 48.4 ms (1.21 B).
+    let p = parse_spec("budget:ms=40").unwrap();
+    assert_eq!((p.first_interval_ms, p.window), (100.0, 128));
+    let config = p.window_config();
+    let slot = slot_with_intervals([5_000; 60], &config);
+    let ring: Vec<u32> = monitor_common::slot::window_intervals(&slot, config.window).collect();
+    assert_eq!(ring.len(), 60);
+    let e = p.estimate(&slot.record(), &ring);
+    let Shape::Budget(rule) = e.shape else {
+        panic!("{e:?}")
+    };
+    assert_eq!(rule.mistakes, 0, "{rule:?}");
+    assert!(close(rule.deadline_ms, 39.2), "{rule:?}");
+    assert!((rule.phi(5.0) - 2f64.log10()).abs() < 1e-9, "{rule:?}");
+    let levels = p.level_silences(&[1.0, 3.0, 8.0]);
+    let scale = 34.2 / Z_PHI_8;
+    for (i, (level, z)) in [(1.0, Z_PHI_1), (3.0, Z_PHI_3)].into_iter().enumerate() {
+        let t = p.crossing_ms(&levels, i, level, &e);
+        assert!((t - (5.0 + z * scale)).abs() < 1e-9, "level {level} at {t}");
+    }
+    assert!(close(p.crossing_ms(&levels, 2, 8.0, &e), 39.2));
+}
