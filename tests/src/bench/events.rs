@@ -48,6 +48,7 @@ impl EventProbe {
         struct Kind<'a> {
             event: &'a str,
             id: Option<u64>,
+            level: Option<f64>,
         }
         let mut timed: Vec<(f64, String)> = Vec::with_capacity(expected);
         let mut kinds: HashMap<String, usize> = HashMap::new();
@@ -65,6 +66,11 @@ impl EventProbe {
             *kinds.entry(kind.event.to_string()).or_default() += 1;
             if kind.event == "suspect" && kind.id.is_some_and(|id| ids.contains(&id)) {
                 timed.push((received, line));
+            } else if kind.event == "suspect" {
+                // A peer that was not killed, suspected: counted by level (`live@8`), so a
+                // false conviction stands apart from the lower levels' expected share.
+                let level = kind.level.map_or("-".into(), |l| l.to_string());
+                *kinds.entry(format!("live@{level}")).or_default() += 1;
             }
         }
         let mut latencies = Vec::new();

@@ -206,12 +206,12 @@ pub(super) fn render_scales(rows: &[ScaleRow]) -> String {
     let _ = writeln!(
         t,
         "\nEvent latency split: detection (the event's `at` less its `crossed_at`: the sweep; `at` is in whole ms, so this reads up to 1 ms low) and delivery (received less `at`: the socket and the subscriber), ms:\n\n\
-         | peers | detection p50/p99 | delivery p50/p99 | suspect events received, all peers (timed: the killed ones') |\n|---:|---:|---:|---:|"
+         | peers | detection p50/p99 | delivery p50/p99 | suspect events received, all peers (timed: the killed ones') | live peers' suspicions by level |\n|---:|---:|---:|---:|---|"
     );
     for r in rows {
         let _ = writeln!(
             t,
-            "| {}{} | {:.1} / {:.1} | {:.1} / {:.1} | {} ({}) |",
+            "| {}{} | {:.1} / {:.1} | {:.1} / {:.1} | {} ({}) | {} |",
             r.peers,
             r.tag,
             f(&r.events, &["detection_ms", "p50"]),
@@ -220,7 +220,28 @@ pub(super) fn render_scales(rows: &[ScaleRow]) -> String {
             f(&r.events, &["delivery_ms", "p99"]),
             r.events["events"]["suspect"],
             r.events["latency_ms"]["count"],
+            live_suspicions(&r.events["events"]),
         );
     }
     t
+}
+
+/// The live peers' suspicions by level (`live@LEVEL` in the probe's counts), as `1: n, 8: m`;
+/// `none` when no live peer was suspected.
+fn live_suspicions(kinds: &serde_json::Value) -> String {
+    let mut by_level: Vec<(f64, u64)> = kinds
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((k.strip_prefix("live@")?.parse().ok()?, v.as_u64()?)))
+        .collect();
+    if by_level.is_empty() {
+        return "none".into();
+    }
+    by_level.sort_by(|a, b| a.0.total_cmp(&b.0));
+    by_level
+        .iter()
+        .map(|(l, n)| format!("{l}: {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
