@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use super::{
     Agent,
     notify::Notifier,
-    observer_faults::{LinkState, LinkWatch},
+    observer_faults::{LinkReader, LinkState, LinkWatch},
     sweep_wake::Woke,
     wall_ms,
 };
@@ -67,7 +67,8 @@ fn sweep_loop(
     let mut next = std::time::Instant::now() + interval;
     let mut last = monotonic_ns();
     let mut hold_until = 0u64;
-    let state = LinkState::read(agent.iface());
+    let mut link_reader = LinkReader::new(agent.iface());
+    let state = link_reader.read();
     // The program is attached to the interface, so it exists: not finding it in /sys means
     // this /sys is another network namespace's (the agent entered its namespace without
     // remounting /sys, as `nsenter --net` does), and its link cannot be watched. Better no
@@ -128,8 +129,8 @@ fn sweep_loop(
         } else {
             next + interval
         };
-        // Two reads of sysfs files a scan: a link change is seen within a scan.
-        let state = link.as_ref().map(|_| LinkState::read(agent.iface()));
+        // Two rereads of open sysfs files a scan: a link change is seen within a scan.
+        let state = link.as_ref().map(|_| link_reader.read());
         let event = link
             .as_mut()
             .zip(state.as_ref())
