@@ -90,7 +90,8 @@ pub struct BenchArgs {
     /// An agent measured beside the others in --agent-only and --scales-only runs, row by
     /// row under the same load: `LABEL=BINARY [FLAGS]`, BINARY `.` for this build, e.g.
     /// `--compare 'main=/tmp/monitor-main' --compare 'new=.' --compare 'new20=. --sweep-interval
-    /// 20ms'`. Repeatable; without it, this build alone.
+    /// 20ms'`. Its flags win over those the run gives every agent (the scale runs'
+    /// `--first-interval-ms`, say). Repeatable; without it, this build alone.
     #[arg(long, value_name = "LABEL=BINARY [FLAGS]")]
     compare: Vec<String>,
 }
@@ -130,7 +131,7 @@ impl Rig<'_> {
     ) -> anyhow::Result<Agent> {
         let binary = variant.binary.as_deref().unwrap_or(&self.tools.monitor);
         let mut flags: Vec<&str> = variant.flags.iter().map(String::as_str).collect();
-        flags.extend_from_slice(extra);
+        flags.extend(variant.run_flags(extra));
         Agent::start(
             self.tools, binary, self.net, self.dir, first_id, peers, &flags,
         )

@@ -52,6 +52,29 @@ impl Variant {
         compare.iter().map(|c| Self::parse(c)).collect()
     }
 
+    /// The run's own flags for this agent (`--flag value` or `--flag`), less those the variant
+    /// sets itself, which win: given both, the agent would refuse to start (a flag given
+    /// twice), as `--compare 'x=. --first-interval-ms 10'` did in a scale run, which tells
+    /// every agent the stream's interval.
+    pub fn run_flags<'a>(&self, run: &[&'a str]) -> Vec<&'a str> {
+        let own = |flag: &str| {
+            self.flags
+                .iter()
+                .any(|f| f == flag || f.strip_prefix(flag).is_some_and(|v| v.starts_with('=')))
+        };
+        let mut kept = Vec::new();
+        let mut i = 0;
+        while i < run.len() {
+            let with_value = run.get(i + 1).is_some_and(|v| !v.starts_with("--"));
+            let n = if with_value { 2 } else { 1 };
+            if !(run[i].starts_with("--") && own(run[i])) {
+                kept.extend_from_slice(&run[i..i + n]);
+            }
+            i += n;
+        }
+        kept
+    }
+
     /// The label, for a table's cell, after the peer count (empty for this build alone).
     pub fn tag(&self) -> String {
         if self.label.is_empty() {
@@ -65,6 +88,25 @@ impl Variant {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_variants_own_flags_win_over_the_runs() {
+        let ten = Variant::parse("ten=. --min-std-ms 2 --first-interval-ms=10").unwrap();
+        let run = [
+            "--metrics-addr",
+            "127.0.0.1:9",
+            "--first-interval-ms",
+            "100",
+            "--persist",
+            "--min-std-ms",
+            "50",
+        ];
+        assert_eq!(
+            ten.run_flags(&run),
+            ["--metrics-addr", "127.0.0.1:9", "--persist"]
+        );
+        assert_eq!(Variant::this_build().run_flags(&run), run);
+    }
 
     #[test]
     fn a_variant_is_a_label_a_binary_and_flags() {
