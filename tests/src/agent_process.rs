@@ -304,6 +304,27 @@ pub fn sender_to(pair: &NetnsPair, to: &str, id: u64, interval: &str, extra: &[&
     cmd
 }
 
+/// `cmd` run under SCHED_FIFO (priority 10, `chrt`), its environment kept and its stdin and
+/// stdout null, as [`sender`]'s: for a test that claims a live sender is never suspected, the
+/// sender must keep its schedule, and on a loaded machine a normal process can be descheduled
+/// for longer than a fast sender's interval (a real silence). `chrt` and `ip netns exec` exec
+/// into the program, so killing the child kills the sender.
+pub fn realtime(cmd: Command) -> Command {
+    let mut rt = Command::new("chrt");
+    rt.args(["-f", "10"])
+        .arg(cmd.get_program())
+        .args(cmd.get_args())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    for (key, value) in cmd.get_envs() {
+        match value {
+            Some(v) => rt.env(key, v),
+            None => rt.env_remove(key),
+        };
+    }
+    rt
+}
+
 /// `monitor loadgen` from the pair's `b` namespace to the agent's address and `port`; its report.
 pub fn loadgen(
     pair: &NetnsPair,
