@@ -97,6 +97,14 @@ fn scale_row(rig: &Rig, peers: u64, rate_hz: f64, seconds: u64) -> Result<ScaleR
 
 /// The ceiling row and the scale rows, rendered.
 pub(super) fn run(rig: &Rig, seconds: u64) -> Result<String> {
+    if let Some(refusal) = live_frames_refused(rig)? {
+        println!("==> the kernel generator: {refusal}");
+        return Ok(format!(
+            "The kernel generator (`monitor loadgen --kernel`) could not run: this kernel \
+             refuses live frames (BPF_PROG_RUN with BPF_F_TEST_XDP_LIVE_FRAMES) to root. \
+             Nothing measured. The generator said: {refusal}\n"
+        ));
+    }
     println!("==> the generators' ceiling: userspace, then kernel, {CEILING_PEERS} peers");
     let ceiling = ceiling(rig)?;
     let mut scales = Vec::new();
@@ -174,4 +182,23 @@ fn render(ceiling: &[Ceiling], scales: &[ScaleRow]) -> String {
         );
     }
     t
+}
+
+/// The generator's refusal, where this kernel refuses live frames even to root (a sandboxed
+/// 6.18 build answers EPERM; `monitor loadgen --kernel` then fails at once and says so): one
+/// peer for 100 ms, nothing on the other end. Any other failure is an error of the run.
+fn live_frames_refused(rig: &Rig) -> Result<Option<String>> {
+    let out = crate::lab::NetPair::in_ns(rig.net.ns_peers, &rig.tools.monitor)
+        .args(["loadgen", "--kernel", "--to", &rig.net.target()])
+        .args(["--peers", "1", "--rate", "10", "--duration", "100ms"])
+        .stdin(std::process::Stdio::null())
+        .output()?;
+    if out.status.success() {
+        return Ok(None);
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    if stderr.contains("refuses live frames") {
+        return Ok(Some(stderr));
+    }
+    anyhow::bail!("monitor loadgen --kernel failed: {stderr}")
 }
