@@ -174,6 +174,13 @@ pub struct Recording {
 pub trait Handler: Send + Sync + 'static {
     fn handle(&self, request: Request) -> Response;
 
+    /// The answer now, on the runtime's worker, for a request that needs nothing held by
+    /// another: it must not wait for any lock or retry; `None` hands the request to
+    /// [`Handler::handle`] on a blocking thread.
+    fn try_handle(&self, _request: &Request) -> Option<Response> {
+        None
+    }
+
     /// A client connected (`true`) or went away (`false`); for the metrics.
     fn client(&self, _connected: bool) {}
 
@@ -435,16 +442,24 @@ async fn serve_client<H: Handler>(
         let (op, response) = match line? {
             Ok(line) if line.trim().is_empty() => continue,
             Ok(line) => match parse_request(&line) {
-                // Every request is answered on a blocking thread: a pass over every peer takes
-                // milliseconds at 50,000, and even one peer's answer may wait for a lock the
-                // sweep, an admission or a detector change holds, or retry a busy slot. The
-                // runtime's two workers keep serving sockets, NATS and the rings meanwhile.
+                // A request that needs nothing held by another is answered here
+                // (`Handler::try_handle`: one peer, whose hand-over to a blocking thread cost
+                // more than its answer). Every other is answered on a blocking thread: a pass
+                // over every peer takes milliseconds at 50,000, and even one peer's answer may
+                // wait for a lock the sweep, an admission or a detector change holds, or retry
+                // a busy slot. The runtime's two workers keep serving sockets, NATS and the
+                // rings meanwhile.
                 Ok(request) => {
                     let op = request.op();
-                    let handler = handler.clone();
-                    let response = tokio::task::spawn_blocking(move || handler.handle(request))
-                        .await
-                        .map_err(io::Error::other)?;
+                    let response = match handler.try_handle(&request) {
+                        Some(response) => response,
+                        None => {
+                            let handler = handler.clone();
+                            tokio::task::spawn_blocking(move || handler.handle(request))
+                                .await
+                                .map_err(io::Error::other)?
+                        }
+                    };
                     (op, response)
                 }
                 Err(message) => (INVALID_OP, Response::Reply(error_reply(message))),
