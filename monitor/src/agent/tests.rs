@@ -200,6 +200,57 @@ fn requests_are_answered_from_the_table_and_the_trackers() {
 }
 
 #[test]
+fn one_peer_is_answered_on_the_worker_when_nothing_is_held_and_left_to_a_thread_when_it_is() {
+    let agent = agent(8, policy(&["10.0.0.0/8"], 0));
+    agent.admit(7).unwrap();
+    agent.sweep(crate::kernel::clock::monotonic_ns(), false);
+    let request = Request::Peer {
+        id: 7,
+        window: false,
+    };
+    let fast = reply(agent.try_handle(&request).expect("nothing held"));
+    let patient = reply(agent.handle(request.clone()));
+    assert_eq!(fast["peer"]["id"], 7, "{fast}");
+    // The same view but for what moves with the clock between the two answers.
+    let without_clock = |v: &Value| {
+        let mut v = v["peer"].clone();
+        for key in ["silence_ms", "phi", "qos"] {
+            v.as_object_mut().unwrap().remove(key);
+        }
+        v
+    };
+    assert_eq!(without_clock(&fast), without_clock(&patient));
+    let unknown = reply(
+        agent
+            .try_handle(&Request::Peer {
+                id: 99,
+                window: false,
+            })
+            .expect("nothing held"),
+    );
+    assert_eq!(unknown["ok"], false, "{unknown}");
+    // With the window, or with a lock held by the sweep, it is left to a blocking thread.
+    assert!(
+        agent
+            .try_handle(&Request::Peer {
+                id: 7,
+                window: true
+            })
+            .is_none()
+    );
+    let held = agent.trackers.lock();
+    assert!(
+        agent.try_handle(&request).is_none(),
+        "the trackers are held"
+    );
+    drop(held);
+    let registry = agent.registry.write().unwrap();
+    assert!(agent.try_handle(&request).is_none(), "the registry is held");
+    drop(registry);
+    assert!(agent.try_handle(&Request::Stats).is_none());
+}
+
+#[test]
 fn the_sweep_suspects_a_silent_peer_at_every_level_and_a_held_sweep_does_not() {
     let agent = agent(4, policy(&["10.0.0.0/8"], 0));
     let mut events = agent.subscribe();
