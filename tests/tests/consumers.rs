@@ -137,6 +137,25 @@ fn haproxy_agent_check_marks_a_dead_backend_down_and_a_lost_agent_changes_nothin
             .then_some(())
     });
     thread::sleep(Duration::from_millis(500));
+    // The kill is measured from a healthy start: every backend's peer unsuspected and up at
+    // full weight in HAProxy when it comes. In full test runs on this project's VM a backend's sender was
+    // seen silent for 0.75 s just before the kill (convicted 2 ms after it, requests failing
+    // after its DOWN); a kill on top of such a silence measures the silence, not the kill.
+    wait_for(
+        Duration::from_secs(10),
+        "every backend's peer unsuspected and up at full weight before the kill",
+        || {
+            let s = show_stat(&stats);
+            (1..=3)
+                .all(|i| {
+                    let srv = format!("app/s{i}");
+                    agent.ask(json!({"op": "peer", "id": i}))["peer"]["level"].is_null()
+                        && col(&s, &srv, "last_agt").starts_with("via agent : up")
+                        && num(&s, &srv, "weight") == 100
+                })
+                .then_some(())
+        },
+    );
 
     // Kill backend 2: its HTTP server and its heartbeats together.
     let (
