@@ -128,6 +128,12 @@ pub fn num(stat: &HashMap<String, HashMap<String, String>>, srv: &str, c: &str) 
     col(stat, srv, c).parse().unwrap_or(0)
 }
 
+/// Whether server `srv` (`backend/server`) was last answered "up" by the agent and stands at
+/// full weight.
+pub fn up_by_agent(stat: &HashMap<String, HashMap<String, String>>, srv: &str) -> bool {
+    col(stat, srv, "last_agt").starts_with("via agent : up") && num(stat, srv, "weight") == 100
+}
+
 /// One request's outcome as the load generator saw it.
 #[derive(Debug, Clone)]
 pub struct Outcome {

@@ -22,7 +22,9 @@ use std::{
 use integration_tests::{
     agent_process::{AgentProcess, TempDir, sender, spawn},
     daemon::{Daemon, enter_netns},
-    haproxy::{Backend, Outcome, agent_responder, col, get, num, show_stat, write_backend_py},
+    haproxy::{
+        Backend, Outcome, agent_responder, col, get, num, show_stat, up_by_agent, write_backend_py,
+    },
     monitor_bin,
     netns::NetnsPair,
     require_root, wait_for,
@@ -91,11 +93,8 @@ fn haproxy_agent_check_marks_a_dead_backend_down_and_a_lost_agent_changes_nothin
         "every server checked by the agent",
         || {
             let s = show_stat(&stats);
-            ((1..=3).all(|i| {
-                let srv = format!("app/s{i}");
-                col(&s, &srv, "last_agt").starts_with("via agent : up")
-                    && num(&s, &srv, "weight") == 100
-            }) && !col(&s, "spare/s9", "last_agt").is_empty())
+            ((1..=3).all(|i| up_by_agent(&s, &format!("app/s{i}")))
+                && !col(&s, "spare/s9", "last_agt").is_empty())
             .then_some(())
         },
     );
@@ -138,9 +137,10 @@ fn haproxy_agent_check_marks_a_dead_backend_down_and_a_lost_agent_changes_nothin
     });
     thread::sleep(Duration::from_millis(500));
     // The kill is measured from a healthy start: every backend's peer unsuspected and up at
-    // full weight in HAProxy when it comes. In full test runs on this project's VM a backend's sender was
-    // seen silent for 0.75 s just before the kill (convicted 2 ms after it, requests failing
-    // after its DOWN); a kill on top of such a silence measures the silence, not the kill.
+    // full weight in HAProxy when it comes. In full test runs on this project's VM a backend's
+    // sender was seen silent for 0.75 s just before the kill (convicted 2 ms after it, requests
+    // failing after its DOWN); a kill on top of such a silence measures the silence, not the
+    // kill.
     wait_for(
         Duration::from_secs(10),
         "every backend's peer unsuspected and up at full weight before the kill",
@@ -148,10 +148,8 @@ fn haproxy_agent_check_marks_a_dead_backend_down_and_a_lost_agent_changes_nothin
             let s = show_stat(&stats);
             (1..=3)
                 .all(|i| {
-                    let srv = format!("app/s{i}");
                     agent.ask(json!({"op": "peer", "id": i}))["peer"]["level"].is_null()
-                        && col(&s, &srv, "last_agt").starts_with("via agent : up")
-                        && num(&s, &srv, "weight") == 100
+                        && up_by_agent(&s, &format!("app/s{i}"))
                 })
                 .then_some(())
         },
