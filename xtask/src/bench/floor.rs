@@ -92,6 +92,9 @@ struct FloorRow {
     /// every heartbeat reads its index bucket before its hot line. `monitor`'s peers are
     /// numbered from 1, each in its own slot: what the own slot saves is the difference.
     monitor_indexed: Receiver,
+    /// The agents of `--compare` (another build, or this one with flags), each on the same
+    /// stream as `monitor`: (label, receiver).
+    compared: Vec<(String, Receiver)>,
     socket: Receiver,
     /// The probe's `limit` at this row's peers: one dependent miss over their state timed in
     /// userspace, and what a heartbeat touches of it.
@@ -203,8 +206,8 @@ fn floor_comparison(rig: &Rig, peers: u64, rate_hz: f64, seconds: u64) -> Result
         .collect::<Result<Vec<_>>>()?;
 
     // The agent's `xdp` stats are the attached program's: the TC classifier with --hook tc.
-    let monitor_from = |first_id: u64, stride: u64, extra: &[&str]| -> Result<Receiver> {
-        let agent = rig.agent_from(&Variant::this_build(), first_id, peers, extra)?;
+    let monitor_as = |variant: &Variant, first_id: u64, stride: u64, extra: &[&str]| {
+        let agent = rig.agent_from(variant, first_id, peers, extra)?;
         let before = agent.stats()?;
         let busy0 = system_busy_s()?;
         let sent = Loadgen::new(peers, rate_hz, seconds as f64)
@@ -216,17 +219,27 @@ fn floor_comparison(rig: &Rig, peers: u64, rate_hz: f64, seconds: u64) -> Result
         let after = agent.stats()?;
         agent.process.stop();
         let sent_n = sent["sent"].as_u64().unwrap_or(0);
-        Ok(Receiver {
+        Ok::<_, anyhow::Error>(Receiver {
             sent: sent_n,
             kernel_ns: agent::kernel_ns_per_packet(&before, &after),
             machine_s_per_m: per_m(busy1 - busy0, sent_n),
         })
+    };
+    let monitor_from = |first_id: u64, stride: u64, extra: &[&str]| {
+        monitor_as(&Variant::this_build(), first_id, stride, extra)
     };
     let monitor = monitor_from(1, STRIDE, &[])?;
     let monitor_tc = monitor_from(1, STRIDE, &["--hook", "tc"])?;
     let monitor_any = monitor_from(1, STRIDE, &["--listen-addr", "any"])?;
     let monitor_in_order = monitor_from(1, 1, &[])?;
     let monitor_indexed = monitor_from(INDEXED_FIRST_ID, STRIDE, &[])?;
+    // Run without --compare, `variants` is this build alone, already measured as `monitor`.
+    let compared = rig
+        .variants
+        .iter()
+        .filter(|v| !v.label.is_empty())
+        .map(|v| Ok((v.label.clone(), monitor_as(v, 1, STRIDE, &[])?)))
+        .collect::<Result<Vec<_>>>()?;
 
     let receiver = Process::spawn(
         NetPair::in_ns(net.ns_monitor, &tools.probe)
@@ -257,9 +270,17 @@ fn floor_comparison(rig: &Rig, peers: u64, rate_hz: f64, seconds: u64) -> Result
         monitor_any,
         monitor_in_order,
         monitor_indexed,
+        compared,
         socket,
         limit,
     })
+}
+
+/// Rows of the floor table with names of their own.
+fn plain<'a>(rows: &[(&str, &'a Receiver)]) -> Vec<(String, &'a Receiver)> {
+    rows.iter()
+        .map(|(name, x)| (name.to_string(), *x))
+        .collect()
 }
 
 /// `test_run_ns`: the floor's, the floor's with the clock, and the monitor's; `touching_ns`:
@@ -331,18 +352,23 @@ fn render_floor(test_run_ns: [f64; 3], touching_ns: &[f64], rows: &[FloorRow]) -
         let touching = TOUCHES
             .iter()
             .zip(&r.touching)
-            .map(|((_, name), x)| (*name, x));
-        for (name, x) in [("floor", &r.floor), ("floor + clock", &r.floor_clock)]
+            .map(|((_, name), x)| (name.to_string(), x));
+        let compared = r
+            .compared
+            .iter()
+            .map(|(label, x)| (format!("monitor ({label})"), x));
+        for (name, x) in plain(&[("floor", &r.floor), ("floor + clock", &r.floor_clock)])
             .into_iter()
             .chain(touching)
-            .chain([
-                ("monitor", &r.monitor),
+            .chain(plain(&[("monitor", &r.monitor)]))
+            .chain(compared)
+            .chain(plain(&[
                 ("monitor --hook tc", &r.monitor_tc),
                 ("monitor --listen-addr any", &r.monitor_any),
                 ("monitor, peers sent to in id order", &r.monitor_in_order),
                 ("monitor, ids through the index", &r.monitor_indexed),
                 ("socket path", &r.socket),
-            ])
+            ]))
         {
             let ns = x.kernel_ns.map_or("-".into(), |v| format!("{v:.0}"));
             let ns_ratio = |to: &Receiver| match (x.kernel_ns, to.kernel_ns) {

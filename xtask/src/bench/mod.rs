@@ -88,7 +88,8 @@ pub struct BenchArgs {
     #[arg(long)]
     kernel_loadgen: bool,
     /// An agent measured beside the others in --agent-only and --scales-only runs, row by
-    /// row under the same load: `LABEL=BINARY [FLAGS]`, BINARY `.` for this build, e.g.
+    /// row under the same load (in --floor-only runs, a row "monitor (LABEL)" of each on the
+    /// same stream as this build's "monitor" row): `LABEL=BINARY [FLAGS]`, BINARY `.` for this build, e.g.
     /// `--compare 'main=/tmp/monitor-main' --compare 'new=.' --compare 'new20=. --sweep-interval
     /// 20ms'`. Its flags win over those the run gives every agent (the scale runs'
     /// `--first-interval-ms`, say). Repeatable; without it, this build alone.
