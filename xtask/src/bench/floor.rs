@@ -1,6 +1,7 @@
 //! The floor comparison: the same stream into the floor program (a parse-to-UDP-port-and-drop XDP
 //! program, alone and with a clock read per packet), the monitor (at XDP, at TC ingress, without
-//! the destination check, and with ids found through the index rather than in their own slots) and
+//! the destination check, and with ids found through the keyed hash rather than in their own hot
+//! lines) and
 //! the userspace socket path, beside the floor + clock touching per-peer state line by line as a
 //! heartbeat does (the first of them, one line read and written, is the limit), by
 //! BPF_PROG_TEST_RUN and live.
@@ -36,8 +37,8 @@ const MILLION_RATE_HZ: f64 = 0.5;
 /// them in order and lets the CPU's prefetchers fetch the next slot ahead.
 const STRIDE: u64 = 7919;
 
-/// The first id of `FloorRow::monitor_indexed`'s peers: past 2^32, so none has a slot of its
-/// own (`monitor_common::index::own_slot`) and each is found through the index.
+/// The first id of `FloorRow::monitor_indexed`'s peers: past 2^32, so none has a hot line of
+/// its own (`monitor_common::index::own_line`) and each is found through the keyed hash.
 const INDEXED_FIRST_ID: u64 = (1 << 32) + 1;
 
 /// One receiver of the floor comparison: what it cost per packet.
@@ -88,9 +89,10 @@ struct FloorRow {
     /// The monitor on the same peers sent to in id order (stride 1): what a stream the
     /// prefetchers can follow flatters.
     monitor_in_order: Receiver,
-    /// The monitor with peers whose ids have no slot of their own (`INDEXED_FIRST_ID` on):
-    /// every heartbeat reads its index bucket before its hot line. `monitor`'s peers are
-    /// numbered from 1, each in its own slot: what the own slot saves is the difference.
+    /// The monitor with peers whose ids have no hot line of their own (`INDEXED_FIRST_ID` on):
+    /// every heartbeat probes the hashed lines from its home (one line in most cases, and the
+    /// lines are scattered over a table four times the capacity). `monitor`'s peers are
+    /// numbered from 1, each in its own line, dense: what the own lines save is the difference.
     monitor_indexed: Receiver,
     socket: Receiver,
     /// The probe's `limit` at this row's peers: one dependent miss over their state timed in
