@@ -143,8 +143,14 @@ mod tests {
     fn inserted_ids_are_found_until_removed() {
         let table = PeerTable::anonymous(1000);
         let mut index = PeerIndex::anonymous(1000);
-        // Own lines (ids 1 to 1000) and hashed ones (multiples of 7919 past 1000, and 0).
-        let ids = |n: u64| if n % 2 == 0 { n / 2 + 1 } else { n * 7919 };
+        // Own lines (ids 1 to 500) and hashed ones (odd multiples of 7919, all past 1000).
+        let ids = |n: u64| {
+            if n.is_multiple_of(2) {
+                n / 2 + 1
+            } else {
+                n * 7919
+            }
+        };
         for n in 0..1000u64 {
             index.insert(&table, n as u32, &admitted(ids(n))).unwrap();
         }
