@@ -56,19 +56,19 @@ struct Receiver {
 const TOUCHES: [(&str, &str); 4] = [
     (
         "hot",
-        "floor + clock + the hot line (read and written), slots as the monitor's",
+        "floor + clock + the hot line (read and written), 704-byte slots (the monitor's layout before 15)",
     ),
     (
         "stores",
-        "floor + clock + the hot line + the monitor's three stores, slots as the monitor's",
+        "floor + clock + the hot line + the monitor's three stores, 704-byte slots (layout before 15)",
     ),
     (
         "split-hot",
-        "floor + clock + the hot line, hot lines in a table of their own",
+        "floor + clock + the hot line, hot lines in a table of their own (the monitor's layout since 15)",
     ),
     (
         "split-stores",
-        "floor + clock + the hot line + the three stores, hot lines in a table of their own",
+        "floor + clock + the hot line + the three stores, hot lines in a table of their own (layout 15)",
     ),
 ];
 
@@ -296,14 +296,14 @@ fn render_floor(test_run_ns: [f64; 3], touching_ns: &[f64], rows: &[FloorRow]) -
         t,
         "The rows \"floor + clock + ...\" are the floor program touching the per-peer state \
          of the peer each heartbeat names, line by line as an accepted heartbeat does and \
-         nothing else (`hbm-bench floor --touch`): what each line costs in this stream, and \
-         what a layout with the hot lines in a table of their own would cost, before the \
-         monitor is built that way.\n"
+         nothing else (`hbm-bench floor --touch`): what each line costs in this stream, in the \
+         monitor's layout before version 15 (a peer in one 704-byte slot) and in its layout \
+         since (the hot lines in a table of their own, the rest in slots after it).\n"
     );
     let _ = writeln!(
         t,
         "The limit: the floor + clock reading and writing back one line of per-peer state, the \
-         hot line of the peer each heartbeat names, in the monitor's slot layout, on the same \
+         hot line of the peer each heartbeat names, in 704-byte slots (the layout before 15), on the same \
          stream (the row \"floor + clock + the hot line\"); \"x limit\" is each receiver \
          against it. Beside it, one dependent miss timed in userspace over a table the size of \
          the peers' kernel state (a pointer chase over 4 KiB pages, `hbm-bench limit`).\n"
@@ -373,7 +373,7 @@ fn render_floor(test_run_ns: [f64; 3], touching_ns: &[f64], rows: &[FloorRow]) -
         let _ = writeln!(
             t,
             "\nPer-peer state one accepted, in-order heartbeat touches: {} lines read ({} bytes: \
-             the slot's hot line, each peer in its own slot), {} lines written ({} bytes; {} of them \
+             the peer's hot line, each peer in its own line), {} lines written ({} bytes; {} of them \
              stored into without being read: the source address, the ring entry, the last-heard \
              word); the hot state is {} bytes a peer ({:.1} MiB at 50,000 peers).",
             n("lines_read"),
