@@ -40,8 +40,8 @@ pub struct XdpConfig {
     /// An interval longer than this many times the window's mean is an outage, not a sample
     /// (see `crate::slot`); 0 counts every interval.
     pub outage_factor: u32,
-    /// log2 of the peer index's buckets (`crate::index::bits_for` of the capacity); set by
-    /// the loader, which sizes the map.
+    /// log2 of the hashed part of PEER_HOT (`crate::index::hashed_bits` of the capacity); set
+    /// by the loader, which sizes the map.
     pub index_bits: u32,
     /// UDP ports whose every datagram is a heartbeat of its (source address, source port) flow
     /// (`crate::passive`), recorded and passed on; 0 = unused.
@@ -50,9 +50,13 @@ pub struct XdpConfig {
     /// loader): the kernel reads wall-clock time as TAI (`bpf_ktime_get_tai_ns`) and takes this
     /// off to compare a sender's incarnation (its start time in Unix seconds) with now.
     pub tai_offset_s: i32,
-    /// The key of the peer index's hash (`crate::index::home`), drawn at random by the agent
-    /// when it loads the program, or the pinned state's when it adopts it.
+    /// The key of the hot-line table's hash (`crate::index::home`), drawn at random by the
+    /// agent when it loads the program, or the pinned state's when it adopts it.
     pub index_key: IndexKey,
+    /// The capacity in slots: PEER_HOT's first `capacity` lines are the own lines of ids 1 to
+    /// the capacity (`crate::index::own_line`), the hashed part follows. Set by the loader.
+    pub capacity: u32,
+    pub _pad1: u32,
 }
 
 impl XdpConfig {
@@ -68,6 +72,8 @@ impl XdpConfig {
         flow_ports: [0; MAX_FLOW_PORTS],
         tai_offset_s: 0,
         index_key: IndexKey::FIXED,
+        capacity: 0,
+        _pad1: 0,
     };
 
     /// Whether any passive source is watched (`--bfd`, `--udp-port`): then heartbeat ids with
@@ -89,7 +95,7 @@ pub const fn passive_sources_on(flags: u32, flow_ports: &[u16; MAX_FLOW_PORTS]) 
 }
 
 // No implicit padding: the loader copies the whole struct into the program's data.
-const _: () = assert!(core::mem::size_of::<XdpConfig>() == 56);
+const _: () = assert!(core::mem::size_of::<XdpConfig>() == 64);
 const _: () = assert!(core::mem::offset_of!(XdpConfig, index_key) == 40);
 
 // `has_passive_sources` (and the parser's port match) look at the ports one by one.

@@ -1,62 +1,69 @@
-//! The peer index: peer id -> slot, for the kernel's hot path.
+//! The hot-line table, PEER_HOT: where the kernel finds a peer's hot line by its id.
 //!
-//! An open-addressing table of 64-byte buckets in an ARRAY map created with BPF_F_MMAPABLE
-//! (`PEER_INDEX`): the agent writes it through its mmap (no syscall per admission), the
-//! kernel reads it with one cache line per lookup in the common case (no hash-map helper, no
-//! bucket-then-element chain).
+//! An ARRAY of [`crate::maps::HotLine`]s (64 bytes: the lock and `PeerHot`) created with
+//! BPF_F_MMAPABLE. The agent writes it through its mmap (no syscall per admission); the kernel
+//! finds a peer's line by the peer's id and reads and writes it under the line's lock. The line
+//! links to the peer's slot in PEER_STATE (the lock word's low half, `crate::maps::HotLine`), so
+//! a heartbeat of a known peer reads one line of per-peer state in the common case: the line it
+//! was going to lock and write anyway. [`lines_for`] of a capacity is two parts:
 //!
-//! - A bucket holds [`BUCKET_ENTRIES`] entries: the peer ids, then each entry's slot + 1
-//!   (0: the entry is empty).
-//! - An id's home bucket is [`home`], a keyed hash of the id (a multiply-shift, mixed): the top bits of
-//!   `(id ^ key.xor) * key.mul` (`mul` odd), as many as the table's power-of-two size needs
-//!   ([`buckets_for`]: at least twice as many entries as slots, so it is at most half full).
-//!   The agent draws the [`IndexKey`] at random when it loads the program (kept with pinned
-//!   state, so an agent adopting it hashes alike): multiply-shift with a random odd
-//!   multiplier is universal (Dietzfelbinger et al. 1997: two distinct ids share a home with
-//!   probability at most 2 / 2^bits), so a sender that does not know the key cannot choose
-//!   ids that pile into one bucket and crowd a real peer's id out of its probe. An unkeyed
-//!   hash let it: the ids that share a bucket were computable offline, and a probe's worth of
-//!   them closed an id's probe for good.
-//! - An id lives in its home bucket or in one of the next [`PROBE_BUCKETS`] - 1 (wrapping);
-//!   the agent refuses an admission that finds no empty entry there (the registry reports it).
-//!   Sixteen buckets: a keyed hash places ids as at random, whatever their pattern, and at a
-//!   load of one half random homes overflowed a probe of four buckets for 14 to 36 ids of
-//!   65,536, and one of eight for one or two (simulations, six runs each), where the farthest
-//!   an id of a full table sat from its home in sixteen was seven buckets. The longer probe
-//!   costs nothing in the common case: a lookup stops at the first bucket whose `overflow` is
-//!   0, most often the home bucket.
-//! - A bucket's `overflow` counts the live entries whose probe passed it (their home is this
-//!   bucket or an earlier one of the same probe, and they sit further on). A lookup that does
-//!   not find its id in a bucket whose `overflow` is 0 stops there: most lookups read one line.
+//! - **Own lines**, the first `capacity`: an id from 1 to the capacity has line `id - 1`
+//!   ([`own_line`]), its own, which no other id can take; it lives there whenever it is
+//!   admitted, and is looked for nowhere else. So a fleet numbered 1 to N (as `--peers` files
+//!   and the load generator number peers) has its hot lines dense, one after another: 64 bytes a
+//!   peer, which the TLB covers with a sixteenth of the pages that 704-byte slots took
+//!   (docs/tuning.md, "The kernel's cost: the id lookup"). A stranger's id in that range reads
+//!   that one line and is unknown.
+//! - **Hashed lines**, the next `2^bits` ([`hashed_bits`]: at least four per slot of capacity,
+//!   so the part is at most a quarter full), open-addressed: any other id (past the capacity, a
+//!   derived BFD or flow id, 0) lives at [`home`], a keyed hash of the id, or in one of the next
+//!   [`PROBE_LINES`] - 1 (wrapping inside the part). The agent refuses an admission that finds
+//!   no empty line there (the registry reports it).
 //!
-//! Concurrency: the agent is the only writer (its registry, one thread at a time); kernel
-//! readers on any CPU never wait. An insertion raises the `overflow` of the buckets it passed,
-//! then writes the id, then the slot (a release store); a removal clears the slot (release),
-//! then lowers the `overflow`s. So a reader never misses a fully inserted entry, and the worst
-//! a reader racing with a change can see is an id paired with another peer's slot, which the
-//! slot's own `peer_id`, checked under the slot's lock, turns away (as it does a stale slot).
+//! The key (`IndexKey`) is drawn at random when the agent loads the program and kept with pinned
+//! state (an agent adopting it hashes alike). Multiply-shift with a random odd multiplier is
+//! universal (Dietzfelbinger et al. 1997: two distinct ids share a home with probability at most
+//! 2 / 2^bits), so a sender that does not know the key cannot choose ids that pile into one
+//! probe and crowd a real peer's id out of it. An unkeyed hash let it: the ids that share a line
+//! were computable offline, and a probe's worth of them closed an id's probe for good. Own lines
+//! give nothing to aim at either: each can only ever hold its one id.
+//!
+//! A hashed line's `overflow` (`PeerHot::overflow`, the line's own, kept by resets) counts the
+//! live entries whose probe passed it (their home is this line or an earlier one of the same
+//! probe, and they sit further on). A lookup that does not find its id in a line whose
+//! `overflow` is 0 stops there: most lookups read one line.
+//!
+//! Concurrency: the agent is the only writer of ids, links and counts (its registry, one thread
+//! at a time), each under the line's lock; kernel readers on any CPU never wait. An insertion
+//! raises the `overflow` of the lines it passes, then writes its line (the id, the fields) and
+//! gives the lock back with the link set; a removal takes the lock clearing the link, empties
+//! the line, then lowers the `overflow`s. So a reader never misses a fully inserted entry, and
+//! the worst a reader racing with a change can see is an id on a line whose link is gone or
+//! changing, which the check under the line's lock (the id again, and a link) turns away.
 
-/// The slot the kernel looks an id up in before the index: id - 1, for ids from 1 to 2^32
-/// (past the capacity the map has no such slot). The registry gives an id its own slot when
-/// that slot is free, so a fleet numbered 1 to N, the common case, is found in the line each
-/// heartbeat writes anyway, and the index line is read only for the others.
+/// The own line of `id` in a table for `capacity` slots: `id - 1` for ids from 1 to the
+/// capacity; the others are hashed.
 #[inline(always)]
-pub const fn own_slot(id: u64) -> Option<u32> {
-    let slot = id.wrapping_sub(1);
-    if slot < 1 << 32 {
-        Some(slot as u32)
+pub const fn own_line(id: u64, capacity: u32) -> Option<u32> {
+    let line = id.wrapping_sub(1);
+    if line < capacity as u64 {
+        Some(line as u32)
     } else {
         None
     }
 }
 
 /// Name of the map in the eBPF object and of its pin.
-pub const PEER_INDEX_MAP: &str = "PEER_INDEX";
+pub const PEER_HOT_MAP: &str = "PEER_HOT";
 
-/// Entries in a bucket (one 64-byte line: 4 ids, 4 slots, the overflow count).
-pub const BUCKET_ENTRIES: usize = 4;
-/// Buckets a lookup or an insertion looks at, from the home bucket on.
-pub const PROBE_BUCKETS: u32 = 16;
+/// Lines a lookup or an insertion of a hashed id looks at, from its home on. At a quarter full,
+/// random homes put 88% of ids at home and none past 16 lines at 1,000,000 peers (one past 16
+/// but none past 32 of 1,048,576 in the measurement `tests::probe_lengths`); the longer probe
+/// costs nothing in the common case: a lookup stops at the first line whose `overflow` is 0.
+pub const PROBE_LINES: u32 = 32;
+// `overflow` is a byte.
+const _: () = assert!(PROBE_LINES <= u8::MAX as u32);
+
 /// Fibonacci hashing: 2^64 divided by the golden ratio, odd: the multiplier of
 /// [`IndexKey::FIXED`].
 pub const HASH_MULTIPLIER: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -97,47 +104,35 @@ impl IndexKey {
     }
 }
 
-/// One bucket of the index, one cache line.
-#[repr(C, align(64))]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct IndexBucket {
-    /// Peer id of each entry (meaningless while the entry's slot is 0).
-    pub ids: [u64; BUCKET_ENTRIES],
-    /// Slot + 1 of each entry; 0: empty.
-    pub slots: [u32; BUCKET_ENTRIES],
-    /// Live entries whose probe passed this bucket (see the module docs).
-    pub overflow: u32,
-    pub _pad: [u32; 3],
-}
-
-const _: () = assert!(core::mem::size_of::<IndexBucket>() == 64);
-
-impl IndexBucket {
-    pub const EMPTY: Self = Self {
-        ids: [0; BUCKET_ENTRIES],
-        slots: [0; BUCKET_ENTRIES],
-        overflow: 0,
-        _pad: [0; 3],
-    };
-}
-
-/// Buckets of the index for `capacity` slots: a power of two holding at least twice as many
-/// entries as slots.
-pub const fn buckets_for(capacity: u32) -> u32 {
-    let want = capacity.div_ceil(2);
-    if want <= 1 {
-        1
+/// log2 of the hashed part's lines for `capacity` slots: the next power of two of four lines a
+/// slot (at most 2^31 lines). What the kernel is given (`XdpConfig::index_bits`).
+pub const fn hashed_bits(capacity: u32) -> u32 {
+    let want = capacity as u64 * 4;
+    let bits = if want <= 1 {
+        0
     } else {
-        want.next_power_of_two()
-    }
+        want.next_power_of_two().trailing_zeros()
+    };
+    if bits > 31 { 31 } else { bits }
 }
 
-/// log2 of [`buckets_for`]: what the kernel is given (`XdpConfig::index_bits`).
-pub const fn bits_for(capacity: u32) -> u32 {
-    buckets_for(capacity).trailing_zeros()
+/// Lines of the hashed part for `capacity` slots.
+pub const fn hashed_lines(capacity: u32) -> u32 {
+    1 << hashed_bits(capacity)
 }
 
-/// The home bucket of `id` in a table of `2^bits` buckets under `key`: the top `bits` bits of
+/// Lines of PEER_HOT for `capacity` slots: the own lines, then the hashed ones.
+pub const fn lines_for(capacity: u32) -> u32 {
+    capacity.saturating_add(hashed_lines(capacity))
+}
+
+/// The line of PEER_HOT that is line `h` of the hashed part.
+#[inline(always)]
+pub const fn hashed_line(h: u32, capacity: u32) -> u32 {
+    capacity + h
+}
+
+/// The home of `id` in a hashed part of `2^bits` lines under `key`: the top `bits` bits of
 /// the id XORed with `key.xor`, then mixed as MurmurHash3's finaliser mixes (xor-shifts and
 /// multiplications), one of its multipliers `key.mul | 1`. One function for the agent and the
 /// kernel. A multiply-shift alone is universal, but a structured set of ids (sequential ones)
@@ -160,28 +155,43 @@ pub const fn home(id: u64, bits: u32, key: &IndexKey) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    // The crate is no_std; the tests allocate, and the measurement prints.
+    extern crate std;
 
     #[test]
-    fn the_table_is_at_most_half_full() {
+    fn the_hashed_part_is_at_most_a_quarter_full() {
         for capacity in [1, 2, 3, 4, 5, 100, 1000, 50_000, 65_536, 65_537, 1 << 20] {
-            let buckets = buckets_for(capacity);
-            assert!(buckets.is_power_of_two());
-            assert!(buckets as u64 * BUCKET_ENTRIES as u64 >= 2 * capacity as u64);
+            let lines = hashed_lines(capacity);
+            assert!(lines.is_power_of_two());
+            assert!(lines as u64 >= 4 * capacity as u64);
+            assert_eq!(lines_for(capacity), capacity + lines);
+            assert_eq!(hashed_line(0, capacity), capacity);
         }
     }
 
     #[test]
-    fn sequential_ids_spread_over_the_buckets() {
-        // A full table of sequential ids under several keys: no run of PROBE_BUCKETS buckets
-        // holds more homes than it has entries, so every id fits in its probe.
-        let bits = bits_for(65_536);
-        assert_eq!(1 << bits, 32_768);
+    fn ids_from_one_to_the_capacity_have_their_own_line() {
+        assert_eq!(own_line(0, 8), None);
+        assert_eq!(own_line(1, 8), Some(0));
+        assert_eq!(own_line(8, 8), Some(7));
+        assert_eq!(own_line(9, 8), None);
+        assert_eq!(own_line(u64::MAX, u32::MAX), None);
+        assert_eq!(own_line(1 << 32, u32::MAX), None);
+    }
+
+    #[test]
+    fn sequential_ids_spread_over_the_lines() {
+        // A full table of sequential ids all hashed (as ids past the capacity are), under
+        // several keys: no run of PROBE_LINES lines holds more homes than it has lines, so
+        // every id fits in its probe.
+        let bits = hashed_bits(65_536);
+        assert_eq!(1 << bits, 262_144);
         for k in [IndexKey::FIXED, key(1), key(2), key(3)] {
-            let mut load = [0u16; 32_768];
+            let mut load = std::vec![0u16; 1 << bits];
             for id in 0..65_536u64 {
                 load[home(id, bits, &k) as usize] += 1;
             }
-            let probe = PROBE_BUCKETS as usize;
+            let probe = PROBE_LINES as usize;
             let worst = (0..load.len())
                 .map(|b| {
                     (0..probe)
@@ -190,10 +200,7 @@ mod tests {
                 })
                 .max()
                 .unwrap();
-            assert!(
-                worst <= probe * BUCKET_ENTRIES,
-                "{worst} homes in {probe} buckets"
-            );
+            assert!(worst <= probe, "{worst} homes in {probe} lines");
         }
     }
 
@@ -222,12 +229,12 @@ mod tests {
         );
     }
 
-    /// Ids that share a home bucket under one key are spread under another: a set aimed at one
-    /// bucket (as an attacker could compute for an unkeyed hash) is no aim at all under a key
+    /// Ids that share a home line under one key are spread under another: a set aimed at one
+    /// line (as an attacker could compute for an unkeyed hash) is no aim at all under a key
     /// it does not know.
     #[test]
-    fn ids_aimed_at_one_bucket_under_one_key_scatter_under_another() {
-        let bits = bits_for(65_536);
+    fn ids_aimed_at_one_line_under_one_key_scatter_under_another() {
+        let bits = hashed_bits(65_536);
         let mut aimed = [0u64; 64];
         let mut ids = (1..).filter(|&id| home(id, bits, &IndexKey::FIXED) == 7);
         for slot in &mut aimed {
@@ -241,30 +248,27 @@ mod tests {
             }
             homes.sort_unstable();
             let distinct = 1 + homes.windows(2).filter(|w| w[0] != w[1]).count();
-            // 64 ids in 32,768 buckets: a handful of shared homes at most.
+            // 64 ids in 262,144 lines: a handful of shared homes at most.
             assert!(distinct >= 60, "key {seed}: {distinct} distinct homes");
         }
     }
 
     #[test]
     fn different_keys_give_different_homes() {
-        let bits = bits_for(65_536);
+        let bits = hashed_bits(65_536);
         let (a, b) = (key(1), key(2));
         assert_ne!(a, b);
         let same = (1..=10_000u64)
             .filter(|&id| home(id, bits, &a) == home(id, bits, &b))
             .count();
-        // Independent homes agree about once in 32,768.
+        // Independent homes agree about once in 262,144.
         assert!(same < 10, "{same} of 10,000 ids kept their home");
         // And one key is one function: the same id, the same home.
         assert_eq!(home(12345, bits, &a), home(12345, bits, &a));
     }
 
-    // The crate is no_std; this measurement prints and allocates.
-    extern crate std;
-
-    /// A measurement for the design of a one-line id lookup (docs/tuning.md, "The id
-    /// lookup: one line per heartbeat"), not a check: how far ids land from their home under
+    /// A measurement for the design of a one-line id lookup (docs/tuning.md, "The options,
+    /// weighed"), not a check: how far ids land from their home under
     /// this hash when each line holds `per_line` entries, the table has `lines_per_slot` lines
     /// per slot of capacity and a probe looks at `probe` lines. `per_line` 4 at half a line per
     /// slot is today's index; 1 is open addressing over the hot lines themselves. Run with

@@ -25,11 +25,12 @@ mod pod {
     unsafe impl aya::Pod for crate::auth::AuthKey {}
     unsafe impl aya::Pod for crate::maps::PinnedMeta {}
     unsafe impl aya::Pod for crate::maps::PeerSlot {}
+    unsafe impl aya::Pod for crate::maps::PeerState {}
+    unsafe impl aya::Pod for crate::maps::HotLine {}
     unsafe impl aya::Pod for crate::maps::Counters {}
     unsafe impl aya::Pod for crate::maps::UnknownPeerReport {}
     unsafe impl aya::Pod for crate::maps::ArrivalRecord {}
     unsafe impl aya::Pod for crate::impair::GilbertElliott {}
     unsafe impl aya::Pod for crate::loadgen::LoadgenPlan {}
-    unsafe impl aya::Pod for crate::index::IndexBucket {}
     unsafe impl aya::Pod for crate::maps::LocalFast {}
 }

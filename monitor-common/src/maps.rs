@@ -15,10 +15,11 @@ pub const DEFAULT_CAPACITY: u32 = 65_536;
 /// `BPF_F_MMAPABLE`: the array map can be mmapped by userspace.
 pub const BPF_F_MMAPABLE: u32 = 1 << 10;
 
-/// Peer id -> slot index (ARRAY of [`crate::index::IndexBucket`], BPF_F_MMAPABLE, written by
-/// the agent only, through its mmap).
-pub use crate::index::PEER_INDEX_MAP;
-/// Slot index -> [`PeerSlot`] (ARRAY, BPF_F_MMAPABLE; the kernel writes, the agent mmaps).
+/// The hot lines (ARRAY of [`HotLine`], BPF_F_MMAPABLE): where the kernel finds a peer by
+/// its id, and its lock and hot fields (`crate::index`). Written by the kernel under each
+/// line's lock, and by the agent (admission, removal, resets) through its mmap.
+pub use crate::index::PEER_HOT_MAP;
+/// Slot index -> [`PeerState`] (ARRAY, BPF_F_MMAPABLE; the kernel writes, the agent mmaps).
 pub const PEER_STATE_MAP: &str = "PEER_STATE";
 /// One per-CPU [`Counters`] (PERCPU_ARRAY with a single entry).
 pub const COUNTERS_MAP: &str = "COUNTERS";
@@ -73,38 +74,121 @@ pub const FAMILY_NONE: u16 = 0;
 pub const FAMILY_IPV4: u16 = 4;
 pub const FAMILY_IPV6: u16 = 6;
 
-/// One slot of the mmapable array: a sequence counter and the peer's hot line, its cold
-/// lines, and its ring of recent intervals.
+/// A peer's hot line, one of PEER_HOT's (`crate::index` says where a peer's is): the lock and
+/// [`PeerHot`], everything the window rules (`crate::slot`) read and write on an accepted,
+/// in-order heartbeat, in one cache line.
 ///
-/// Concurrency: `lock` is a sequence counter. A writer (the XDP program on any CPU, or the
-/// agent while it (re)initialises a slot) moves it from even to odd with a compare-and-swap,
-/// writes, and adds one again; a reader copies what it needs and retries when the counter was
-/// odd or changed meanwhile. A CPU that finds the slot odd does not wait: it counts the
-/// heartbeat as `contended` and moves on (one peer's heartbeats normally land on one RX queue,
-/// so this is rare).
+/// The lock word is two halves:
+/// - its high 32 bits are a sequence counter ([`LOCK_SEQ_ONE`] a step). A writer (the XDP
+///   program on any CPU, or the agent) moves it from even to odd with a compare-and-swap,
+///   writes, and adds one step again; a reader copies what it needs and retries when it was
+///   odd or changed meanwhile. A CPU that finds it odd does not wait: it counts the heartbeat
+///   as `contended` and moves on (one peer's heartbeats normally land on one RX queue, so this
+///   is rare).
+/// - its low 32 bits are the link: the peer's slot in PEER_STATE (and LAST_HEARD) + 1, 0 for an
+///   empty line. Only the agent changes it, and only in the compare-and-swap that takes the lock
+///   (a removal clears it) or the store that gives it back (an insertion sets it): a reader
+///   that saw the word unchanged saw one link, and a writer holding the lock has a link that
+///   cannot move.
 ///
-/// Cache lines: slots are 64-byte aligned and a multiple of 64 bytes long (the array's values
-/// start on a page). An accepted, in-order heartbeat reads one line of the slot, the first:
-/// the lock and [`PeerHot`], everything the window rules (`crate::slot`) read and write on that
-/// path. It also stores, without reading anything there, the source address in the first cold
-/// line and the interval into its ring entry; the kernel keeps no running sums, so nothing of
-/// the ring is ever read in the kernel. The agent computes the window's sums from the ring when
-/// it reads a slot ([`PeerSlot::record`]), which it does for a few heartbeats in a hundred.
-/// [`PeerCold`] holds what only the rare paths touch: duplicates, late heartbeats, gaps,
-/// restarts, outages, authentication failures and BFD.
+/// The line is the lock, the peer's fields, and the line's own `overflow` (in `PeerHot`, the
+/// table's, not the peer's).
 #[repr(C, align(64))]
-#[derive(Clone, Copy, Debug)]
-pub struct PeerSlot {
-    /// Sequence counter, see above. 64 bits: the BPF target has no 32-bit atomics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HotLine {
+    /// Sequence counter (high half) and link (low half), see above. 64 bits: the BPF target has
+    /// no 32-bit atomics.
     pub lock: u64,
-    /// The rest of the first line.
     pub hot: PeerHot,
-    /// The next two lines.
+}
+
+/// One step of a hot line's sequence counter (the lock word's high half).
+pub const LOCK_SEQ_ONE: u64 = 1 << 32;
+/// The bit that is set while a writer holds a hot line (the sequence counter is odd).
+pub const LOCK_HELD: u64 = LOCK_SEQ_ONE;
+
+/// The slot a lock word links its line to, if any (see [`HotLine`]).
+#[inline(always)]
+pub const fn linked_slot(lock: u64) -> Option<u32> {
+    let link = lock as u32;
+    if link == 0 { None } else { Some(link - 1) }
+}
+
+/// The link half of a lock word for `slot` (see [`HotLine`]).
+#[inline(always)]
+pub const fn link_of(slot: u32) -> u64 {
+    slot as u64 + 1
+}
+
+/// A peer's slot in PEER_STATE: what its heartbeats store into but do not read (the first cold
+/// line), what only the rare paths touch (the cold lines), and its ring of intervals. Found
+/// through its hot line's link, and guarded by that line's lock: nothing reaches a slot but
+/// through the line that links to it.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerState {
+    /// The first two lines.
     pub cold: PeerCold,
     /// The last `hot.samples` intervals in microseconds: a ring ending before `hot.ring_head`
     /// once full, its first `hot.samples` entries while it fills. Written by the kernel, read
     /// by the agent only.
     pub ring_us: [u32; MAX_WINDOW],
+}
+
+/// A peer's whole state as the window rules see it: the fields of its hot line, its cold
+/// lines and its ring, in one place. The kernel keeps them apart (a [`HotLine`] in PEER_HOT,
+/// a [`PeerState`] in PEER_STATE) and hands the rules a [`SlotMut`] of the three; offline replay
+/// and the tests keep a `PeerSlot` and hand them [`PeerSlot::parts`]; the agent copies a peer
+/// into one to read it ([`PeerSlot::record`]).
+///
+/// Cache lines, as the kernel lays them out: an accepted, in-order heartbeat reads and writes
+/// one line, the hot line (the lock and [`PeerHot`]). It also stores, without reading anything
+/// there, the source address in the first cold line and the interval into its ring entry; the
+/// kernel keeps no running sums, so nothing of the ring is ever read in the kernel. The agent
+/// computes the window's sums from the ring when it reads a peer ([`PeerSlot::record`]), which
+/// it does for a few heartbeats in a hundred. [`PeerCold`] holds what only the rare paths
+/// touch: duplicates, late heartbeats, gaps, restarts, outages, authentication failures and
+/// BFD. (Eleven lines here, as the layout before version 15 kept a peer in one slot: the
+/// bench's floor program still lays peers out so to compare.)
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug)]
+pub struct PeerSlot {
+    /// The hot line's fields.
+    pub hot: PeerHot,
+    /// The slot's cold lines.
+    pub cold: PeerCold,
+    /// The slot's ring (see [`PeerState::ring_us`]).
+    pub ring_us: [u32; MAX_WINDOW],
+}
+
+/// What the window rules (`crate::slot`, `crate::passive`) work on: a peer's hot fields, cold
+/// fields and ring, wherever they are. Three references, so the kernel hands over its hot line
+/// and its slot in PEER_STATE, and replay its own [`PeerSlot`]: one implementation of the
+/// rules for both.
+pub struct SlotMut<'a> {
+    pub hot: &'a mut PeerHot,
+    pub cold: &'a mut PeerCold,
+    pub ring: &'a mut [u32; MAX_WINDOW],
+}
+
+impl PeerSlot {
+    /// The rules' view of this slot.
+    #[inline(always)]
+    pub fn parts(&mut self) -> SlotMut<'_> {
+        SlotMut {
+            hot: &mut self.hot,
+            cold: &mut self.cold,
+            ring: &mut self.ring_us,
+        }
+    }
+
+    /// The slot's cold lines and ring, as PEER_STATE holds them.
+    pub const fn state(&self) -> PeerState {
+        PeerState {
+            cold: self.cold,
+            ring_us: self.ring_us,
+        }
+    }
 }
 
 /// What every accepted, in-order heartbeat reads or writes: with the slot's lock, one cache
@@ -159,9 +243,11 @@ pub struct PeerHot {
     /// Non-zero: every arrival of this peer is also written to the ARRIVALS ring buffer
     /// (`monitor record`). Set and cleared by the agent.
     pub traced: u8,
-    /// [`crate::passive::SOURCE_HEARTBEAT`], `SOURCE_BFD` or `SOURCE_FLOW`: stamped by the agent
-    /// at admission; the kernel records a passive packet only into a slot of its source.
-    pub source: u8,
+    /// The line's, not the peer's: how many live entries of PEER_HOT's hashed part probed past
+    /// this line (`crate::index`). A lookup that does not find its id in a line whose count is
+    /// 0 stops there. Written by the agent only, under the line's lock; resets keep it; the
+    /// rules never touch it. At most [`crate::index::PROBE_LINES`] - 1.
+    pub overflow: u8,
 }
 
 /// What only the rare paths read: the first line takes the source address (stored by every
@@ -191,7 +277,11 @@ pub struct PeerCold {
     pub duplicates: u64,
     /// Heartbeats older than the last accepted one (or from an older incarnation).
     pub out_of_order: u64,
-    pub _pad0: u64,
+    /// [`crate::passive::SOURCE_HEARTBEAT`], `SOURCE_BFD` or `SOURCE_FLOW`: stamped by the agent
+    /// at admission; the kernel records a passive packet only into a slot of its source (which
+    /// stores into this line anyway).
+    pub source: u8,
+    pub _pad0: [u8; 7],
     // The second cold line.
     /// Heartbeats whose authentication failed.
     pub auth_failures: u64,
@@ -237,7 +327,6 @@ impl PeerSlot {
     /// A slot for a peer of `source` (`crate::passive`) admitted at `now_ns`.
     pub const fn admitted_passive(peer_id: u64, now_ns: u64, source: u8) -> Self {
         Self {
-            lock: 0,
             hot: PeerHot {
                 peer_id,
                 last_arrival_ns: now_ns,
@@ -254,7 +343,7 @@ impl PeerSlot {
                 outage_run: 0,
                 burst_left: 0,
                 traced: 0,
-                source,
+                overflow: 0,
             },
             cold: PeerCold {
                 src_addr: [0; 16],
@@ -266,7 +355,8 @@ impl PeerSlot {
                 lost: 0,
                 duplicates: 0,
                 out_of_order: 0,
-                _pad0: 0,
+                source,
+                _pad0: [0; 7],
                 auth_failures: 0,
                 outages: 0,
                 restarts: 0,
@@ -330,7 +420,7 @@ impl PeerSlot {
             restarts: c.restarts,
             highest_incarnation: c.highest_incarnation,
             previous_incarnation: c.previous_incarnation,
-            source: h.source,
+            source: c.source,
             bfd_state: c.bfd_state,
             bfd_diag: c.bfd_diag,
             bfd_detect_mult: c.bfd_detect_mult,
@@ -446,15 +536,14 @@ impl PeerRecord {
     }
 }
 
-// Eleven cache lines: the hot one, two cold ones, eight of ring.
+// The lock and the hot fields fill one line exactly; a slot is two cold lines and eight of ring.
+const _: () = assert!(core::mem::size_of::<HotLine>() == 64);
+const _: () = assert!(core::mem::offset_of!(HotLine, hot) == 8);
+const _: () = assert!(core::mem::size_of::<PeerState>() == 640);
+const _: () = assert!(core::mem::offset_of!(PeerCold, auth_failures) == 64);
+const _: () = assert!(core::mem::offset_of!(PeerState, ring_us) == 128);
+// Eleven lines, the floor program's model of the layout before version 15.
 const _: () = assert!(core::mem::size_of::<PeerSlot>() == 704);
-// The lock and the hot fields fill the first line exactly; the cold ones the next two.
-const _: () = assert!(core::mem::offset_of!(PeerSlot, hot) == 8);
-const _: () = assert!(core::mem::offset_of!(PeerSlot, cold) == 64);
-const _: () = assert!(
-    core::mem::offset_of!(PeerSlot, cold) + core::mem::offset_of!(PeerCold, auth_failures) == 128
-);
-const _: () = assert!(core::mem::offset_of!(PeerSlot, ring_us) == 192);
 // The kernel writes source addresses as two 8-byte words.
 const _: () = assert!(core::mem::offset_of!(PeerCold, src_addr) % 8 == 0);
 const _: () = assert!(core::mem::offset_of!(UnknownPeerReport, src_addr) % 8 == 0);
@@ -463,7 +552,7 @@ const _: () = assert!(MAX_WINDOW <= u8::MAX as usize);
 
 /// Version of everything a restarted agent reads from pinned maps: bump it whenever a map's
 /// layout or meaning changes, so an agent never misreads state pinned by another build.
-pub const LAYOUT_VERSION: u32 = 14;
+pub const LAYOUT_VERSION: u32 = 15;
 /// "HBMPIN\0\0".
 pub const META_MAGIC: u64 = u64::from_le_bytes(*b"HBMPIN\0\0");
 
@@ -473,7 +562,8 @@ pub const META_MAGIC: u64 = u64::from_le_bytes(*b"HBMPIN\0\0");
 pub struct PinnedMeta {
     pub magic: u64,
     pub layout_version: u32,
-    /// size_of::<PeerSlot>() of the build that pinned it.
+    /// size_of::<PeerState>() of the build that pinned it (size_of::<PeerSlot>() before layout
+    /// 15).
     pub slot_size: u32,
     pub capacity: u32,
     pub window: u32,
@@ -485,7 +575,7 @@ pub struct PinnedMeta {
     pub outage_factor: u32,
     /// `XdpConfig::flow_ports` of the build that pinned it.
     pub flow_ports: [u16; crate::passive::MAX_FLOW_PORTS],
-    /// The peer index's hash key the pinned program was loaded with (layout 12 on): an agent
+    /// The hot-line table's hash key the pinned program was loaded with (layout 12 on): an agent
     /// adopting the state hashes with it, and loads any program of its own with it.
     pub index_key: crate::index::IndexKey,
 }

@@ -137,7 +137,7 @@ pub fn decode_bfd(words: [u64; 3], payload_len: usize) -> Result<BfdControl, Bfd
 /// answers a Poll with Final (our side changed its Required Min RX Interval, which bounds the
 /// peer's rate too).
 #[inline(always)]
-pub fn note_bfd(slot: &mut crate::maps::PeerSlot, c: &BfdControl) -> bool {
+pub fn note_bfd(slot: &mut crate::maps::SlotMut<'_>, c: &BfdControl) -> bool {
     let heard = slot.hot.heartbeats != 0;
     let cold = &mut slot.cold;
     let changed = heard && cold.bfd_state != c.state;
@@ -266,7 +266,7 @@ mod tests {
         let mut slot = PeerSlot::admitted_passive(1, 0, SOURCE_BFD);
         // No packet yet: no timers to go by.
         assert_eq!(slot.record().announced_interval_us(), None);
-        note_bfd(&mut slot, &control());
+        note_bfd(&mut slot.parts(), &control());
         let mut record = slot.record();
         assert_eq!(record.announced_interval_us(), Some(100_000));
         // Not Up: 1 s at the fastest (RFC 5880 6.8.3), slower if it says so.
@@ -345,13 +345,13 @@ mod tests {
             ..control()
         };
         assert!(
-            !note_bfd(&mut slot, &slow),
+            !note_bfd(&mut slot.parts(), &slow),
             "the first packet is no new epoch"
         );
         slot.hot.heartbeats = 1;
         assert!(
             note_bfd(
-                &mut slot,
+                &mut slot.parts(),
                 &BfdControl {
                     state: BFD_INIT,
                     ..slow
@@ -359,12 +359,15 @@ mod tests {
             ),
             "a state change"
         );
-        assert!(note_bfd(&mut slot, &control()), "Up at 100 ms: new timers");
+        assert!(
+            note_bfd(&mut slot.parts(), &control()),
+            "Up at 100 ms: new timers"
+        );
         let up = BfdControl {
             final_: false,
             ..control()
         };
-        assert!(!note_bfd(&mut slot, &up));
+        assert!(!note_bfd(&mut slot.parts(), &up));
         assert_eq!(slot.cold.bfd_transitions, 2);
         assert_eq!(
             (slot.cold.bfd_state, slot.cold.bfd_desired_min_tx_us),
@@ -378,22 +381,25 @@ mod tests {
             state: BFD_DOWN,
             ..up
         };
-        assert!(!note_bfd(&mut slot, &down), "the first packet");
+        assert!(!note_bfd(&mut slot.parts(), &down), "the first packet");
         slot.hot.heartbeats = 1;
-        assert!(!note_bfd(&mut slot, &down), "still Down");
+        assert!(!note_bfd(&mut slot.parts(), &down), "still Down");
         assert!(note_bfd(
-            &mut slot,
+            &mut slot.parts(),
             &BfdControl {
                 state: BFD_INIT,
                 ..up
             }
         ));
-        assert!(note_bfd(&mut slot, &up), "Init to Up");
-        assert!(!note_bfd(&mut slot, &up));
+        assert!(note_bfd(&mut slot.parts(), &up), "Init to Up");
+        assert!(!note_bfd(&mut slot.parts(), &up));
         // A Final answers our side's Poll: our Required Min RX changed.
-        assert!(note_bfd(&mut slot, &BfdControl { final_: true, ..up }));
+        assert!(note_bfd(
+            &mut slot.parts(),
+            &BfdControl { final_: true, ..up }
+        ));
         // Going Down: once a second from now on.
-        assert!(note_bfd(&mut slot, &down));
+        assert!(note_bfd(&mut slot.parts(), &down));
     }
 
     #[test]

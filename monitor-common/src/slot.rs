@@ -1,7 +1,8 @@
 //! What one heartbeat does to its peer's slot: the only implementation of the window rules.
 //!
-//! The XDP program calls [`arrive`] under the slot's sequence counter; offline replay calls
-//! the very same function on a slot of its own, so a trace replayed in userspace builds
+//! The XDP program calls [`arrive_at`] under the hot line's sequence counter, on a [`SlotMut`]
+//! of its hot line and its slot in PEER_STATE; offline replay calls the very same function on
+//! a slot of its own ([`arrive`]), so a trace replayed in userspace builds
 //! exactly the window the kernel built from the same arrivals (tests/tests/record.rs checks
 //! it against the kernel). Integers only, no loops, no calls: it must pass the BPF verifier.
 //!
@@ -38,7 +39,7 @@
 
 use crate::{
     config::{XDP_FLAG_GAPLESS_WINDOW, XDP_FLAG_REQUIRE_AUTH, XdpConfig},
-    maps::{MAX_INTERVAL_US, MAX_WINDOW, PeerSlot},
+    maps::{MAX_INTERVAL_US, MAX_WINDOW, PeerSlot, SlotMut},
 };
 
 /// The outage rule applies once the window holds this many samples (a mean of fewer is noise).
@@ -87,7 +88,7 @@ pub const fn fresh_incarnation(incarnation: u32, wall_s: u64) -> bool {
 /// numbers look like a replay, or very late heartbeats): `monitor send` never reuses one.
 #[inline(always)]
 pub fn is_rebirth(
-    slot: &PeerSlot,
+    slot: &SlotMut<'_>,
     seq: u64,
     incarnation: u32,
     fresh: bool,
@@ -123,7 +124,8 @@ impl Outcome {
 }
 
 /// Records a heartbeat with sequence `seq` of `incarnation` that arrived at `now_ns` into
-/// `slot` (whose peer id the caller has checked). Source address and port are the caller's.
+/// `slot` (whose peer id the caller has checked), a whole slot of the caller's own (replay,
+/// tests): [`arrive_at`] on its [`PeerSlot::parts`]. Source address and port are the caller's.
 /// A caller without a wall clock (replay, whose traces carry none) vouches for every
 /// incarnation's freshness: see [`arrive_at`].
 #[inline(always)]
@@ -134,7 +136,7 @@ pub fn arrive(
     incarnation: u32,
     config: &XdpConfig,
 ) -> Outcome {
-    arrive_at(slot, now_ns, seq, incarnation, true, config)
+    arrive_at(&mut slot.parts(), now_ns, seq, incarnation, true, config)
 }
 
 /// [`arrive`], with `fresh`: whether `incarnation` is within [`FRESH_SECS`] of the caller's
@@ -146,7 +148,7 @@ pub fn arrive(
 /// read or written only by what it counts (a gap, a repeat, a restart, an outage).
 #[inline(always)]
 pub fn arrive_at(
-    slot: &mut PeerSlot,
+    slot: &mut SlotMut<'_>,
     now_ns: u64,
     seq: u64,
     incarnation: u32,
@@ -231,7 +233,7 @@ pub fn arrive_at(
 /// are of another rate, and the one across the change is not counted (rule 2).
 #[inline(always)]
 pub fn arrive_passive(
-    slot: &mut PeerSlot,
+    slot: &mut SlotMut<'_>,
     now_ns: u64,
     new_epoch: bool,
     config: &XdpConfig,
@@ -246,7 +248,7 @@ pub fn arrive_passive(
         incarnation += 1;
     }
     let seq = hot.last_seq + 1;
-    arrive(slot, now_ns, seq, incarnation, config)
+    arrive_at(slot, now_ns, seq, incarnation, true, config)
 }
 
 /// Sequence numbers below the last accepted one whose late arrival is recognised as filling a
@@ -275,7 +277,7 @@ fn track_missing(missing: u64, lost: u64) -> u64 {
 /// The loss counts (rule 6's picture of recent loss): the hot ones with every heartbeat, the
 /// cold ones only after a gap, and all of them when they are halved.
 #[inline(always)]
-fn count_loss(slot: &mut PeerSlot, lost: u64) {
+fn count_loss(slot: &mut SlotMut<'_>, lost: u64) {
     let gapped = lost > 0;
     let hot = &mut slot.hot;
     hot.loss_heartbeats += 1;
@@ -313,7 +315,7 @@ fn count_loss(slot: &mut PeerSlot, lost: u64) {
 /// Rules 3-5 (see the module docs), then the ring and the running mean; an interval they
 /// leave out is counted in `left_out`.
 #[inline(always)]
-fn push_interval(slot: &mut PeerSlot, now_ns: u64, lost: u64, config: &XdpConfig) {
+fn push_interval(slot: &mut SlotMut<'_>, now_ns: u64, lost: u64, config: &XdpConfig) {
     if !window_takes(slot, now_ns, lost, config) {
         slot.hot.left_out = slot.hot.left_out.wrapping_add(1);
     }
@@ -332,7 +334,7 @@ const _: () = assert!(MAX_INTERVAL_US * (MEAN_SCALE as u64) <= u32::MAX as u64);
 /// Pushes the interval that ends at `now_ns` into the window unless rules 3-5 leave it out;
 /// whether it did. The ring entry is only stored: the window's sums are the agent's to take.
 #[inline(always)]
-fn window_takes(slot: &mut PeerSlot, now_ns: u64, lost: u64, config: &XdpConfig) -> bool {
+fn window_takes(slot: &mut SlotMut<'_>, now_ns: u64, lost: u64, config: &XdpConfig) -> bool {
     let hot = &mut slot.hot;
     let mut interval = ns_to_us(now_ns.saturating_sub(hot.last_arrival_ns));
     if interval > MAX_INTERVAL_US {
@@ -375,7 +377,7 @@ fn window_takes(slot: &mut PeerSlot, now_ns: u64, lost: u64, config: &XdpConfig)
     };
     let next = head + 1;
     hot.ring_head = if next >= window { 0 } else { next as u8 };
-    slot.ring_us[head as usize] = interval as u32;
+    slot.ring[head as usize] = interval as u32;
     true
 }
 
@@ -465,7 +467,7 @@ mod tests {
         };
         assert_eq!(step(&mut slot, 10, 5, 2, &gapless), (4, 6), "a gapless gap");
         let at = slot.record().last_arrival_ns + 10 * MS;
-        arrive_passive(&mut slot, at, true, &c);
+        arrive_passive(&mut slot.parts(), at, true, &c);
         assert_eq!(
             (slot.record().left_out, slot.record().samples),
             (5, 0),
@@ -659,7 +661,7 @@ mod tests {
     fn passive_packets_are_each_the_next_and_a_new_epoch_empties_the_window() {
         let mut slot = PeerSlot::admitted(7, 0);
         for i in 1..=5u64 {
-            let outcome = arrive_passive(&mut slot, i * 10 * MS, false, &config());
+            let outcome = arrive_passive(&mut slot.parts(), i * 10 * MS, false, &config());
             assert_eq!(outcome, Outcome::Accepted { lost: 0 });
         }
         assert_eq!(
@@ -667,9 +669,9 @@ mod tests {
             (4, 40_000)
         );
         // The timers changed: the interval across the change is not counted, nor the old ones.
-        arrive_passive(&mut slot, 500 * MS, true, &config());
+        arrive_passive(&mut slot.parts(), 500 * MS, true, &config());
         assert_eq!((slot.record().samples, slot.record().restarts), (0, 1));
-        arrive_passive(&mut slot, 600 * MS, false, &config());
+        arrive_passive(&mut slot.parts(), 600 * MS, false, &config());
         assert_eq!(
             (slot.record().samples, slot.record().interval_sum_us),
             (1, 100_000)
@@ -677,7 +679,7 @@ mod tests {
         assert_eq!(slot.record().lost, 0);
         // A new epoch on the very first packet is just the first packet.
         let mut slot = PeerSlot::admitted(7, 0);
-        arrive_passive(&mut slot, MS, true, &config());
+        arrive_passive(&mut slot.parts(), MS, true, &config());
         assert_eq!((slot.record().heartbeats, slot.record().restarts), (1, 0));
     }
 
@@ -703,7 +705,14 @@ mod tests {
         let mut slot = PeerSlot::admitted(7, 0);
         core::array::from_fn(|i| {
             let (seq, inc, fresh) = steps[i];
-            arrive_at(&mut slot, (i as u64 + 1) * 10 * MS, seq, inc, fresh, c)
+            arrive_at(
+                &mut slot.parts(),
+                (i as u64 + 1) * 10 * MS,
+                seq,
+                inc,
+                fresh,
+                c,
+            )
         })
     }
 

@@ -13,10 +13,10 @@
 //! peer in its own slot does, and nothing else: the heartbeat's id names a peer, whose hot
 //! line is read and written back (1), and whose source address line, ring entry (at the
 //! position the hot line holds) and last-heard word are stored into (2). `FLOOR_LAYOUT`
-//! places that state as the monitor's slots do (0: a peer's hot line, cold lines and ring
-//! together, 704 bytes apart) or split (1: the hot lines in a dense table of their own, the
-//! rest after it), so the bench can show, in the same stream, what each line costs and what
-//! a layout would save before anyone builds it.
+//! places that state as the monitor's slots did before layout 15 (0: a peer's hot line, cold
+//! lines and ring together, 704 bytes apart) or split, as it does since (1: the hot lines in a
+//! dense table of their own, the rest after it), so the bench shows, in the same stream, what
+//! each line costs in either layout.
 #![no_std]
 #![no_main]
 
@@ -53,12 +53,14 @@ static FLOOR_LAYOUT: u8 = LAYOUT_SLOTS;
 #[unsafe(no_mangle)]
 static FLOOR_PEERS: u32 = 0;
 
-/// As the monitor's `PeerSlot`: the hot line, two cold lines, eight ring lines.
+/// As the monitor kept a peer before layout 15 (a `PeerSlot`): the hot line, two cold lines,
+/// eight ring lines.
 pub const LAYOUT_SLOTS: u8 = 0;
-/// The hot lines of all peers first, one after another; each peer's other ten lines after them.
+/// The hot lines of all peers first, one after another; each peer's other ten lines after them
+/// (the monitor's layout since 15, for ids 1 to N: their own hot lines, then their slots).
 pub const LAYOUT_SPLIT: u8 = 1;
 const LINE: usize = 64;
-/// Lines of the monitor's `PeerSlot`: the hot line, the cold lines, the ring.
+/// Lines of a `PeerSlot`: the hot line, the cold lines, the ring.
 pub const LINES_PER_PEER: u32 = (size_of::<PeerSlot>() / LINE) as u32;
 /// Lines of `PeerCold`, between a peer's hot line and its ring.
 const COLD_LINES: u32 = (size_of::<PeerCold>() / LINE) as u32;

@@ -28,10 +28,10 @@ use aya_log_ebpf::warn;
 use monitor_common::{
     auth::{AuthKey, KEY_SLOTS},
     config::{XDP_FLAG_PASS_HEARTBEATS, XdpConfig},
-    index::{self, IndexBucket},
+    index,
     maps::{
-        ARRIVALS_BYTES, BPF_F_MMAPABLE, Counters, DEFAULT_CAPACITY, LOCAL_ADDRS_CAPACITY,
-        LOCAL_FAST_ADDRS, LocalFast, PeerSlot, PinnedMeta, UNKNOWN_PEERS_BYTES,
+        ARRIVALS_BYTES, BPF_F_MMAPABLE, Counters, DEFAULT_CAPACITY, HotLine, LOCAL_ADDRS_CAPACITY,
+        LOCAL_FAST_ADDRS, LocalFast, PeerState, PinnedMeta, UNKNOWN_PEERS_BYTES,
     },
 };
 
@@ -41,13 +41,15 @@ use crate::parse::{Packet, Parsed};
 #[unsafe(no_mangle)]
 static CONFIG: XdpConfig = XdpConfig::DEFAULT;
 
-/// Peer id -> slot (`monitor_common::index`), written by the agent through its mmap.
+/// The hot lines (`monitor_common::index`): the peer ids, each with its lock, its hot fields
+/// and the link to its slot; the agent writes ids and links through its mmap.
 #[map]
-static PEER_INDEX: Array<IndexBucket> =
-    Array::with_max_entries(index::buckets_for(DEFAULT_CAPACITY), BPF_F_MMAPABLE);
+static PEER_HOT: Array<HotLine> =
+    Array::with_max_entries(index::lines_for(DEFAULT_CAPACITY), BPF_F_MMAPABLE);
 
+/// Each peer's cold lines and ring, at the slot its hot line links to.
 #[map]
-static PEER_STATE: Array<PeerSlot> = Array::with_max_entries(DEFAULT_CAPACITY, BPF_F_MMAPABLE);
+static PEER_STATE: Array<PeerState> = Array::with_max_entries(DEFAULT_CAPACITY, BPF_F_MMAPABLE);
 
 /// One word per slot, the arrival and count of its last accepted heartbeat
 /// (`monitor_common::last_heard`): what the agent's sweep scans instead of the slots.

@@ -1,4 +1,4 @@
-//! Recording an accepted heartbeat into its peer slot.
+//! Recording an accepted heartbeat into its peer's hot line and slot.
 
 use core::intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xadd};
 
@@ -11,14 +11,17 @@ use monitor_common::{
     auth::{KEY_CURRENT, KEY_PREVIOUS, siphash24_24},
     config::{XDP_FLAG_REQUIRE_AUTH, XdpConfig},
     index, last_heard,
-    maps::{ArrivalRecord, Counters, PeerHot, UnknownPeerReport},
+    maps::{
+        ArrivalRecord, Counters, HotLine, LOCK_HELD, LOCK_SEQ_ONE, PeerHot, PeerState, SlotMut,
+        UnknownPeerReport, linked_slot,
+    },
     passive::{self, SOURCE_BFD, SOURCE_HEARTBEAT},
     slot::{self, Outcome},
     wire::FLAG_AUTH,
 };
 
 use crate::{
-    ARRIVALS, AUTH_KEYS, LAST_HEARD, PEER_INDEX, PEER_STATE, UNKNOWN_PEERS, parse::Heartbeat,
+    ARRIVALS, AUTH_KEYS, LAST_HEARD, PEER_HOT, PEER_STATE, UNKNOWN_PEERS, parse::Heartbeat,
 };
 const NS_PER_SEC: u64 = 1_000_000_000;
 
@@ -31,32 +34,32 @@ pub fn record<C: EbpfContext>(
     counters: &mut Counters,
 ) {
     let peer_id = hb.peer_id;
-    let (index, slot) = match lookup(peer_id, config.index_bits) {
-        Some(index) => (index, PEER_STATE.get_ptr_mut(index)),
-        None => (0, None),
-    };
+    let line = lookup(peer_id, config);
     if config.flags & XDP_FLAG_REQUIRE_AUTH != 0 && !authentic(hb) {
         // Forged, replayed under another key, or unsigned: never an arrival, never reported.
         // Counted per CPU, and against the peer with one atomic add on its slot's cold line,
-        // never under the slot's lock: a flood of forgeries carrying a victim's id, on every
-        // CPU, must not make the victim's own heartbeats meet a busy lock.
+        // never under the hot line's lock: a flood of forgeries carrying a victim's id, on
+        // every CPU, must not make the victim's own heartbeats meet a busy lock.
         counters.auth_failures += 1;
         warn!(
             ctx,
             "heartbeat of peer {} (seq {}) failed authentication: dropped", peer_id, hb.seq
         );
-        if let Some(slot) = slot {
-            // SAFETY: in the map value. The id is read without the lock: a slot the agent is
-            // handing to another peer at this instant may count one failure that was not its.
-            let slot = unsafe { &mut *slot };
-            if unsafe { core::ptr::read_volatile(&raw const slot.hot.peer_id) } == peer_id {
-                count_auth_failure(&mut slot.cold.auth_failures);
+        if let Some(line) = line {
+            // SAFETY: in the map value. The id (in `lookup`) and the link are read without the
+            // lock: a line the agent is handing to another peer at this instant may count one
+            // failure that was not its.
+            let lock = unsafe { core::ptr::read_volatile(&raw const (*line).lock) };
+            if let Some(slot) = linked_slot(lock)
+                && let Some(state) = PEER_STATE.get_ptr_mut(slot)
+            {
+                count_auth_failure(unsafe { &mut (*state).cold.auth_failures });
             }
         }
         return;
     }
     let now = unsafe { bpf_ktime_get_ns() };
-    let Some(slot) = slot else {
+    let Some(line) = line else {
         counters.unknown_peer += 1;
         debug!(ctx, "heartbeat of unknown peer {}", peer_id);
         let mut report = UnknownPeerReport {
@@ -77,58 +80,64 @@ pub fn record<C: EbpfContext>(
     };
     // SAFETY: the pointer comes from a successful lookup; concurrent writers are excluded by
     // the sequence counter below, readers retry.
-    let slot = unsafe { &mut *slot };
-    if !try_lock(&mut slot.lock) {
+    let line = unsafe { &mut *line };
+    let Some(locked) = try_lock(&mut line.lock) else {
         counters.contended += 1;
         debug!(
             ctx,
-            "peer {}: slot busy on another CPU, heartbeat not recorded", peer_id
+            "peer {}: hot line busy on another CPU, heartbeat not recorded", peer_id
         );
         return;
-    }
-    // Checked under the lock: the agent may have forgotten this peer and handed the slot to
-    // another between our index lookup and now (it resets slots under the same lock).
-    if slot.hot.peer_id != peer_id {
-        unlock(&mut slot.lock);
+    };
+    // Checked under the lock: the agent may have forgotten this peer and handed the line to
+    // another between our lookup and now (it changes lines under the same lock). The link
+    // cannot move while the lock is held.
+    let Some((slot, state)) = linked_state(line.hot.peer_id == peer_id, locked) else {
+        unlock(&mut line.lock);
         counters.unknown_peer += 1;
         return;
-    }
+    };
+    // SAFETY: PEER_STATE's value at the slot the line links to; only a holder of that line's
+    // lock writes it (the agent, when it fills or empties a slot, holds it too).
+    let state = unsafe { &mut *state };
+    let mut parts = SlotMut {
+        hot: &mut line.hot,
+        cold: &mut state.cold,
+        ring: &mut state.ring_us,
+    };
 
     // Only an incarnation that went backwards under authentication asks for the wall clock.
-    let fresh = hb.incarnation == slot.hot.incarnation
+    let fresh = hb.incarnation == parts.hot.incarnation
         || config.flags & XDP_FLAG_REQUIRE_AUTH == 0
         || slot::fresh_incarnation(hb.incarnation, wall_s(config));
-    let outcome = slot::arrive_at(slot, now, hb.seq, hb.incarnation, fresh, config);
+    let outcome = slot::arrive_at(&mut parts, now, hb.seq, hb.incarnation, fresh, config);
     match outcome {
         Outcome::Duplicate => counters.duplicates += 1,
         Outcome::OutOfOrder => counters.out_of_order += 1,
         Outcome::Accepted { .. } => {
             // Stores only, into the first cold line: nothing there is read on this path.
-            slot.cold.src_family = hb.src_family;
-            slot.cold.src_port = hb.src_port;
-            set_src_addr(&mut slot.cold.src_addr, hb.src_words);
+            parts.cold.src_family = hb.src_family;
+            parts.cold.src_port = hb.src_port;
+            set_src_addr(&mut parts.cold.src_addr, hb.src_words);
             counters.heartbeats += 1;
-            store_last_heard(index, &slot.hot);
+            store_last_heard(slot, parts.hot);
         }
     }
-    let traced = slot.hot.traced != 0;
-    unlock(&mut slot.lock);
+    let traced = line.hot.traced != 0;
+    unlock(&mut line.lock);
     if traced {
         trace_arrival(peer_id, now, hb.seq, hb.incarnation, outcome, counters);
     }
 }
 
-/// A packet of a passive source (a BFD session, a UDP flow): the same slot, lock and window
+/// A packet of a passive source (a BFD session, a UDP flow): the same lines, lock and window
 /// rules as a heartbeat (`slot::arrive_passive`), under the id derived from the packet. No
 /// authentication (nothing to verify it with), and the caller passes the packet on.
 #[inline(always)]
 pub fn record_passive(p: &Heartbeat, config: &XdpConfig, counters: &mut Counters) {
-    let (index, slot) = match lookup(p.peer_id, config.index_bits) {
-        Some(index) => (index, PEER_STATE.get_ptr_mut(index)),
-        None => (0, None),
-    };
+    let line = lookup(p.peer_id, config);
     let now = unsafe { bpf_ktime_get_ns() };
-    let Some(slot) = slot else {
+    let Some(line) = line else {
         counters.unknown_peer += 1;
         let mut report = UnknownPeerReport {
             peer_id: p.peer_id,
@@ -147,34 +156,55 @@ pub fn record_passive(p: &Heartbeat, config: &XdpConfig, counters: &mut Counters
         return;
     };
     // SAFETY: as in `record`.
-    let slot = unsafe { &mut *slot };
-    if !try_lock(&mut slot.lock) {
+    let line = unsafe { &mut *line };
+    let Some(locked) = try_lock(&mut line.lock) else {
         counters.contended += 1;
         return;
-    }
-    // The slot must be this source's: a heartbeat peer may have picked the same id.
-    if slot.hot.peer_id != p.peer_id || slot.hot.source != p.source {
-        unlock(&mut slot.lock);
+    };
+    let state = linked_state(line.hot.peer_id == p.peer_id, locked)
+        // SAFETY: as in `record`.
+        .map(|(slot, state)| (slot, unsafe { &mut *state }))
+        // The slot must be this source's: a heartbeat peer may have picked the same id.
+        .filter(|(_, state)| state.cold.source == p.source);
+    let Some((slot, state)) = state else {
+        unlock(&mut line.lock);
         counters.unknown_peer += 1;
         return;
-    }
-    let new_epoch = p.source == SOURCE_BFD && passive::note_bfd(slot, &p.bfd);
-    let outcome = slot::arrive_passive(slot, now, new_epoch, config);
-    slot.cold.src_family = p.src_family;
-    slot.cold.src_port = p.src_port;
-    set_src_addr(&mut slot.cold.src_addr, p.src_words);
+    };
+    let mut parts = SlotMut {
+        hot: &mut line.hot,
+        cold: &mut state.cold,
+        ring: &mut state.ring_us,
+    };
+    let new_epoch = p.source == SOURCE_BFD && passive::note_bfd(&mut parts, &p.bfd);
+    let outcome = slot::arrive_passive(&mut parts, now, new_epoch, config);
+    parts.cold.src_family = p.src_family;
+    parts.cold.src_port = p.src_port;
+    set_src_addr(&mut parts.cold.src_addr, p.src_words);
     if p.source == SOURCE_BFD {
         counters.bfd += 1;
     } else {
         counters.flow += 1;
     }
-    store_last_heard(index, &slot.hot);
-    let traced = slot.hot.traced != 0;
-    let (seq, incarnation) = (slot.hot.last_seq, slot.hot.incarnation);
-    unlock(&mut slot.lock);
+    store_last_heard(slot, parts.hot);
+    let traced = line.hot.traced != 0;
+    let (seq, incarnation) = (line.hot.last_seq, line.hot.incarnation);
+    unlock(&mut line.lock);
     if traced {
         trace_arrival(p.peer_id, now, seq, incarnation, outcome, counters);
     }
+}
+
+/// The slot a locked line links to and its PEER_STATE value, if the line is still the peer's
+/// (`same_id`, checked under the lock) and links to a slot of the map. `locked` is the lock
+/// word as this CPU took it.
+#[inline(always)]
+fn linked_state(same_id: bool, locked: u64) -> Option<(u32, *mut PeerState)> {
+    if !same_id {
+        return None;
+    }
+    let slot = linked_slot(locked)?;
+    PEER_STATE.get_ptr_mut(slot).map(|state| (slot, state))
 }
 
 /// Unix time in seconds: the kernel's TAI clock less the TAI offset the loader measured.
@@ -196,7 +226,7 @@ fn count_auth_failure(count: &mut u64) {
 
 /// Stores the slot's last-heard word after an accepted arrival, the word the agent computes
 /// from its view of the slot (`monitor_common::last_heard::of_record`): one store, under the
-/// slot's lock like the hot line it summarises.
+/// hot line's lock like the hot fields it summarises.
 #[inline(always)]
 fn store_last_heard(index: u32, hot: &PeerHot) {
     if let Some(word) = LAST_HEARD.get_ptr_mut(index) {
@@ -204,40 +234,38 @@ fn store_last_heard(index: u32, hot: &PeerHot) {
     }
 }
 
-/// The slot of `peer_id`: its own slot first (`index::own_slot`, where the registry puts an
-/// id of 1 to the capacity when it can), found by the peer id in the slot's hot line, the line
-/// the heartbeat is written to anyway; otherwise PEER_INDEX (`monitor_common::index`): its
-/// home bucket, one cache line, and the next ones only while a bucket says entries spilled
-/// past it. The agent may be changing a slot or an entry meanwhile; the caller checks the
-/// slot's own peer id under its lock.
+/// The hot line of `peer_id` (`monitor_common::index`): its own line if it has one (an id of 1
+/// to the capacity), one line read, and nowhere else; otherwise its keyed home in the hashed
+/// part, and the next lines only while a line says entries probed past it. A line is the id's
+/// if it carries the id and a link. The agent may be changing a line meanwhile; the caller
+/// checks the id again under the line's lock, and takes the link from there.
 #[inline(always)]
-fn lookup(peer_id: u64, bits: u32) -> Option<u32> {
-    if let Some(own) = index::own_slot(peer_id)
-        && let Some(slot) = PEER_STATE.get_ptr(own)
-        // SAFETY: in the map value; the agent stores the id whole.
-        && unsafe { core::ptr::read_volatile(&raw const (*slot).hot.peer_id) } == peer_id
-    {
-        return Some(own);
-    }
-    let mask = (1u32 << bits) - 1;
-    let mut b = index::home(peer_id, bits, &crate::config().index_key);
-    for _ in 0..index::PROBE_BUCKETS {
-        let bucket = PEER_INDEX.get_ptr(b)?;
-        for e in 0..index::BUCKET_ENTRIES {
-            // SAFETY: in the map value; plain integers the agent stores whole.
-            unsafe {
-                if core::ptr::read_volatile(&raw const (*bucket).ids[e]) == peer_id {
-                    let slot = core::ptr::read_volatile(&raw const (*bucket).slots[e]);
-                    if slot != 0 {
-                        return Some(slot - 1);
-                    }
-                }
-            }
+fn lookup(peer_id: u64, config: &XdpConfig) -> Option<*mut HotLine> {
+    let holds = |line: *mut HotLine| {
+        // SAFETY: in the map value; plain integers the agent stores whole.
+        unsafe {
+            core::ptr::read_volatile(&raw const (*line).hot.peer_id) == peer_id
+                && core::ptr::read_volatile(&raw const (*line).lock) as u32 != 0
         }
-        if unsafe { core::ptr::read_volatile(&raw const (*bucket).overflow) } == 0 {
+    };
+    let capacity = config.capacity;
+    if let Some(own) = index::own_line(peer_id, capacity) {
+        let line = PEER_HOT.get_ptr_mut(own)?;
+        return if holds(line) { Some(line) } else { None };
+    }
+    let bits = config.index_bits;
+    let mask = (1u32 << bits) - 1;
+    let mut h = index::home(peer_id, bits, &config.index_key);
+    for _ in 0..index::PROBE_LINES {
+        let line = PEER_HOT.get_ptr_mut(index::hashed_line(h, capacity))?;
+        if holds(line) {
+            return Some(line);
+        }
+        // SAFETY: in the map value; a byte the agent stores whole.
+        if unsafe { core::ptr::read_volatile(&raw const (*line).hot.overflow) } == 0 {
             return None;
         }
-        b = (b + 1) & mask;
+        h = (h + 1) & mask;
     }
     None
 }
@@ -268,28 +296,29 @@ fn trace_arrival(
 // The BPF target's `core` offers no compare-and-swap on its atomic types (it declares no CAS
 // support), but the instruction exists since kernel 5.12 (BPF_CMPXCHG), so use the intrinsics.
 
-/// Moves the slot's sequence counter from even to odd; false if another CPU holds it.
+/// Moves the hot line's sequence counter (the lock word's high half) from even to odd; the
+/// lock word as taken (its link cannot move until `unlock`), or None if another CPU holds it.
 #[inline(always)]
-fn try_lock(lock: &mut u64) -> bool {
+fn try_lock(lock: &mut u64) -> Option<u64> {
     let lock: *mut u64 = lock;
     unsafe {
         // A plain (volatile) load: BPF before cpu v4 has no atomic load instruction.
         let before = core::ptr::read_volatile(lock);
-        if before & 1 != 0 {
-            return false;
+        if before & LOCK_HELD != 0 {
+            return None;
         }
-        let (_, swapped) = atomic_cxchg::<
-            u64,
-            { AtomicOrdering::Acquire },
-            { AtomicOrdering::Relaxed },
-        >(lock, before, before + 1);
-        swapped
+        let locked = before + LOCK_SEQ_ONE;
+        let (_, swapped) =
+            atomic_cxchg::<u64, { AtomicOrdering::Acquire }, { AtomicOrdering::Relaxed }>(
+                lock, before, locked,
+            );
+        if swapped { Some(locked) } else { None }
     }
 }
 
-/// Moves the counter back to even, after every store to the slot. x86-64 keeps stores in
-/// program order (TSO), so a plain store is a release there and saves a locked instruction per
-/// heartbeat; elsewhere an atomic add, a full barrier in BPF.
+/// Moves the counter back to even, after every store to the line and the slot. x86-64 keeps
+/// stores in program order (TSO), so a plain store is a release there and saves a locked
+/// instruction per heartbeat; elsewhere an atomic add, a full barrier in BPF.
 #[inline(always)]
 fn unlock(lock: &mut u64) {
     #[cfg(bpf_target_arch = "x86_64")]
@@ -298,11 +327,11 @@ fn unlock(lock: &mut u64) {
         // this one. LLVM's BPF backend cannot select a fence instruction.
         core::arch::asm!("", options(nostack, preserves_flags));
         let lock: *mut u64 = lock;
-        core::ptr::write_volatile(lock, core::ptr::read_volatile(lock) + 1);
+        core::ptr::write_volatile(lock, core::ptr::read_volatile(lock) + LOCK_SEQ_ONE);
     }
     #[cfg(not(bpf_target_arch = "x86_64"))]
     unsafe {
-        atomic_xadd::<u64, u64, { AtomicOrdering::Release }>(lock, 1);
+        atomic_xadd::<u64, u64, { AtomicOrdering::Release }>(lock, LOCK_SEQ_ONE);
     }
 }
 

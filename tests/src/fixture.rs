@@ -134,11 +134,11 @@ impl Fixture {
             .expect("consistent read")
     }
 
-    /// Every (id, slot) in the kernel's own peer index (PEER_INDEX), sorted, found through the
-    /// program's map ids: what the kernel would look ids up in, not the agent's registry.
+    /// Every (id, slot) the kernel's hot lines (PEER_HOT) link, sorted, found through the
+    /// program's map ids: what the kernel would find ids in, not the agent's registry.
     pub fn kernel_index(&self) -> Vec<(u64, u32)> {
         use aya::maps::{Array, Map, MapData};
-        use monitor_common::index::{BUCKET_ENTRIES, IndexBucket};
+        use monitor_common::maps::{HotLine, linked_slot};
         let name = match self.hook {
             program::Hook::Xdp => program::PROGRAM_NAME,
             program::Hook::Tc => program::TC_PROGRAM_NAME,
@@ -157,23 +157,19 @@ impl Fixture {
         for id in ids {
             let data = MapData::from_id(id).expect("map by id");
             let info = data.info().expect("map info");
-            if info.name() == monitor_common::maps::PEER_INDEX_MAP.as_bytes() {
-                let index = Array::<MapData, IndexBucket>::try_from(Map::Array(data))
-                    .expect("PEER_INDEX is an array of index buckets");
-                let mut entries: Vec<(u64, u32)> = index
+            if info.name() == monitor_common::maps::PEER_HOT_MAP.as_bytes() {
+                let lines = Array::<MapData, HotLine>::try_from(Map::Array(data))
+                    .expect("PEER_HOT is an array of hot lines");
+                let mut entries: Vec<(u64, u32)> = lines
                     .iter()
-                    .map(|bucket| bucket.expect("index bucket"))
-                    .flat_map(|bucket| {
-                        (0..BUCKET_ENTRIES)
-                            .filter(move |&e| bucket.slots[e] != 0)
-                            .map(move |e| (bucket.ids[e], bucket.slots[e] - 1))
-                    })
+                    .map(|line| line.expect("hot line"))
+                    .filter_map(|line| Some((line.hot.peer_id, linked_slot(line.lock)?)))
                     .collect();
                 entries.sort_unstable();
                 return entries;
             }
         }
-        panic!("the program uses no map named PEER_INDEX");
+        panic!("the program uses no map named PEER_HOT");
     }
 
     /// Drains the unknown-peer ring buffer.

@@ -372,8 +372,8 @@ fn what_the_index_key_costs_per_packet() {
             ..XdpConfig::DEFAULT
         };
         let mut loaded = LoadedProgram::load(&config, 65_536).expect("load");
-        // An id past the capacity has no slot of its own (`index::own_slot`): every lookup
-        // hashes it under the key and reads its bucket.
+        // An id past the capacity has no line of its own (`index::own_line`): every lookup
+        // hashes it under the key and reads its home line.
         let id = 1 << 40;
         let slot = loaded
             .maps

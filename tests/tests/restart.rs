@@ -131,13 +131,13 @@ fn pinned_state_of_another_layout_or_other_settings_is_refused() {
     assert!(detach(&pair, &pins_arg).status.success());
 }
 
-/// An agent SIGKILLed while it held a slot's lock (inside a slot reset) leaves the lock odd:
+/// An agent SIGKILLed while it held a hot line's lock (inside a reset) leaves the lock odd:
 /// the kernel then drops every heartbeat of that peer as `contended`, and the next agent used
-/// to spin on it. Adoption repairs such slots.
+/// to spin on it. Adoption repairs such lines.
 #[test]
 fn a_slot_lock_left_odd_by_a_killed_agent_is_repaired_on_adoption() {
     use aya::maps::PerCpuArray;
-    use monitor_common::maps::{COUNTERS_MAP, Counters, PEER_STATE_MAP, PeerSlot};
+    use monitor_common::maps::{COUNTERS_MAP, Counters, HotLine, LOCK_HELD, PEER_HOT_MAP};
     use std::os::fd::{AsFd, AsRawFd};
     require_root();
     let pair = NetnsPair::new(62);
@@ -162,9 +162,10 @@ fn a_slot_lock_left_odd_by_a_killed_agent_is_repaired_on_adoption() {
         (peer["heartbeats"].as_u64() >= Some(20)).then_some(())
     });
     drop(first); // SIGKILL
-    // What a kill inside a slot reset leaves: every slot's lock odd.
-    let state = MapData::from_pin(pins.join(PEER_STATE_MAP)).unwrap();
-    let bytes = (capacity as usize * size_of::<PeerSlot>()).next_multiple_of(4096);
+    // What a kill inside a line's fill or reset leaves: every hot line's lock odd.
+    let state = MapData::from_pin(pins.join(PEER_HOT_MAP)).unwrap();
+    let lines = monitor_common::index::lines_for(capacity) as usize;
+    let bytes = (lines * size_of::<HotLine>()).next_multiple_of(4096);
     // SAFETY: a shared mapping of the pinned array, unmapped below; only lock words touched.
     let base = unsafe {
         libc::mmap(
@@ -177,14 +178,14 @@ fn a_slot_lock_left_odd_by_a_killed_agent_is_repaired_on_adoption() {
         )
     };
     assert_ne!(base, libc::MAP_FAILED);
-    for slot in 0..capacity as usize {
+    for line in 0..lines {
         let lock = unsafe {
             &*base
                 .cast::<u8>()
-                .add(slot * size_of::<PeerSlot>())
+                .add(line * size_of::<HotLine>())
                 .cast::<std::sync::atomic::AtomicU64>()
         };
-        lock.fetch_or(1, std::sync::atomic::Ordering::SeqCst);
+        lock.fetch_or(LOCK_HELD, std::sync::atomic::Ordering::SeqCst);
     }
     unsafe { libc::munmap(base, bytes) };
     // The attack holds: the kernel drops the live peer's heartbeats.

@@ -1126,17 +1126,23 @@ fn local_addrs_of(fx: &Fixture) -> monitor::kernel::destination::LocalAddrs {
     .expect("the destination maps")
 }
 
-/// An id of 1 to the capacity is looked up in its own slot first (`index::own_slot`): found
-/// there when the registry could give it that slot, in the index when another peer had it
-/// first; and an unknown id whose own slot holds another peer is unknown, not that peer.
+/// An id of 1 to the capacity has its own hot line (`index::own_line`), whatever slot the
+/// registry gave it (its own, `id - 1`, when free): found there, one line read. Any other id is
+/// found through the keyed hash. And an unknown id whose own slot holds another peer is
+/// unknown, not that peer: the lookup is by line, and its own line is empty.
 #[test]
-fn ids_are_found_in_their_own_slot_or_through_the_index() {
+fn ids_are_found_in_their_own_line_or_through_the_hash() {
     const SPARSE: u64 = 1 << 40;
     // SPARSE takes slot 0 first, so peer 1 is in slot 1, peer 2's own slot.
     let mut fx = Fixture::with_peers(&[SPARSE, 1, 3]);
     assert_eq!(fx.slot(SPARSE), 0);
     assert_eq!(fx.slot(1), 1, "its own slot was taken");
     assert_eq!(fx.slot(3), 2, "its own slot");
+    assert_eq!(
+        fx.kernel_index(),
+        vec![(1, 1), (3, 2), (SPARSE, 0)],
+        "each line links to its peer's slot"
+    );
     for (seq, id) in [(1, 1), (1, 3), (1, SPARSE), (2, 1), (2, 3)] {
         assert_eq!(
             fx.run(&Packet::heartbeat_v4(id, seq).build()),
@@ -1147,7 +1153,8 @@ fn ids_are_found_in_their_own_slot_or_through_the_index() {
     assert_eq!(fx.record(1).heartbeats, 2);
     assert_eq!(fx.record(3).heartbeats, 2);
     assert_eq!(fx.record(SPARSE).heartbeats, 1);
-    // Peer 2 is unknown: slot 1, its own, is peer 1's and stays as it was.
+    // Peer 2 is unknown: its own line is empty, and slot 1, its own, is peer 1's and stays as
+    // it was.
     assert_eq!(fx.run(&Packet::heartbeat_v4(2, 1).build()), XDP_DROP);
     let c = fx.counters();
     assert_eq!((c.heartbeats, c.unknown_peer), (5, 1));

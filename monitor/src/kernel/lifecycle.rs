@@ -10,7 +10,7 @@ use std::{
 use anyhow::{Context, Result};
 use monitor_common::{
     config::XdpConfig,
-    maps::{LAYOUT_VERSION, META_MAGIC, PeerSlot, PinnedMeta},
+    maps::{LAYOUT_VERSION, META_MAGIC, PeerState, PinnedMeta},
 };
 
 use crate::kernel::{
@@ -49,7 +49,7 @@ pub fn start(load: &Load, xdp: &XdpConfig) -> Result<Kernel> {
     let expected = PinnedMeta {
         magic: META_MAGIC,
         layout_version: LAYOUT_VERSION,
-        slot_size: size_of::<PeerSlot>() as u32,
+        slot_size: size_of::<PeerState>() as u32,
         capacity: load.capacity,
         window: xdp.window,
         port: xdp.port,

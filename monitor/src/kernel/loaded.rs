@@ -12,7 +12,7 @@ use monitor_common::{
     config::XdpConfig,
     last_heard::LAST_HEARD_MAP,
     maps::{
-        ARRIVALS_MAP, AUTH_KEYS_MAP, COUNTERS_MAP, META_MAP, PEER_INDEX_MAP, PEER_STATE_MAP,
+        ARRIVALS_MAP, AUTH_KEYS_MAP, COUNTERS_MAP, META_MAP, PEER_HOT_MAP, PEER_STATE_MAP,
         PinnedMeta, UNKNOWN_PEERS_MAP,
     },
 };
@@ -78,19 +78,27 @@ impl LoadedProgram {
         if let Some(dir) = pin_dir {
             crate::kernel::pinning::pin_maps(dir, &ebpf)?;
         }
-        let table = match (ebpf.map(PEER_STATE_MAP), ebpf.map(LAST_HEARD_MAP)) {
-            (Some(Map::Array(state)), Some(Map::Array(words))) => {
-                PeerTable::map(state.fd().as_fd(), words.fd().as_fd(), capacity)?
+        let table = match (
+            ebpf.map(PEER_HOT_MAP),
+            ebpf.map(PEER_STATE_MAP),
+            ebpf.map(LAST_HEARD_MAP),
+        ) {
+            (Some(Map::Array(hot)), Some(Map::Array(state)), Some(Map::Array(words))) => {
+                PeerTable::map(
+                    hot.fd().as_fd(),
+                    state.fd().as_fd(),
+                    words.fd().as_fd(),
+                    capacity,
+                    monitor_common::index::lines_for(capacity),
+                )?
             }
-            (Some(Map::Array(_)), _) => return Err(LoadedError::MissingMap(LAST_HEARD_MAP)),
-            _ => return Err(LoadedError::MissingMap(PEER_STATE_MAP)),
-        };
-        let index = match ebpf.map(PEER_INDEX_MAP) {
-            Some(Map::Array(index)) => {
-                PeerIndex::map(index.fd().as_fd(), capacity, config.index_key)?
+            (Some(Map::Array(_)), Some(Map::Array(_)), _) => {
+                return Err(LoadedError::MissingMap(LAST_HEARD_MAP));
             }
-            _ => return Err(LoadedError::MissingMap(PEER_INDEX_MAP)),
+            (Some(Map::Array(_)), _, _) => return Err(LoadedError::MissingMap(PEER_STATE_MAP)),
+            _ => return Err(LoadedError::MissingMap(PEER_HOT_MAP)),
         };
+        let index = PeerIndex::new(capacity, config.index_key);
         let counters = take(&mut ebpf, COUNTERS_MAP, PerCpuArray::try_from)?;
         let unknown_reports = take(&mut ebpf, UNKNOWN_PEERS_MAP, RingBuf::try_from)?;
         let arrivals = take(&mut ebpf, ARRIVALS_MAP, RingBuf::try_from)?;

@@ -32,7 +32,7 @@ use monitor_common::{
     last_heard::LAST_HEARD_MAP,
     maps::{
         ARRIVALS_MAP, AUTH_KEYS_MAP, COUNTERS_MAP, LAYOUT_VERSION, LOCAL_ADDRS_MAP, LOCAL_FAST_MAP,
-        META_MAGIC, META_MAP, PEER_INDEX_MAP, PEER_STATE_MAP, PeerSlot, PinnedMeta,
+        META_MAGIC, META_MAP, PEER_HOT_MAP, PEER_STATE_MAP, PeerState, PinnedMeta,
         UNKNOWN_PEERS_MAP,
     },
 };
@@ -44,7 +44,7 @@ use crate::{
 
 /// Every map, in the order they are pinned.
 pub const MAPS: [&str; 10] = [
-    PEER_INDEX_MAP,
+    PEER_HOT_MAP,
     PEER_STATE_MAP,
     COUNTERS_MAP,
     UNKNOWN_PEERS_MAP,
@@ -216,7 +216,7 @@ pub fn object_layouts(capacity: u32) -> Result<Vec<(&'static str, MapLayout)>, S
                 .get(name)
                 .ok_or_else(|| format!("this build's eBPF object has no map {name}"))?;
             let max_entries = match name {
-                PEER_INDEX_MAP => monitor_common::index::buckets_for(capacity),
+                PEER_HOT_MAP => monitor_common::index::lines_for(capacity),
                 PEER_STATE_MAP | LAST_HEARD_MAP => capacity,
                 _ => map.max_entries(),
             };
@@ -394,7 +394,7 @@ fn refuse_other_meta_size(dir: &Path) -> Result<(), PinError> {
         path: dir.into(),
         found,
         slot,
-        ours: size_of::<PeerSlot>(),
+        ours: size_of::<PeerState>(),
     })
 }
 
@@ -407,13 +407,13 @@ pub fn adopt(dir: &Path, expected: &PinnedMeta) -> Result<Adopted, PinError> {
     let meta = meta_map.get(&0, 0).map_err(|e| aya_err(dir, e))?;
     if meta.magic != META_MAGIC
         || meta.layout_version != LAYOUT_VERSION
-        || meta.slot_size as usize != size_of::<PeerSlot>()
+        || meta.slot_size as usize != size_of::<PeerState>()
     {
         return Err(PinError::Layout {
             path: dir.into(),
             found: meta.layout_version,
             slot: meta.slot_size,
-            ours: size_of::<PeerSlot>(),
+            ours: size_of::<PeerState>(),
         });
     }
     // (setting, how the command line says it, pinned value, this agent's value): the first that
@@ -473,33 +473,44 @@ pub fn adopt(dir: &Path, expected: &PinnedMeta) -> Result<Adopted, PinError> {
     }
     check_layouts(dir, meta.capacity)?;
 
-    let table = match (open(dir, PEER_STATE_MAP)?, open(dir, LAST_HEARD_MAP)?) {
-        (Map::Array(state), Map::Array(words)) => {
-            PeerTable::map(state.fd().as_fd(), words.fd().as_fd(), meta.capacity)
-                .map_err(|e| aya_err(dir, e))?
+    let table = match (
+        open(dir, PEER_HOT_MAP)?,
+        open(dir, PEER_STATE_MAP)?,
+        open(dir, LAST_HEARD_MAP)?,
+    ) {
+        (Map::Array(hot), Map::Array(state), Map::Array(words)) => PeerTable::map(
+            hot.fd().as_fd(),
+            state.fd().as_fd(),
+            words.fd().as_fd(),
+            meta.capacity,
+            monitor_common::index::lines_for(meta.capacity),
+        )
+        .map_err(|e| aya_err(dir, e))?,
+        _ => {
+            return Err(aya_err(
+                dir,
+                "PEER_HOT, PEER_STATE or LAST_HEARD is not an array",
+            ));
         }
-        _ => return Err(aya_err(dir, "PEER_STATE or LAST_HEARD is not an array")),
     };
-    let index = match open(dir, PEER_INDEX_MAP)? {
-        Map::Array(index) => PeerIndex::map(index.fd().as_fd(), meta.capacity, meta.index_key)
-            .map_err(|e| aya_err(dir, e))?,
-        _ => return Err(aya_err(dir, "PEER_INDEX is not an array")),
-    };
-    let mut registry = Registry::adopt(index, meta.capacity);
-    // Before anything writes a slot: a dead agent's odd lock would drop its peer's heartbeats.
-    let repaired = table.repair_stale_locks(
-        |slot| registry.owner(slot),
-        crate::kernel::clock::monotonic_ns(),
-    );
-    let free = repaired.iter().filter(|(_, owner)| owner.is_none()).count();
-    for (slot, id) in repaired.iter().filter_map(|&(slot, id)| Some((slot, id?))) {
+    // Before anything writes a line: a dead agent's odd lock would drop its peer's heartbeats.
+    let repaired = table.repair_stale_locks(crate::kernel::clock::monotonic_ns());
+    let free = repaired.iter().filter(|r| r.peer.is_none()).count();
+    for (slot, id) in repaired.iter().filter_map(|r| r.peer) {
         log::warn!(
             "slot {slot} of peer {id} was left locked by the agent before (killed while writing it): reset, its window starts again"
         );
     }
     if free > 0 {
-        log::warn!("{free} free slots were left locked by the agent before: reset");
+        log::warn!("{free} empty hot lines were left locked by the agent before: reset");
     }
+    // The lines are the truth: the registry, and which line each slot has, come from their links.
+    let peers = table.adopt_links();
+    let mut registry = Registry::adopt(
+        PeerIndex::new(meta.capacity, meta.index_key),
+        meta.capacity,
+        &peers,
+    );
     // The pinned program's sources: adoption has checked that they are this agent's.
     registry.reserve_derived_ids(monitor_common::config::passive_sources_on(
         meta.flags,
@@ -573,13 +584,17 @@ mod tests {
         let of = |name| layouts.iter().find(|(n, _)| *n == name).unwrap().1;
         assert_eq!(
             of(PEER_STATE_MAP).value_size as usize,
-            size_of::<PeerSlot>()
+            size_of::<PeerState>()
+        );
+        assert_eq!(
+            of(PEER_HOT_MAP).value_size as usize,
+            size_of::<monitor_common::maps::HotLine>()
         );
         assert_eq!(of(PEER_STATE_MAP).max_entries, 1000);
         assert_eq!(of(LAST_HEARD_MAP).max_entries, 1000);
         assert_eq!(
-            of(PEER_INDEX_MAP).max_entries,
-            monitor_common::index::buckets_for(1000)
+            of(PEER_HOT_MAP).max_entries,
+            monitor_common::index::lines_for(1000)
         );
         assert_eq!(of(META_MAP).value_size as usize, size_of::<PinnedMeta>());
     }

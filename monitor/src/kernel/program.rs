@@ -13,7 +13,7 @@ use monitor_common::{
     config::{CONFIG_SYMBOL, XdpConfig},
     index,
     last_heard::LAST_HEARD_MAP,
-    maps::{MAX_WINDOW, PEER_INDEX_MAP, PEER_STATE_MAP},
+    maps::{MAX_WINDOW, PEER_HOT_MAP, PEER_STATE_MAP},
 };
 
 /// The XDP object built by build.rs (empty when bpf-linker was missing at build time).
@@ -192,9 +192,11 @@ fn load_object(
         return Err(ProgramLoadError::Capacity);
     }
     let level = log.aya_level();
-    // The index is sized for the capacity; the program is told its size in the same config.
+    // The hot lines are sized for the capacity; the program is told their parts' sizes in the
+    // same config.
     let config = XdpConfig {
-        index_bits: index::bits_for(capacity),
+        index_bits: index::hashed_bits(capacity),
+        capacity,
         tai_offset_s: crate::kernel::clock::tai_offset_s(),
         ..*config
     };
@@ -210,7 +212,7 @@ fn load_object(
     loader
         .override_global(CONFIG_SYMBOL, &config, true)
         .override_global(aya_log::LEVEL, &level, false)
-        .map_max_entries(PEER_INDEX_MAP, index::buckets_for(capacity))
+        .map_max_entries(PEER_HOT_MAP, index::lines_for(capacity))
         .map_max_entries(PEER_STATE_MAP, capacity)
         .map_max_entries(LAST_HEARD_MAP, capacity);
     for (name, path) in &pinned {

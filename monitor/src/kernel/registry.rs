@@ -1,14 +1,14 @@
-//! Which peer owns which slot. Userspace owns slot allocation: the kernel only ever looks a
-//! peer id up in its own slot (`index::own_slot`) or in PEER_INDEX (written here, through its
-//! mmap) and writes the slot it finds. An id gets its own slot whenever that slot is free, so
-//! that its heartbeats are found without reading the index; every id is in the index all the
-//! same (adoption rebuilds the registry from it, and a peer whose own slot was taken is found
-//! there).
+//! Which peer owns which slot. Userspace owns slot allocation: the kernel only ever finds a
+//! peer id's hot line in PEER_HOT (written here, through its mmap, `peer_index`) and writes the
+//! line and the slot it links to. An id of 1 to the capacity gets slot `id - 1` whenever that
+//! slot is free, the index of its own hot line (`index::own_line`), so a fleet numbered 1 to N
+//! has its lines and its slots dense and in the same order. Adoption rebuilds the registry from
+//! the lines' links.
 
 use std::collections::HashMap;
 
 use monitor_common::{
-    index::own_slot,
+    index::own_line,
     maps::PeerSlot,
     passive::{SOURCE_HEARTBEAT, is_derived_id},
 };
@@ -24,7 +24,7 @@ pub enum AdmitError {
     Exists(u64),
     #[error("no free slot: all {0} slots are in use (raise --capacity)")]
     Full(u32),
-    #[error("writing peer {id} into the kernel's peer index: {source}")]
+    #[error("writing peer {id} into the kernel's hot-line table: {source}")]
     Index { id: u64, source: IndexFull },
     #[error(
         "peer id {0:#x} has its top bit set: with --bfd or --udp-port that half of the id space names BFD sessions and UDP flows (docs/passive.md); give the sender an id below 2^63"
@@ -74,13 +74,13 @@ impl Registry {
         self.derived_ids_reserved = on;
     }
 
-    /// The registry of pinned state: every (id, slot) already in the kernel's index.
-    pub fn adopt(index: PeerIndex, capacity: u32) -> Self {
-        let peers = index.entries();
+    /// The registry of pinned state: every (id, slot) the kernel's hot lines link to
+    /// (`PeerTable::adopt_links`).
+    pub fn adopt(index: PeerIndex, capacity: u32, peers: &[(u64, u32)]) -> Self {
         let mut registry = Self::new(index, capacity);
         let used = peers.iter().map(|&(_, slot)| slot + 1).max().unwrap_or(0);
         registry.owners = vec![None; used as usize];
-        for &(id, slot) in &peers {
+        for &(id, slot) in peers {
             registry.slots.insert(id, slot);
             registry.owners[slot as usize] = Some(id);
         }
@@ -126,8 +126,8 @@ impl Registry {
             .filter_map(|(slot, owner)| owner.map(|id| (id, slot as u32)))
     }
 
-    /// Gives `id` a slot whose silence starts at `now_ns`. The slot is initialised before the
-    /// kernel can find it, so the kernel never sees a half-made slot.
+    /// Gives `id` a slot whose silence starts at `now_ns`. The slot and its hot line are filled
+    /// before the line links to the slot, so the kernel never sees a half-made peer.
     pub fn admit(&mut self, table: &PeerTable, id: u64, now_ns: u64) -> Result<u32, AdmitError> {
         self.admit_as(table, id, now_ns, SOURCE_HEARTBEAT)
     }
@@ -153,8 +153,7 @@ impl Registry {
             return Err(AdmitError::Exists(id));
         }
         let slot = self.pick_slot(id)?;
-        table.reset(slot, &fresh);
-        if let Err(source) = self.index.insert(id, slot) {
+        if let Err(source) = self.index.insert(table, slot, &fresh) {
             self.free.push(slot);
             return Err(AdmitError::Index { id, source });
         }
@@ -174,7 +173,7 @@ impl Registry {
         if self.slots.len() >= self.capacity as usize {
             return Err(AdmitError::Full(self.capacity));
         }
-        if let Some(own) = own_slot(id).filter(|&s| s < self.capacity && self.is_free(s)) {
+        if let Some(own) = own_line(id, self.capacity).filter(|&s| self.is_free(s)) {
             return Ok(own);
         }
         while let Some(slot) = self.free.pop() {
@@ -195,16 +194,20 @@ impl Registry {
 }
 
 impl Registry {
-    /// Stops watching `id` and frees its slot; returns the slot. The index entry goes first, so
-    /// the kernel stops finding the slot; the slot is then cleared under its lock, so a CPU that
-    /// looked it up just before sees a foreign id and leaves it alone.
+    /// Stops watching `id` and frees its slot; returns the slot. Its hot line loses its link as
+    /// its lock is taken, so the kernel stops finding the peer, and a CPU that found the line
+    /// just before sees no link under the lock and leaves it alone; line and slot are then
+    /// emptied.
     pub fn forget(&mut self, table: &PeerTable, id: u64) -> Result<u32, ForgetError> {
         let slot = *self.slots.get(&id).ok_or(ForgetError::Unknown(id))?;
-        let indexed = self.index.remove(id);
-        debug_assert!(indexed, "peer {id} was not in the kernel's index");
+        let removed = self.index.remove(table, id);
+        debug_assert_eq!(
+            removed,
+            Some(slot),
+            "peer {id} was not in the kernel's lines"
+        );
         self.slots.remove(&id);
         self.owners[slot as usize] = None;
-        table.reset(slot, &PeerSlot::admitted(0, 0));
         self.free.push(slot);
         Ok(slot)
     }
@@ -245,9 +248,11 @@ mod tests {
             owned,
             [(1, 0), (1 << 40, 1), (3, 2), (9, 3), (5, 4), (8, 7)]
         );
-        // Each is in the index too, where the kernel finds a peer whose own slot was taken.
+        // And the kernel finds each through its hot line, linked to that slot.
         for (id, slot) in owned {
             assert_eq!(r.slot_of(id), Some(slot));
+            assert_eq!(r.index.get(&t, id), Some(slot));
+            assert_eq!(t.record(slot).unwrap().peer_id, id);
         }
     }
 
@@ -280,7 +285,7 @@ mod tests {
         for id in [2, 6] {
             admit(&mut r, &t, id);
         }
-        let adopted = Registry::adopt(r.index, 8);
+        let adopted = Registry::adopt(r.index, 8, &t.adopt_links());
         let mut r = adopted;
         assert_eq!(r.len(), 2);
         assert_eq!(admit(&mut r, &t, 1 << 40), 0);

@@ -17,13 +17,15 @@ use crate::packet::Packet;
 pub enum Touch {
     /// Nothing: the floor (+ clock).
     None,
-    /// The peer's hot line, read and written back, in the monitor's slot layout (704 bytes a
-    /// peer): one dependent line per heartbeat, the least state a heartbeat can touch.
+    /// The peer's hot line, read and written back, in 704-byte slots (the monitor's layout
+    /// before version 15): one dependent line per heartbeat, the least state a heartbeat can
+    /// touch.
     Hot,
     /// The hot line and the three lines a heartbeat stores into (source address, ring entry at
-    /// the hot line's head, last-heard word), in the monitor's slot layout.
+    /// the hot line's head, last-heard word), in 704-byte slots (the layout before 15).
     Stores,
-    /// `hot`, with the hot lines in a dense table of their own (64 bytes a peer).
+    /// `hot`, with the hot lines in a dense table of their own (64 bytes a peer): the monitor's
+    /// layout since version 15 for a fleet numbered 1 to N (their own lines).
     SplitHot,
     /// `stores`, with the hot lines in a dense table of their own and the rest after it.
     SplitStores,
@@ -43,7 +45,7 @@ impl Touch {
 }
 
 /// Lines of per-peer state in the floor's table (monitor-ebpf/src/floor.rs, `LINES_PER_PEER`):
-/// the monitor's `PeerSlot`.
+/// a `PeerSlot`, eleven lines, as the monitor kept a peer before layout 15.
 pub const LINES_PER_PEER: u32 = (std::mem::size_of::<monitor_common::maps::PeerSlot>() / 64) as u32;
 
 /// The floor program (monitor-ebpf/src/floor.rs) loaded and verified, matching `port`; not

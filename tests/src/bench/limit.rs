@@ -11,10 +11,7 @@
 
 use std::{hint::black_box, mem::size_of};
 
-use monitor_common::{
-    index::{BUCKET_ENTRIES, IndexBucket},
-    maps::{PeerCold, PeerHot, PeerSlot},
-};
+use monitor_common::maps::{HotLine, PeerCold, PeerHot, PeerState};
 use serde::Serialize;
 
 const LINE: usize = 64;
@@ -27,11 +24,11 @@ struct Line {
     _pad: [u64; 7],
 }
 
-/// The kernel's state for `peers` peers: their slots, their share of the index (at most half
-/// full, so two entries per peer) and their last-heard words.
+/// The kernel's state for `peers` peers as they use it: their hot lines, their slots and
+/// their last-heard words. (PEER_HOT also holds the empty lines of its hashed part, four per
+/// slot of capacity, which a peer numbered 1 to the capacity never touches.)
 pub fn state_bytes(peers: u64) -> u64 {
-    let index_per_peer = 2 * size_of::<IndexBucket>() / BUCKET_ENTRIES;
-    peers * (size_of::<PeerSlot>() + index_per_peer + size_of::<u64>()) as u64
+    peers * (size_of::<HotLine>() + size_of::<PeerState>() + size_of::<u64>()) as u64
 }
 
 /// `lines` lines linked into one cycle through all of them, in a random order.
@@ -90,12 +87,12 @@ fn thread_cpu_ns() -> u64 {
 /// reading them.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Touched {
-    /// The slot's hot line: the bench numbers its peers from 1, so each is in its own slot
-    /// (`index::own_slot`) and the index is not read.
+    /// The peer's hot line: the bench numbers its peers from 1, so each has its own line
+    /// (`index::own_line`), the one the lookup reads.
     pub lines_read: u32,
     pub bytes_read: u64,
     /// The hot line (read first), and three lines stored into only: the source address in
-    /// the first cold line, the ring entry, the last-heard word.
+    /// the slot's first cold line, the ring entry, the last-heard word.
     pub lines_written: u32,
     pub bytes_written: u64,
     /// Of the lines written, those the heartbeat does not read (a store, though the CPU still
@@ -107,7 +104,8 @@ pub struct Touched {
 
 pub fn touched() -> Touched {
     // The hot line is written in full (lock twice, the fields it changes).
-    let hot_line = (size_of::<u64>() + size_of::<PeerHot>()) as u64;
+    let hot_line = size_of::<HotLine>() as u64;
+    debug_assert_eq!(hot_line as usize, size_of::<u64>() + size_of::<PeerHot>());
     let source = (size_of::<[u8; 16]>() + 2 * size_of::<u16>()) as u64;
     let ring_entry = size_of::<u32>() as u64;
     let word = size_of::<u64>() as u64;

@@ -1,6 +1,7 @@
 //! The floor comparison: the same stream into the floor program (a parse-to-UDP-port-and-drop XDP
 //! program, alone and with a clock read per packet), the monitor (at XDP, at TC ingress, without
-//! the destination check, and with ids found through the index rather than in their own slots) and
+//! the destination check, and with ids found through the keyed hash rather than in their own hot
+//! lines) and
 //! the userspace socket path, beside the floor + clock touching per-peer state line by line as a
 //! heartbeat does (the first of them, one line read and written, is the limit), by
 //! BPF_PROG_TEST_RUN and live.
@@ -36,8 +37,8 @@ const MILLION_RATE_HZ: f64 = 0.5;
 /// them in order and lets the CPU's prefetchers fetch the next slot ahead.
 const STRIDE: u64 = 7919;
 
-/// The first id of `FloorRow::monitor_indexed`'s peers: past 2^32, so none has a slot of its
-/// own (`monitor_common::index::own_slot`) and each is found through the index.
+/// The first id of `FloorRow::monitor_indexed`'s peers: past 2^32, so none has a hot line of
+/// its own (`monitor_common::index::own_line`) and each is found through the keyed hash.
 const INDEXED_FIRST_ID: u64 = (1 << 32) + 1;
 
 /// One receiver of the floor comparison: what it cost per packet.
@@ -55,19 +56,19 @@ struct Receiver {
 const TOUCHES: [(&str, &str); 4] = [
     (
         "hot",
-        "floor + clock + the hot line (read and written), slots as the monitor's",
+        "floor + clock + the hot line (read and written), 704-byte slots (the monitor's layout before 15)",
     ),
     (
         "stores",
-        "floor + clock + the hot line + the monitor's three stores, slots as the monitor's",
+        "floor + clock + the hot line + the monitor's three stores, 704-byte slots (layout before 15)",
     ),
     (
         "split-hot",
-        "floor + clock + the hot line, hot lines in a table of their own",
+        "floor + clock + the hot line, hot lines in a table of their own (the monitor's layout since 15)",
     ),
     (
         "split-stores",
-        "floor + clock + the hot line + the three stores, hot lines in a table of their own",
+        "floor + clock + the hot line + the three stores, hot lines in a table of their own (layout 15)",
     ),
 ];
 
@@ -88,9 +89,10 @@ struct FloorRow {
     /// The monitor on the same peers sent to in id order (stride 1): what a stream the
     /// prefetchers can follow flatters.
     monitor_in_order: Receiver,
-    /// The monitor with peers whose ids have no slot of their own (`INDEXED_FIRST_ID` on):
-    /// every heartbeat reads its index bucket before its hot line. `monitor`'s peers are
-    /// numbered from 1, each in its own slot: what the own slot saves is the difference.
+    /// The monitor with peers whose ids have no hot line of their own (`INDEXED_FIRST_ID` on):
+    /// every heartbeat probes the hashed lines from its home (one line in most cases, and the
+    /// lines are scattered over a table four times the capacity). `monitor`'s peers are
+    /// numbered from 1, each in its own line, dense: what the own lines save is the difference.
     monitor_indexed: Receiver,
     /// The agents of `--compare` (another build, or this one with flags), each on the same
     /// stream as `monitor`: (label, receiver).
@@ -315,14 +317,14 @@ fn render_floor(test_run_ns: [f64; 3], touching_ns: &[f64], rows: &[FloorRow]) -
         t,
         "The rows \"floor + clock + ...\" are the floor program touching the per-peer state \
          of the peer each heartbeat names, line by line as an accepted heartbeat does and \
-         nothing else (`hbm-bench floor --touch`): what each line costs in this stream, and \
-         what a layout with the hot lines in a table of their own would cost, before the \
-         monitor is built that way.\n"
+         nothing else (`hbm-bench floor --touch`): what each line costs in this stream, in the \
+         monitor's layout before version 15 (a peer in one 704-byte slot) and in its layout \
+         since (the hot lines in a table of their own, the rest in slots after it).\n"
     );
     let _ = writeln!(
         t,
         "The limit: the floor + clock reading and writing back one line of per-peer state, the \
-         hot line of the peer each heartbeat names, in the monitor's slot layout, on the same \
+         hot line of the peer each heartbeat names, in 704-byte slots (the layout before 15), on the same \
          stream (the row \"floor + clock + the hot line\"); \"x limit\" is each receiver \
          against it. Beside it, one dependent miss timed in userspace over a table the size of \
          the peers' kernel state (a pointer chase over 4 KiB pages, `hbm-bench limit`).\n"
@@ -397,7 +399,7 @@ fn render_floor(test_run_ns: [f64; 3], touching_ns: &[f64], rows: &[FloorRow]) -
         let _ = writeln!(
             t,
             "\nPer-peer state one accepted, in-order heartbeat touches: {} lines read ({} bytes: \
-             the slot's hot line, each peer in its own slot), {} lines written ({} bytes; {} of them \
+             the peer's hot line, each peer in its own line), {} lines written ({} bytes; {} of them \
              stored into without being read: the source address, the ring entry, the last-heard \
              word); the hot state is {} bytes a peer ({:.1} MiB at 50,000 peers).",
             n("lines_read"),

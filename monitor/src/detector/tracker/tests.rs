@@ -491,7 +491,7 @@ fn a_bfd_timer_change_is_read() {
     let mut arrival = 0;
     for _ in 0..200 {
         arrival += 1000 * MS;
-        arrive_passive(&mut slot, arrival, false, &xdp);
+        arrive_passive(&mut slot.parts(), arrival, false, &xdp);
     }
     let mut tracked = Tracked::new(&slot.record(), &cfg);
     assert_ne!(
@@ -501,7 +501,7 @@ fn a_bfd_timer_change_is_read() {
     // The session now sends every 300 ms: a new epoch, its window emptied.
     slot.cold.bfd_desired_min_tx_us = 300_000;
     arrival += 300 * MS;
-    arrive_passive(&mut slot, arrival, true, &xdp);
+    arrive_passive(&mut slot.parts(), arrival, true, &xdp);
     let time = at(arrival + MS, 0.0, false);
     let word = last_heard::of_record(&slot.record());
     assert_eq!(
