@@ -19,6 +19,8 @@
 //! each line costs in either layout.
 #![no_std]
 #![no_main]
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
 
 use aya_ebpf::{
     bindings::xdp_action,
@@ -27,7 +29,10 @@ use aya_ebpf::{
     maps::Array,
     programs::XdpContext,
 };
-use core::mem::size_of;
+use core::{
+    intrinsics::{AtomicOrdering, atomic_cxchg},
+    mem::size_of,
+};
 
 use monitor_common::maps::{MAX_WINDOW, PeerCold, PeerSlot};
 use network_types::{
@@ -43,7 +48,9 @@ static FLOOR_PORT: u16 = 0;
 #[unsafe(no_mangle)]
 static FLOOR_CLOCK: u8 = 0;
 /// Per-peer state touched for each heartbeat: 0 none, 1 the hot line, 2 the hot line and the
-/// lines a heartbeat stores into. Set before load; needs `FLOOR_PEERS` and FLOOR_STATE sized.
+/// lines a heartbeat stores into, 3 the same with the hot line taken as the monitor takes it
+/// (a locked compare-and-swap of its first word, given back with a plain store). Set before
+/// load; needs `FLOOR_PEERS` and FLOOR_STATE sized.
 #[unsafe(no_mangle)]
 static FLOOR_TOUCH: u8 = 0;
 /// Where the state lies: [`LAYOUT_SLOTS`] or [`LAYOUT_SPLIT`]. Set before load.
@@ -133,9 +140,27 @@ fn touch_state(ctx: &XdpContext, payload_at: usize, touch: u8, now: u64) -> u64 
     // SAFETY: in the map value; the bench sends each peer's heartbeats from one flow, and a
     // race between CPUs would only make a measurement's stored values wrong.
     let hot = unsafe { &mut *hot };
+    let locked = touch >= 3;
+    if locked {
+        // As the monitor's `try_lock`: on x86 a locked instruction, which waits for every
+        // store before it (the previous heartbeat's, to lines that missed) to complete.
+        let lock: *mut u64 = &mut hot.words[0];
+        let before = unsafe { core::ptr::read_volatile(lock) };
+        let (_, swapped) = unsafe {
+            atomic_cxchg::<u64, { AtomicOrdering::Acquire }, { AtomicOrdering::Relaxed }>(
+                lock,
+                before,
+                before | 1,
+            )
+        };
+        if !swapped {
+            return now;
+        }
+    } else {
+        hot.words[0] = hot.words[0].wrapping_add(2);
+    }
     let interval = now.wrapping_sub(hot.words[2]);
     let head = hot.words[3] as u32 % (RING_PER_LINE * RING_LINES);
-    hot.words[0] = hot.words[0].wrapping_add(2);
     hot.words[1] = id;
     hot.words[2] = now;
     hot.words[3] = (head + 1) as u64;
@@ -154,6 +179,11 @@ fn touch_state(ctx: &XdpContext, payload_at: usize, touch: u8, now: u64) -> u64 
         if let Some(word) = FLOOR_LAST_HEARD.get_ptr_mut(peer) {
             unsafe { *word = now };
         }
+    }
+    if locked {
+        // Given back as the monitor's `unlock` does on x86: a plain store after the others.
+        let lock: *mut u64 = &mut hot.words[0];
+        unsafe { core::ptr::write_volatile(lock, (core::ptr::read_volatile(lock) | 1) + 1) };
     }
     now
 }

@@ -29,6 +29,10 @@ pub enum Touch {
     SplitHot,
     /// `stores`, with the hot lines in a dense table of their own and the rest after it.
     SplitStores,
+    /// `split-stores`, with the hot line taken as the monitor takes its lock (a locked
+    /// compare-and-swap, which on x86 waits for the stores before it) and given back with a
+    /// plain store: what the lock adds to the lines.
+    SplitLocked,
 }
 
 impl Touch {
@@ -40,6 +44,7 @@ impl Touch {
             Touch::Stores => (2, 0),
             Touch::SplitHot => (1, 1),
             Touch::SplitStores => (2, 1),
+            Touch::SplitLocked => (3, 1),
         }
     }
 }

@@ -53,7 +53,7 @@ struct Receiver {
 
 /// The floor + clock touching per-peer state as a heartbeat does (`hbm-bench floor --touch`):
 /// the probe's name for it and the row's.
-const TOUCHES: [(&str, &str); 4] = [
+const TOUCHES: [(&str, &str); 5] = [
     (
         "hot",
         "floor + clock + the hot line (read and written), 704-byte slots (the monitor's layout before 15)",
@@ -69,6 +69,10 @@ const TOUCHES: [(&str, &str); 4] = [
     (
         "split-stores",
         "floor + clock + the hot line + the three stores, hot lines in a table of their own (layout 15)",
+    ),
+    (
+        "split-locked",
+        "the same, the hot line taken with a locked compare-and-swap as the monitor's lock is (layout 15)",
     ),
 ];
 
