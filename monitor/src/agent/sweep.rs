@@ -31,6 +31,10 @@ struct Pass<'a> {
     refloors: u64,
     /// Peers that crossed the lowest level (for `observer_faults::CorrelatedSilence`).
     lowest_crossed: u64,
+    /// Events raised under the trackers lock, published together once it is let go
+    /// (`Agent::publish_all`): a burst is one hand-over to the subscribers, and a query waiting
+    /// for the lock does not wait for the publishing too.
+    events: Vec<Event>,
 }
 
 impl<'a> Pass<'a> {
@@ -45,6 +49,7 @@ impl<'a> Pass<'a> {
             refreshes: 0,
             refloors: 0,
             lowest_crossed: 0,
+            events: Vec::new(),
         }
     }
 }
@@ -101,6 +106,8 @@ impl Agent {
             // Handed to a waiting query, if any: an unfair unlock lets this loop take the lock
             // straight back, chunk after chunk, while the query waits out the whole sweep.
             parking_lot::MutexGuard::unlock_fair(trackers);
+            // This chunk's events before the due pass's: a peer's events stay in order.
+            self.publish_all(&mut pass.events);
             if due_now {
                 self.run_due_under(&registry, now, hold);
             }
@@ -179,6 +186,7 @@ impl Agent {
             }
             looks += taken as u64;
             parking_lot::MutexGuard::unlock_fair(trackers);
+            self.publish_all(&mut pass.events);
             if taken < SWEEP_CHUNK {
                 break;
             }
@@ -224,7 +232,7 @@ impl Agent {
             if matches!(&t, Transition::Suspect(s) if s.level == lowest) {
                 pass.lowest_crossed += 1;
             }
-            self.publish(t.into())
+            pass.events.push(t.into())
         };
         // A heartbeat the estimate's floor covers: no tracker, no slot.
         if floor.advance_over_covered(word, watch, time) {
@@ -276,8 +284,10 @@ impl Agent {
         due.arm_watch(slot, watch, floor, time.now_ns);
     }
 
-    /// After a pass: the correlated-silence check and the pass's counts.
-    fn end_pass(&self, pass: Pass, watched: u64) {
+    /// After a pass, the trackers let go: the correlated-silence check and the pass's counts.
+    fn end_pass(&self, mut pass: Pass, watched: u64) {
+        // Published at each let-go of the trackers; none is left, and none is lost if one is.
+        self.publish_all(&mut pass.events);
         self.refreshes.fetch_add(pass.refreshes, Ordering::Relaxed);
         self.refloors.fetch_add(pass.refloors, Ordering::Relaxed);
         let lowest = self.detector().levels.as_slice()[0];

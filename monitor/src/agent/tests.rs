@@ -271,6 +271,85 @@ fn the_sweep_suspects_a_silent_peer_at_every_level_and_a_held_sweep_does_not() {
     assert_eq!(agent.stats().unwrap().sweeps, 3);
 }
 
+/// A sweep hands a pass's events over when it lets go of the trackers, all at once: every
+/// silent peer's levels, lowest first for each peer, each published once and counted once.
+#[test]
+fn a_sweep_publishes_every_peers_levels_in_order_once() {
+    use crate::serving::event::Event;
+    let peers = 300u64;
+    let agent = agent(peers as u32, policy(&["10.0.0.0/8"], 0));
+    let mut events = agent.subscribe();
+    for id in 1..=peers {
+        agent.admit(id).unwrap();
+    }
+    let now = crate::kernel::clock::monotonic_ns();
+    agent.sweep(now, false);
+    agent.sweep(now + 600_000_000_000, false);
+    let all: Vec<Event> = std::iter::from_fn(|| events.try_recv().ok()).collect();
+    let got: Vec<(u64, f64)> = all
+        .iter()
+        .filter_map(|e| match e {
+            Event::Suspect(s) => Some((s.id, s.level)),
+            _ => None,
+        })
+        .collect();
+    let levels = agent.detector().levels.as_slice().to_vec();
+    assert_eq!(got.len() as u64, peers * levels.len() as u64);
+    for id in 1..=peers {
+        let of: Vec<f64> = got.iter().filter(|e| e.0 == id).map(|e| e.1).collect();
+        assert_eq!(of, levels, "peer {id}: one event a level, lowest first");
+    }
+    let counted = |kind| {
+        agent
+            .metrics
+            .events
+            .get_or_create(&crate::serving::metrics::KindLabel { kind })
+            .get()
+    };
+    assert_eq!(counted("suspect"), got.len() as u64);
+    assert_eq!(counted("admit"), peers);
+    // Every event published once: as many as the subscriber received, the admissions and
+    // the correlated silence included.
+    assert_eq!(agent.stats().unwrap().events, all.len() as u64);
+}
+
+/// `publish_all` keeps the order of a batch of mixed kinds, counts each kind, and leaves the
+/// batch empty for the next one.
+#[test]
+fn a_batch_is_published_in_order_and_counted_by_kind() {
+    use crate::serving::event::Event;
+    let agent = agent(4, policy(&["10.0.0.0/8"], 0));
+    let mut events = agent.subscribe();
+    let admit = |id| Event::Admit { id, at: 1 };
+    let forget = |id| Event::Forget {
+        id,
+        reason: "request".into(),
+        at: 2,
+    };
+    let batch = vec![
+        admit(1),
+        admit(2),
+        forget(1),
+        admit(3),
+        forget(2),
+        forget(3),
+    ];
+    let mut pending = batch.clone();
+    agent.publish_all(&mut pending);
+    assert!(pending.is_empty());
+    let got: Vec<Event> = std::iter::from_fn(|| events.try_recv().ok()).collect();
+    assert_eq!(got, batch);
+    for kind in ["admit", "forget"] {
+        let label = crate::serving::metrics::KindLabel { kind };
+        assert_eq!(
+            agent.metrics.events.get_or_create(&label).get(),
+            3,
+            "{kind}"
+        );
+    }
+    assert_eq!(agent.stats().unwrap().events, 6);
+}
+
 /// The suspect events waiting in `events`, as (id, level).
 fn suspected(
     events: &mut tokio::sync::broadcast::Receiver<crate::serving::event::Event>,
