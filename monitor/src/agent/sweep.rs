@@ -19,6 +19,12 @@ use crate::{
 /// Slots a sweep handles per hold of the trackers lock (a few hundred microseconds at most).
 const SWEEP_CHUNK: usize = 4096;
 
+/// Events a pass raises under one hold of the trackers lock before it lets go and hands them
+/// to the subscribers (`Agent::publish_all`): a burst of thousands (a mass failure) is written
+/// to the subscribers while the pass raises the rest, a few hundred at a time, each batch one
+/// hand-over and one wake of each subscriber's task.
+pub(super) const HANDOVER_EVENTS: usize = 256;
+
 /// How often silent peers are checked against `--expire-after`.
 const EXPIRY_SCAN_NS: u64 = 1_000_000_000;
 
@@ -79,25 +85,31 @@ impl Agent {
         let words = &self.table.last_heard_words()[..used];
         // In chunks, each under the trackers lock: a query that needs the trackers (`suspects`,
         // `peers`' QoS, a metrics scrape) waits for one chunk, not for the whole sweep.
-        for start in (0..used).step_by(SWEEP_CHUNK) {
+        // A chunk also ends once it raised `HANDOVER_EVENTS`: a mass failure's events reach
+        // the subscribers' tasks while the scan goes on, not all at its end.
+        let mut start = 0;
+        while start < used {
             let end = (start + SWEEP_CHUNK).min(used);
             let mut trackers = self.trackers.lock();
             trackers.due.set_horizon(next_scan_ns);
             // Under the trackers lock: the levels cannot change during a chunk (`set_detector`
             // takes it to re-level every peer).
             let detector = self.detector();
-            for (slot, word) in (start..end).zip(&words[start..end]) {
-                let word = word.load(Ordering::Relaxed);
+            let mut slot = start;
+            while slot < end && pass.events.len() < HANDOVER_EVENTS {
+                let word = words[slot].load(Ordering::Relaxed);
                 let watch = trackers.watches[slot];
                 if watch.is_quiet(word, now_ns) {
                     let Trackers {
                         level_floors, due, ..
                     } = &mut *trackers;
                     due.arm_watch(slot, &watch, &level_floors[slot], now_ns);
-                    continue;
+                } else {
+                    self.look_at_slot(&mut pass, &mut trackers, &detector, slot, word);
                 }
-                self.look_at_slot(&mut pass, &mut trackers, &detector, slot, word);
+                slot += 1;
             }
+            start = slot;
             // Slots armed for now are not kept waiting for the rest of the scan: a scan that
             // reads many slots (200,000 peers at 1 Hz) takes milliseconds, and crossings due
             // meanwhile were raised that late (the p99 of 5.6 ms at 200,000 peers).
@@ -164,6 +176,7 @@ impl Agent {
             let detector = self.detector();
             let mut taken = 0;
             while taken < SWEEP_CHUNK
+                && pass.events.len() < HANDOVER_EVENTS
                 && let Some(slot) = trackers.due.pop_due(now_ns)
             {
                 taken += 1;
@@ -186,8 +199,10 @@ impl Agent {
             }
             looks += taken as u64;
             parking_lot::MutexGuard::unlock_fair(trackers);
+            // Stopped short for a hand-over (more may be due), or out of due slots.
+            let handed_over = pass.events.len() >= HANDOVER_EVENTS;
             self.publish_all(&mut pass.events);
-            if taken < SWEEP_CHUNK {
+            if taken < SWEEP_CHUNK && !handed_over {
                 break;
             }
         }
