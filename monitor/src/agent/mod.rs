@@ -239,27 +239,50 @@ impl Agent {
     }
 
     pub(crate) fn publish(&self, event: Event) {
-        self.events_sent.fetch_add(1, Ordering::Relaxed);
-        let kind = match &event {
-            Event::Suspect(s) => {
-                let latency_ms = wall_ms() - s.crossed_at;
+        self.publish_all(&mut vec![event]);
+    }
+
+    /// Publishes `events` in their order and leaves the vector empty (its room kept for the
+    /// next batch): the events a pass raised together (a mass failure raises thousands) are
+    /// handed over at once, after the pass let go of the trackers, with one clock read and one
+    /// count per kind for all of them rather than one each.
+    pub(crate) fn publish_all(&self, events: &mut Vec<Event>) {
+        if events.is_empty() {
+            return;
+        }
+        self.events_sent
+            .fetch_add(events.len() as u64, Ordering::Relaxed);
+        let now_ms = wall_ms();
+        // Runs of one kind (a burst is mostly one), each counted once.
+        let mut run: Option<(&'static str, u64)> = None;
+        for event in events.drain(..) {
+            if let Event::Suspect(s) = &event {
                 self.metrics
                     .event_latency_seconds
-                    .observe(latency_ms.max(0.0) / 1000.0);
-                "suspect"
+                    .observe((now_ms - s.crossed_at).max(0.0) / 1000.0);
             }
-            Event::Recover(_) => "recover",
-            Event::Admit { .. } => "admit",
-            Event::Forget { .. } => "forget",
-            Event::BfdDown { .. } => "bfd_down",
-            Event::Lagged { .. } => "lagged",
-            Event::LinkDown { .. } => "link_down",
-            Event::LinkUp { .. } => "link_up",
-            Event::CorrelatedSilence { .. } => "correlated_silence",
-        };
-        self.metrics.events.get_or_create(&KindLabel { kind }).inc();
-        // No subscriber is not an error: the event simply has no audience.
-        let _ = self.events.send(event);
+            let kind = event.kind();
+            match &mut run {
+                Some((of, n)) if *of == kind => *n += 1,
+                _ => {
+                    if let Some((of, n)) = run.replace((kind, 1)) {
+                        self.count_events(of, n);
+                    }
+                }
+            }
+            // No subscriber is not an error: the event simply has no audience.
+            let _ = self.events.send(event);
+        }
+        if let Some((of, n)) = run {
+            self.count_events(of, n);
+        }
+    }
+
+    fn count_events(&self, kind: &'static str, n: u64) {
+        self.metrics
+            .events
+            .get_or_create(&KindLabel { kind })
+            .inc_by(n);
     }
 
     /// A slot's record and, `with_ring` (for the models that need them,

@@ -19,6 +19,12 @@ use crate::{
 /// Slots a sweep handles per hold of the trackers lock (a few hundred microseconds at most).
 const SWEEP_CHUNK: usize = 4096;
 
+/// Events a pass raises under one hold of the trackers lock before it lets go and hands them
+/// to the subscribers (`Agent::publish_all`): a burst of thousands (a mass failure) is written
+/// to the subscribers while the pass raises the rest, a few hundred at a time, each batch one
+/// hand-over and one wake of each subscriber's task.
+pub(super) const HANDOVER_EVENTS: usize = 256;
+
 /// How often silent peers are checked against `--expire-after`.
 const EXPIRY_SCAN_NS: u64 = 1_000_000_000;
 
@@ -31,6 +37,10 @@ struct Pass<'a> {
     refloors: u64,
     /// Peers that crossed the lowest level (for `observer_faults::CorrelatedSilence`).
     lowest_crossed: u64,
+    /// Events raised under the trackers lock, published together once it is let go
+    /// (`Agent::publish_all`): a burst is one hand-over to the subscribers, and a query waiting
+    /// for the lock does not wait for the publishing too.
+    events: Vec<Event>,
 }
 
 impl<'a> Pass<'a> {
@@ -45,6 +55,7 @@ impl<'a> Pass<'a> {
             refreshes: 0,
             refloors: 0,
             lowest_crossed: 0,
+            events: Vec::new(),
         }
     }
 }
@@ -74,25 +85,31 @@ impl Agent {
         let words = &self.table.last_heard_words()[..used];
         // In chunks, each under the trackers lock: a query that needs the trackers (`suspects`,
         // `peers`' QoS, a metrics scrape) waits for one chunk, not for the whole sweep.
-        for start in (0..used).step_by(SWEEP_CHUNK) {
+        // A chunk also ends once it raised `HANDOVER_EVENTS`: a mass failure's events reach
+        // the subscribers' tasks while the scan goes on, not all at its end.
+        let mut start = 0;
+        while start < used {
             let end = (start + SWEEP_CHUNK).min(used);
             let mut trackers = self.trackers.lock();
             trackers.due.set_horizon(next_scan_ns);
             // Under the trackers lock: the levels cannot change during a chunk (`set_detector`
             // takes it to re-level every peer).
             let detector = self.detector();
-            for (slot, word) in (start..end).zip(&words[start..end]) {
-                let word = word.load(Ordering::Relaxed);
+            let mut slot = start;
+            while slot < end && pass.events.len() < HANDOVER_EVENTS {
+                let word = words[slot].load(Ordering::Relaxed);
                 let watch = trackers.watches[slot];
                 if watch.is_quiet(word, now_ns) {
                     let Trackers {
                         level_floors, due, ..
                     } = &mut *trackers;
                     due.arm_watch(slot, &watch, &level_floors[slot], now_ns);
-                    continue;
+                } else {
+                    self.look_at_slot(&mut pass, &mut trackers, &detector, slot, word);
                 }
-                self.look_at_slot(&mut pass, &mut trackers, &detector, slot, word);
+                slot += 1;
             }
+            start = slot;
             // Slots armed for now are not kept waiting for the rest of the scan: a scan that
             // reads many slots (200,000 peers at 1 Hz) takes milliseconds, and crossings due
             // meanwhile were raised that late (the p99 of 5.6 ms at 200,000 peers).
@@ -101,6 +118,8 @@ impl Agent {
             // Handed to a waiting query, if any: an unfair unlock lets this loop take the lock
             // straight back, chunk after chunk, while the query waits out the whole sweep.
             parking_lot::MutexGuard::unlock_fair(trackers);
+            // This chunk's events before the due pass's: a peer's events stay in order.
+            self.publish_all(&mut pass.events);
             if due_now {
                 self.run_due_under(&registry, now, hold);
             }
@@ -157,6 +176,7 @@ impl Agent {
             let detector = self.detector();
             let mut taken = 0;
             while taken < SWEEP_CHUNK
+                && pass.events.len() < HANDOVER_EVENTS
                 && let Some(slot) = trackers.due.pop_due(now_ns)
             {
                 taken += 1;
@@ -179,7 +199,10 @@ impl Agent {
             }
             looks += taken as u64;
             parking_lot::MutexGuard::unlock_fair(trackers);
-            if taken < SWEEP_CHUNK {
+            // Stopped short for a hand-over (more may be due), or out of due slots.
+            let handed_over = pass.events.len() >= HANDOVER_EVENTS;
+            self.publish_all(&mut pass.events);
+            if taken < SWEEP_CHUNK && !handed_over {
                 break;
             }
         }
@@ -224,7 +247,7 @@ impl Agent {
             if matches!(&t, Transition::Suspect(s) if s.level == lowest) {
                 pass.lowest_crossed += 1;
             }
-            self.publish(t.into())
+            pass.events.push(t.into())
         };
         // A heartbeat the estimate's floor covers: no tracker, no slot.
         if floor.advance_over_covered(word, watch, time) {
@@ -276,8 +299,10 @@ impl Agent {
         due.arm_watch(slot, watch, floor, time.now_ns);
     }
 
-    /// After a pass: the correlated-silence check and the pass's counts.
-    fn end_pass(&self, pass: Pass, watched: u64) {
+    /// After a pass, the trackers let go: the correlated-silence check and the pass's counts.
+    fn end_pass(&self, mut pass: Pass, watched: u64) {
+        // Published at each let-go of the trackers; none is left, and none is lost if one is.
+        self.publish_all(&mut pass.events);
         self.refreshes.fetch_add(pass.refreshes, Ordering::Relaxed);
         self.refloors.fetch_add(pass.refloors, Ordering::Relaxed);
         let lowest = self.detector().levels.as_slice()[0];

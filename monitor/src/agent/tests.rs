@@ -271,6 +271,85 @@ fn the_sweep_suspects_a_silent_peer_at_every_level_and_a_held_sweep_does_not() {
     assert_eq!(agent.stats().unwrap().sweeps, 3);
 }
 
+/// A sweep hands a pass's events over when it lets go of the trackers, all at once: every
+/// silent peer's levels, lowest first for each peer, each published once and counted once.
+#[test]
+fn a_sweep_publishes_every_peers_levels_in_order_once() {
+    use crate::serving::event::Event;
+    let peers = 300u64;
+    let agent = agent(peers as u32, policy(&["10.0.0.0/8"], 0));
+    let mut events = agent.subscribe();
+    for id in 1..=peers {
+        agent.admit(id).unwrap();
+    }
+    let now = crate::kernel::clock::monotonic_ns();
+    agent.sweep(now, false);
+    agent.sweep(now + 600_000_000_000, false);
+    let all: Vec<Event> = std::iter::from_fn(|| events.try_recv().ok()).collect();
+    let got: Vec<(u64, f64)> = all
+        .iter()
+        .filter_map(|e| match e {
+            Event::Suspect(s) => Some((s.id, s.level)),
+            _ => None,
+        })
+        .collect();
+    let levels = agent.detector().levels.as_slice().to_vec();
+    assert_eq!(got.len() as u64, peers * levels.len() as u64);
+    for id in 1..=peers {
+        let of: Vec<f64> = got.iter().filter(|e| e.0 == id).map(|e| e.1).collect();
+        assert_eq!(of, levels, "peer {id}: one event a level, lowest first");
+    }
+    let counted = |kind| {
+        agent
+            .metrics
+            .events
+            .get_or_create(&crate::serving::metrics::KindLabel { kind })
+            .get()
+    };
+    assert_eq!(counted("suspect"), got.len() as u64);
+    assert_eq!(counted("admit"), peers);
+    // Every event published once: as many as the subscriber received, the admissions and
+    // the correlated silence included.
+    assert_eq!(agent.stats().unwrap().events, all.len() as u64);
+}
+
+/// `publish_all` keeps the order of a batch of mixed kinds, counts each kind, and leaves the
+/// batch empty for the next one.
+#[test]
+fn a_batch_is_published_in_order_and_counted_by_kind() {
+    use crate::serving::event::Event;
+    let agent = agent(4, policy(&["10.0.0.0/8"], 0));
+    let mut events = agent.subscribe();
+    let admit = |id| Event::Admit { id, at: 1 };
+    let forget = |id| Event::Forget {
+        id,
+        reason: "request".into(),
+        at: 2,
+    };
+    let batch = vec![
+        admit(1),
+        admit(2),
+        forget(1),
+        admit(3),
+        forget(2),
+        forget(3),
+    ];
+    let mut pending = batch.clone();
+    agent.publish_all(&mut pending);
+    assert!(pending.is_empty());
+    let got: Vec<Event> = std::iter::from_fn(|| events.try_recv().ok()).collect();
+    assert_eq!(got, batch);
+    for kind in ["admit", "forget"] {
+        let label = crate::serving::metrics::KindLabel { kind };
+        assert_eq!(
+            agent.metrics.events.get_or_create(&label).get(),
+            3,
+            "{kind}"
+        );
+    }
+    assert_eq!(agent.stats().unwrap().events, 6);
+}
+
 /// The suspect events waiting in `events`, as (id, level).
 fn suspected(
     events: &mut tokio::sync::broadcast::Receiver<crate::serving::event::Event>,
@@ -332,6 +411,43 @@ fn a_deadline_before_the_next_scan_raises_its_event_at_that_deadline_not_at_the_
     assert_eq!(agent.next_due_ns(), None, "nothing left armed");
     // No scan ran after the first two: the due passes raised every level.
     assert_eq!(agent.stats().unwrap().sweeps, 2);
+}
+
+/// Many peers due at once (a mass failure): one due pass raises each of them, handing the
+/// events over a few hundred at a time, and leaves nothing due behind.
+#[test]
+fn a_due_pass_over_more_peers_than_a_handover_raises_each_once() {
+    let peers = 3 * super::sweep::HANDOVER_EVENTS as u64 + 7;
+    let agent = agent(peers as u32, policy(&["10.0.0.0/8"], 0));
+    let mut events = agent.subscribe();
+    let slots: Vec<usize> = (1..=peers)
+        .map(|id| agent.admit(id).unwrap() as usize)
+        .collect();
+    let t0 = crate::kernel::clock::monotonic_ns();
+    agent.sweep_until(t0, false, t0 + HOUR_NS);
+    let due = {
+        let trackers = agent.trackers.lock();
+        slots
+            .iter()
+            .map(|&slot| trackers.watches[slot].deadline_ns)
+            .max()
+            .unwrap()
+    };
+    assert!(due < t0 + HOUR_NS, "every first level armed");
+    agent.run_due(due, false);
+    let mut raised: Vec<(u64, f64)> = suspected(&mut events);
+    let lowest = agent.detector().levels.as_slice()[0];
+    assert!(
+        raised.iter().all(|&(_, level)| level == lowest),
+        "{raised:?}"
+    );
+    raised.sort_by_key(|&(id, _)| id);
+    let ids: Vec<u64> = raised.iter().map(|&(id, _)| id).collect();
+    assert_eq!(ids, (1..=peers).collect::<Vec<_>>(), "each peer once");
+    assert!(
+        agent.next_due_ns().is_none_or(|next| next > due),
+        "nothing due by then left armed"
+    );
 }
 
 #[test]
@@ -434,4 +550,99 @@ fn a_scrape_counts_peers_by_level_and_selects_the_asked_for_first() {
     let selected: Vec<u64> = scrape.selected.iter().map(|p| p.id).collect();
     assert_eq!(selected, [9, 3, 5], "the asked-for peer, then the top two");
     assert!(scrape.selected.iter().all(|p| p.level == 8.0));
+}
+
+/// A measurement, not a test (ignored; it asserts nothing about time): a sweep raising every
+/// level of `BURST_N` (2,000) silent peers at once, published to one subscriber over the
+/// socket server; prints the sweep's own time and the time from its start to the last suspect
+/// line read (stamped at the read), over `BURST_ROUNDS` (20) rounds. docs/tuning.md, "Events
+/// at their deadline":
+/// `cargo test --release -p monitor --lib burst_delivery_timing -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn burst_delivery_timing() {
+    use std::io::{Read, Write};
+    let n: u64 = std::env::var("BURST_N").map_or(2000, |v| v.parse().unwrap());
+    let rounds: usize = std::env::var("BURST_ROUNDS").map_or(20, |v| v.parse().unwrap());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut sweeps = Vec::new();
+    let mut lasts = Vec::new();
+    for round in 0..rounds {
+        let agent = std::sync::Arc::new(agent(n as u32, policy(&["10.0.0.0/8"], 0)));
+        for id in 1..=n {
+            agent.admit(id).unwrap();
+        }
+        let now = crate::kernel::clock::monotonic_ns();
+        agent.sweep(now, false);
+        let path = std::env::temp_dir().join(format!(
+            "delivery-burst-{}-{round}.sock",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&path);
+        let listener = {
+            let _in = runtime.enter();
+            tokio::net::UnixListener::bind(&path).unwrap()
+        };
+        let server = runtime.spawn(crate::serving::server::serve(
+            listener,
+            agent.clone(),
+            crate::serving::access::AccessPolicy::current(None),
+            crate::serving::limits::Limits::default(),
+        ));
+        let mut stream = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        stream.write_all(b"{\"op\":\"subscribe\"}\n").unwrap();
+        let mut byte = [0u8; 1];
+        while byte[0] != b'\n' {
+            stream.read_exact(&mut byte).unwrap();
+        }
+        let expected = 3 * n as usize;
+        let reader = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 256 * 1024];
+            let mut carry: Vec<u8> = Vec::new();
+            let mut seen = 0;
+            let mut last = std::time::Instant::now();
+            while seen < expected {
+                let got = stream.read(&mut buf).unwrap();
+                assert!(got > 0);
+                last = std::time::Instant::now();
+                carry.extend_from_slice(&buf[..got]);
+                let mut start = 0;
+                while let Some(nl) = carry[start..].iter().position(|&b| b == b'\n') {
+                    if carry[start..].starts_with(b"{\"event\":\"suspect\"") {
+                        seen += 1;
+                    }
+                    start += nl + 1;
+                }
+                carry.drain(..start);
+            }
+            last
+        });
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let t0 = std::time::Instant::now();
+        agent.sweep(now + 600_000_000_000, false);
+        sweeps.push(t0.elapsed().as_secs_f64() * 1e3);
+        let last = reader.join().unwrap();
+        lasts.push((last - t0).as_secs_f64() * 1e3);
+        server.abort();
+        let _ = std::fs::remove_file(&path);
+    }
+    let show = |name: &str, mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        eprintln!(
+            "{name}: min {:.3} p50 {:.3} max {:.3} ms",
+            v[0],
+            v[v.len() / 2],
+            v[v.len() - 1]
+        );
+    };
+    eprintln!(
+        "{} suspect events a round ({n} peers x 3 levels), {rounds} rounds",
+        3 * n
+    );
+    show("sweep (raise and publish)", sweeps);
+    show("sweep start to last line read", lasts);
 }

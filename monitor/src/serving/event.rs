@@ -73,6 +73,23 @@ pub enum Event {
     },
 }
 
+impl Event {
+    /// The event's name, its `event` field (`Lagged` is "lagged").
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Event::Suspect(_) => "suspect",
+            Event::Recover(_) => "recover",
+            Event::Admit { .. } => "admit",
+            Event::Forget { .. } => "forget",
+            Event::BfdDown { .. } => "bfd_down",
+            Event::Lagged { .. } => "lagged",
+            Event::LinkDown { .. } => "link_down",
+            Event::LinkUp { .. } => "link_up",
+            Event::CorrelatedSilence { .. } => "correlated_silence",
+        }
+    }
+}
+
 impl From<Transition> for Event {
     fn from(t: Transition) -> Self {
         match t {
@@ -85,6 +102,65 @@ impl From<Transition> for Event {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `kind` is the `event` field each variant is written with.
+    #[test]
+    fn an_events_kind_is_its_event_field() {
+        let events = [
+            Event::from(Transition::Suspect(Suspicion {
+                id: 1,
+                level: 1.0,
+                phi: 1.0,
+                silence_ms: 1.0,
+                at: 1,
+                crossed_at: 1.0,
+            })),
+            Event::from(Transition::Recover(Recovery {
+                id: 1,
+                level: 1.0,
+                silence_ms: 1.0,
+                at: 1,
+            })),
+            Event::Admit { id: 1, at: 1 },
+            Event::Forget {
+                id: 1,
+                reason: "request".into(),
+                at: 1,
+            },
+            Event::BfdDown {
+                id: 1,
+                state: "down".into(),
+                diag: 1,
+                diagnostic: "control_detection_time_expired".into(),
+                addr: None,
+                discriminator: 1,
+                at: 1,
+            },
+            Event::Lagged { missed: 1 },
+            Event::LinkDown {
+                iface: "eth0".into(),
+                state: "down".into(),
+                at: 1,
+            },
+            Event::LinkUp {
+                iface: "eth0".into(),
+                down_ms: 1,
+                hold_ms: 1,
+                at: 1,
+            },
+            Event::CorrelatedSilence {
+                level: 1.0,
+                peers: 8,
+                watched: 10,
+                window_ms: 1000,
+                at: 1,
+            },
+        ];
+        for event in events {
+            let value = serde_json::to_value(&event).unwrap();
+            assert_eq!(value["event"], event.kind(), "{event:?}");
+        }
+    }
 
     #[test]
     fn events_serialise_as_documented() {

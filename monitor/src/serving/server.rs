@@ -490,12 +490,45 @@ async fn serve_client<H: Handler>(
     }
 }
 
-/// Events written to a subscriber at once: the ones a sweep raised together (a mass failure
-/// raises thousands) leave in a few writes, not one each.
-const EVENT_BATCH: usize = 256;
+/// A subscriber's events are written a batch at a time: whatever is waiting when its task
+/// wakes (the events a pass raised together: a mass failure raises thousands, handed over at
+/// once) is serialized into one buffer and written with one write, until the buffer holds
+/// about this many bytes (some 400 suspect events). It bounds what a client that does not
+/// read pins, and the write timeout applies to each batch.
+const EVENT_BATCH_BYTES: usize = 60 * 1024;
 
 /// A subscriber's write buffer is let go rather than kept past this (a batch of long events).
 const KEPT_BUFFER: usize = 64 * 1024;
+
+/// Serializes `first`, then the events already waiting in `events`, one line each, into
+/// `buf`, until none is waiting or `buf` holds `EVENT_BATCH_BYTES`; a lag is the `lagged`
+/// line in its place. Returns whether the channel closed (nothing follows then).
+fn fill_batch(
+    first: Result<Event, broadcast::error::RecvError>,
+    events: &mut broadcast::Receiver<Event>,
+    buf: &mut Vec<u8>,
+) -> io::Result<bool> {
+    use broadcast::error::{RecvError, TryRecvError};
+    let mut next = first;
+    loop {
+        let event = match next {
+            Ok(event) => event,
+            Err(RecvError::Lagged(missed)) => Event::Lagged { missed },
+            Err(RecvError::Closed) => return Ok(true),
+        };
+        serde_json::to_writer(&mut *buf, &event).map_err(io::Error::other)?;
+        buf.push(b'\n');
+        if buf.len() >= EVENT_BATCH_BYTES {
+            return Ok(false);
+        }
+        next = match events.try_recv() {
+            Ok(event) => Ok(event),
+            Err(TryRecvError::Lagged(n)) => Err(RecvError::Lagged(n)),
+            Err(TryRecvError::Closed) => Err(RecvError::Closed),
+            Err(TryRecvError::Empty) => return Ok(false),
+        };
+    }
+}
 
 /// Forwards events until the client hangs up. A subscriber that reads too slowly falls behind
 /// in the broadcast ring rather than slowing anyone down, and is told how many it missed; one
@@ -510,35 +543,8 @@ async fn stream_events(
     loop {
         tokio::select! {
             event = events.recv() => {
-                let mut event = Some(event);
-                let mut batched = 0;
-                let mut closed = false;
                 // This event, then whatever else is already waiting, written at once.
-                while let Some(next) = event.take() {
-                    let next = match next {
-                        Ok(event) => event,
-                        Err(broadcast::error::RecvError::Lagged(missed)) => Event::Lagged { missed },
-                        Err(broadcast::error::RecvError::Closed) => {
-                            closed = true;
-                            break;
-                        }
-                    };
-                    serde_json::to_writer(&mut buf, &next).map_err(io::Error::other)?;
-                    buf.push(b'\n');
-                    batched += 1;
-                    if batched < EVENT_BATCH {
-                        event = match events.try_recv() {
-                            Ok(e) => Some(Ok(e)),
-                            Err(broadcast::error::TryRecvError::Lagged(n)) => {
-                                Some(Err(broadcast::error::RecvError::Lagged(n)))
-                            }
-                            Err(broadcast::error::TryRecvError::Closed) => {
-                                Some(Err(broadcast::error::RecvError::Closed))
-                            }
-                            Err(broadcast::error::TryRecvError::Empty) => None,
-                        };
-                    }
-                }
+                let closed = fill_batch(event, &mut events, &mut buf)?;
                 write_by(&mut out, &buf, Instant::now() + limits.write_timeout).await?;
                 buf.clear();
                 if buf.capacity() > KEPT_BUFFER {
@@ -692,6 +698,74 @@ mod tests {
         assert!(
             sizes.iter().all(|&s| s <= (one + 8) * LIST_CHUNK),
             "{sizes:?}"
+        );
+    }
+
+    fn suspect(id: u64) -> Event {
+        Event::Suspect(crate::detector::tracker::Suspicion {
+            id,
+            level: 3.0,
+            phi: 3.0417,
+            silence_ms: 2_345.678,
+            at: 1_795_981_530_153,
+            crossed_at: 1_795_981_530_150.9,
+        })
+    }
+
+    fn lines_of(events: &[Event]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for event in events {
+            out.extend_from_slice(serde_json::to_string(event).unwrap().as_bytes());
+            out.push(b'\n');
+        }
+        out
+    }
+
+    /// A burst published at once leaves in batches of about `EVENT_BATCH_BYTES`, each one
+    /// write, whose bytes are the events' lines in order, exactly as one line each made them.
+    #[test]
+    fn a_burst_is_written_in_few_batches_of_the_same_bytes() {
+        let (tx, mut rx) = broadcast::channel(crate::agent::EVENT_BUFFER);
+        let burst: Vec<Event> = (1..=2_000).map(suspect).collect();
+        for event in &burst {
+            tx.send(event.clone()).unwrap();
+        }
+        let mut written = Vec::new();
+        let mut batches = 0;
+        while let Ok(first) = rx.try_recv() {
+            let mut buf = Vec::new();
+            assert!(!fill_batch(Ok(first), &mut rx, &mut buf).unwrap());
+            assert!(buf.len() < EVENT_BATCH_BYTES + 512, "{}", buf.len());
+            assert!(buf.capacity() <= KEPT_BUFFER, "{}", buf.capacity());
+            written.extend_from_slice(&buf);
+            batches += 1;
+        }
+        assert_eq!(written, lines_of(&burst));
+        let expected = lines_of(&burst).len().div_ceil(EVENT_BATCH_BYTES);
+        assert!(batches <= expected + 1, "{batches} batches for {expected}");
+    }
+
+    /// A subscriber that fell behind gets the `lagged` line where the missed events were,
+    /// then the ones still held; a closed channel ends the batch with what came before it.
+    #[test]
+    fn a_lag_is_a_line_in_the_batch_and_a_close_ends_it() {
+        let (tx, mut rx) = broadcast::channel(4);
+        let events: Vec<Event> = (1..=10).map(suspect).collect();
+        for event in &events {
+            tx.send(event.clone()).unwrap();
+        }
+        drop(tx);
+        let first = rx.try_recv().map_err(|e| match e {
+            broadcast::error::TryRecvError::Lagged(n) => broadcast::error::RecvError::Lagged(n),
+            other => panic!("{other:?}"),
+        });
+        let mut buf = Vec::new();
+        assert!(fill_batch(first, &mut rx, &mut buf).unwrap(), "closed");
+        let mut expected = lines_of(&[Event::Lagged { missed: 6 }]);
+        expected.extend(lines_of(&events[6..]));
+        assert_eq!(
+            String::from_utf8(buf).unwrap(),
+            String::from_utf8(expected).unwrap()
         );
     }
 
