@@ -244,7 +244,7 @@ impl Agent {
 
     /// Publishes `events` in their order and leaves the vector empty (its room kept for the
     /// next batch): the events a pass raised together (a mass failure raises thousands) are
-    /// handed over at once, after the pass let go of the trackers, with one clock read and one
+    /// handed over at once, before the pass lets go of the trackers, with one clock read and one
     /// count per kind for all of them rather than one each.
     pub(crate) fn publish_all(&self, events: &mut Vec<Event>) {
         if events.is_empty() {

@@ -19,10 +19,10 @@ use crate::{
 /// Slots a sweep handles per hold of the trackers lock (a few hundred microseconds at most).
 const SWEEP_CHUNK: usize = 4096;
 
-/// Events a pass raises under one hold of the trackers lock before it lets go and hands them
-/// to the subscribers (`Agent::publish_all`): a burst of thousands (a mass failure) is written
-/// to the subscribers while the pass raises the rest, a few hundred at a time, each batch one
-/// hand-over and one wake of each subscriber's task.
+/// Events a pass raises under one hold of the trackers lock before it hands them to the
+/// subscribers (`Agent::publish_all`) and lets go: a burst of thousands (a mass failure) is
+/// written to the subscribers while the pass raises the rest, a few hundred at a time, each
+/// batch one hand-over and one wake of each subscriber's task.
 pub(super) const HANDOVER_EVENTS: usize = 256;
 
 /// How often silent peers are checked against `--expire-after`.
@@ -37,9 +37,10 @@ struct Pass<'a> {
     refloors: u64,
     /// Peers that crossed the lowest level (for `observer_faults::CorrelatedSilence`).
     lowest_crossed: u64,
-    /// Events raised under the trackers lock, published together once it is let go
-    /// (`Agent::publish_all`): a burst is one hand-over to the subscribers, and a query waiting
-    /// for the lock does not wait for the publishing too.
+    /// Events raised under the trackers lock, published together before it is let go
+    /// (`Agent::publish_all`): a burst is one hand-over to the subscribers, and a change of
+    /// level made under the lock by someone else (a detector change) is never published
+    /// between one of these and its publication.
     events: Vec<Event>,
 }
 
@@ -115,11 +116,13 @@ impl Agent {
             // meanwhile were raised that late (the p99 of 5.6 ms at 200,000 peers).
             let now = monotonic_ns();
             let due_now = trackers.due.earliest().is_some_and(|due| due <= now);
+            // This chunk's events, under the lock that raised them: whatever else changes a
+            // peer's level under it (a detector change re-levelling every peer) publishes
+            // its events before or after these, never between a raise and its publication.
+            self.publish_all(&mut pass.events);
             // Handed to a waiting query, if any: an unfair unlock lets this loop take the lock
             // straight back, chunk after chunk, while the query waits out the whole sweep.
             parking_lot::MutexGuard::unlock_fair(trackers);
-            // This chunk's events before the due pass's: a peer's events stay in order.
-            self.publish_all(&mut pass.events);
             if due_now {
                 self.run_due_under(&registry, now, hold);
             }
@@ -198,10 +201,11 @@ impl Agent {
                 self.look_at_slot(&mut pass, &mut trackers, &detector, slot, word);
             }
             looks += taken as u64;
-            parking_lot::MutexGuard::unlock_fair(trackers);
             // Stopped short for a hand-over (more may be due), or out of due slots.
             let handed_over = pass.events.len() >= HANDOVER_EVENTS;
+            // Under the lock, as the scan's (see there).
             self.publish_all(&mut pass.events);
+            parking_lot::MutexGuard::unlock_fair(trackers);
             if taken < SWEEP_CHUNK && !handed_over {
                 break;
             }

@@ -271,7 +271,7 @@ fn the_sweep_suspects_a_silent_peer_at_every_level_and_a_held_sweep_does_not() {
     assert_eq!(agent.stats().unwrap().sweeps, 3);
 }
 
-/// A sweep hands a pass's events over when it lets go of the trackers, all at once: every
+/// A sweep hands a pass's events over before it lets go of the trackers, all at once: every
 /// silent peer's levels, lowest first for each peer, each published once and counted once.
 #[test]
 fn a_sweep_publishes_every_peers_levels_in_order_once() {
