@@ -67,7 +67,7 @@ fn lines_of_peer_7(touch: Touch) -> (u32, u32, u32) {
             let at = peer * LINES_PER_PEER;
             (at, at + 1, at + 3)
         }
-        Touch::SplitHot | Touch::SplitStores => {
+        Touch::SplitHot | Touch::SplitStores | Touch::SplitLocked => {
             let rest = PEERS + peer * (LINES_PER_PEER - 1);
             (peer, rest, rest + 2)
         }
@@ -83,6 +83,7 @@ fn the_floor_touches_the_lines_a_heartbeat_touches_where_the_layout_puts_them() 
         Touch::Stores,
         Touch::SplitHot,
         Touch::SplitStores,
+        Touch::SplitLocked,
     ] {
         let mut ebpf = load_floor_touching(DEFAULT_PORT, true, touch, PEERS);
         let (lines, words) = state(&ebpf);
@@ -111,11 +112,15 @@ fn the_floor_touches_the_lines_a_heartbeat_touches_where_the_layout_puts_them() 
         let (lines, words) = state(&ebpf);
         let (hot_at, cold_at, ring_at) = lines_of_peer_7(touch);
         let hot = lines[hot_at as usize];
+        // Taken and given back three times (`split-locked` by a compare-and-swap): even.
         assert_eq!(hot[0], 6, "{touch:?}: three updates of the lock's word");
         assert_eq!(hot[1], 7, "{touch:?}: the id");
         assert_ne!(hot[2], 0, "{touch:?}: the last arrival");
         assert_eq!(hot[3], 3, "{touch:?}: the ring's head");
-        let stores = matches!(touch, Touch::Stores | Touch::SplitStores);
+        let stores = matches!(
+            touch,
+            Touch::Stores | Touch::SplitStores | Touch::SplitLocked
+        );
         if stores {
             assert_eq!(touched(&lines), vec![hot_at, cold_at, ring_at], "{touch:?}");
             assert_eq!(lines[cold_at as usize][..2], [7, hot[2]], "{touch:?}");
