@@ -14,8 +14,8 @@
 //!   peer, which the TLB covers with a sixteenth of the pages that 704-byte slots took
 //!   (docs/tuning.md, "The kernel's cost: the id lookup"). A stranger's id in that range reads
 //!   that one line and is unknown.
-//! - **Hashed lines**, the next `2^bits` ([`hashed_bits`]: at least four per slot of capacity,
-//!   so the part is at most a quarter full), open-addressed: any other id (past the capacity, a
+//! - **Hashed lines**, the next `2^bits` ([`hashed_bits`]: at least two per slot of capacity,
+//!   so the part is at most half full), open-addressed: any other id (past the capacity, a
 //!   derived BFD or flow id, 0) lives at [`home`], a keyed hash of the id, or in one of the next
 //!   [`PROBE_LINES`] - 1 (wrapping inside the part). The agent refuses an admission that finds
 //!   no empty line there (the registry reports it).
@@ -56,11 +56,14 @@ pub const fn own_line(id: u64, capacity: u32) -> Option<u32> {
 /// Name of the map in the eBPF object and of its pin.
 pub const PEER_HOT_MAP: &str = "PEER_HOT";
 
-/// Lines a lookup or an insertion of a hashed id looks at, from its home on. At a quarter full,
-/// random homes put 88% of ids at home and none past 16 lines at 1,000,000 peers (one past 16
-/// but none past 32 of 1,048,576 in the measurement `tests::probe_lengths`); the longer probe
-/// costs nothing in the common case: a lookup stops at the first line whose `overflow` is 0.
-pub const PROBE_LINES: u32 = 32;
+/// Lines a lookup or an insertion of a hashed id looks at, from its home on. At half full (the
+/// most [`hashed_bits`] allows), random homes put the farthest of 1,000,000 ids 34 to 38 lines
+/// from home (linear probing simulated over two seeds; at a quarter full it was 16, and 32
+/// lines refused some ids at half full in the measurement `tests::probe_lengths`), so 64
+/// leaves room; the longer probe costs nothing in the common case: a lookup stops at the first
+/// line whose `overflow` is 0 (a lookup reads 1.5 lines on average at half full, an unknown id
+/// 2.5).
+pub const PROBE_LINES: u32 = 64;
 // `overflow` is a byte.
 const _: () = assert!(PROBE_LINES <= u8::MAX as u32);
 
@@ -104,10 +107,13 @@ impl IndexKey {
     }
 }
 
-/// log2 of the hashed part's lines for `capacity` slots: the next power of two of four lines a
-/// slot (at most 2^31 lines). What the kernel is given (`XdpConfig::index_bits`).
+/// log2 of the hashed part's lines for `capacity` slots: the next power of two of two lines a
+/// slot (at most 2^31 lines). What the kernel is given (`XdpConfig::index_bits`). Two, not
+/// four: the part is memory for every slot of capacity (64 bytes a line), and a fleet numbered
+/// 1 to N, the common case, never touches it; four lines a slot made the kernel's maps 38%
+/// larger than the layout before 15, two make them some 15% larger.
 pub const fn hashed_bits(capacity: u32) -> u32 {
-    let want = capacity as u64 * 4;
+    let want = capacity as u64 * 2;
     let bits = if want <= 1 {
         0
     } else {
@@ -159,11 +165,11 @@ mod tests {
     extern crate std;
 
     #[test]
-    fn the_hashed_part_is_at_most_a_quarter_full() {
+    fn the_hashed_part_is_at_most_half_full() {
         for capacity in [1, 2, 3, 4, 5, 100, 1000, 50_000, 65_536, 65_537, 1 << 20] {
             let lines = hashed_lines(capacity);
             assert!(lines.is_power_of_two());
-            assert!(lines as u64 >= 4 * capacity as u64);
+            assert!(lines as u64 >= 2 * capacity as u64);
             assert_eq!(lines_for(capacity), capacity + lines);
             assert_eq!(hashed_line(0, capacity), capacity);
         }
@@ -185,7 +191,7 @@ mod tests {
         // several keys: no run of PROBE_LINES lines holds more homes than it has lines, so
         // every id fits in its probe.
         let bits = hashed_bits(65_536);
-        assert_eq!(1 << bits, 262_144);
+        assert_eq!(1 << bits, 131_072);
         for k in [IndexKey::FIXED, key(1), key(2), key(3)] {
             let mut load = std::vec![0u16; 1 << bits];
             for id in 0..65_536u64 {
@@ -248,7 +254,7 @@ mod tests {
             }
             homes.sort_unstable();
             let distinct = 1 + homes.windows(2).filter(|w| w[0] != w[1]).count();
-            // 64 ids in 262,144 lines: a handful of shared homes at most.
+            // 64 ids in 131,072 lines: a handful of shared homes at most.
             assert!(distinct >= 60, "key {seed}: {distinct} distinct homes");
         }
     }
@@ -261,7 +267,7 @@ mod tests {
         let same = (1..=10_000u64)
             .filter(|&id| home(id, bits, &a) == home(id, bits, &b))
             .count();
-        // Independent homes agree about once in 262,144.
+        // Independent homes agree about once in 131,072.
         assert!(same < 10, "{same} of 10,000 ids kept their home");
         // And one key is one function: the same id, the same home.
         assert_eq!(home(12345, bits, &a), home(12345, bits, &a));
@@ -278,12 +284,23 @@ mod tests {
     fn probe_lengths() {
         use std::{println, vec};
         // (entries per line, lines per slot as a fraction, probe lines, what it is)
-        let layouts: [(usize, (u64, u64), u32, &str); 5] = [
-            (4, (1, 2), 16, "index today (+1: the hot line)"),
+        let layouts: [(usize, (u64, u64), u32, &str); 6] = [
+            (
+                4,
+                (1, 2),
+                16,
+                "bucket index (+1: the hot line), before layout 15",
+            ),
             (1, (2, 1), 16, "hot lines, 2 a slot"),
             (1, (4, 1), 16, "hot lines, 4 a slot"),
             (1, (2, 1), 32, "hot lines, 2 a slot, 32-line probe"),
             (1, (4, 1), 32, "hot lines, 4 a slot, 32-line probe"),
+            (
+                1,
+                (2, 1),
+                64,
+                "hot lines, 2 a slot, 64-line probe (layout 15)",
+            ),
         ];
         println!(
             "| layout | capacity | peers | load | at home | lines the lookup reads (mean) | farthest | refused |"

@@ -95,7 +95,7 @@ struct FloorRow {
     monitor_in_order: Receiver,
     /// The monitor with peers whose ids have no hot line of their own (`INDEXED_FIRST_ID` on):
     /// every heartbeat probes the hashed lines from its home (one line in most cases, and the
-    /// lines are scattered over a table four times the capacity). `monitor`'s peers are
+    /// lines are scattered over a table twice the capacity). `monitor`'s peers are
     /// numbered from 1, each in its own line, dense: what the own lines save is the difference.
     monitor_indexed: Receiver,
     /// The agents of `--compare` (another build, or this one with flags), each on the same
