@@ -601,11 +601,11 @@ mod tests {
 
     #[test]
     fn a_slot_held_by_a_writer_is_busy_and_read_once_released() {
-        let table = with_peer(2, 1, 6, 7);
-        assert_eq!(table.line_of(1), Some(6));
+        let table = with_peer(2, 1, 4, 7);
+        assert_eq!(table.line_of(1), Some(4));
         assert_eq!(table.record_patiently(1).map(|r| r.peer_id), Ok(7));
         // A writer holds the line (odd counter) through every attempt: busy, not a record.
-        table.lock(6).fetch_add(LOCK_SEQ_ONE, Ordering::AcqRel);
+        table.lock(4).fetch_add(LOCK_SEQ_ONE, Ordering::AcqRel);
         assert_eq!(table.record(1), None);
         assert_eq!(table.record_patiently(1), Err(Busy(1)));
         assert_eq!(table.snapshot_patiently(1).map(|_| ()), Err(Busy(1)));
@@ -619,7 +619,7 @@ mod tests {
             None
         };
         assert_eq!(table.patiently(1, read), Ok(7));
-        table.lock(6).fetch_add(LOCK_SEQ_ONE, Ordering::AcqRel);
+        table.lock(4).fetch_add(LOCK_SEQ_ONE, Ordering::AcqRel);
         let (record, ring) = table.snapshot_patiently(1).expect("read after release");
         assert_eq!((record.peer_id, ring.len()), (7, 0));
     }
@@ -651,14 +651,14 @@ mod tests {
 
     #[test]
     fn a_lock_left_odd_by_a_dead_writer_is_taken_over_not_waited_on() {
-        let table = with_peer(2, 1, 6, 7);
+        let table = with_peer(2, 1, 4, 7);
         // A writer died holding the line.
-        table.lock(6).fetch_add(LOCK_SEQ_ONE, Ordering::AcqRel);
+        table.lock(4).fetch_add(LOCK_SEQ_ONE, Ordering::AcqRel);
         let started = std::time::Instant::now();
         assert!(table.set_traced(1, 7, true));
         assert!(started.elapsed() >= STALE_LOCK);
         assert_eq!(
-            table.lock(6).load(Ordering::Relaxed) & LOCK_HELD,
+            table.lock(4).load(Ordering::Relaxed) & LOCK_HELD,
             0,
             "released"
         );
