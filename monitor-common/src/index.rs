@@ -111,7 +111,8 @@ impl IndexKey {
 /// slot (at most 2^31 lines). What the kernel is given (`XdpConfig::index_bits`). Two, not
 /// four: the part is memory for every slot of capacity (64 bytes a line), and a fleet numbered
 /// 1 to N, the common case, never touches it; four lines a slot made the kernel's maps 38%
-/// larger than the layout before 15, two make them some 15% larger.
+/// larger than the layout before 15, two make them 16-17% larger (bytes a peer at 50,000 and
+/// 200,000 peers, docs/tuning.md "Layout (a), as built").
 pub const fn hashed_bits(capacity: u32) -> u32 {
     let want = capacity as u64 * 2;
     let bits = if want <= 1 {
