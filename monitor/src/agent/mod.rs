@@ -239,15 +239,15 @@ impl Agent {
     }
 
     pub(crate) fn publish(&self, event: Event) {
-        self.publish_all(&mut vec![event]);
+        self.publish_all(std::iter::once(event));
     }
 
-    /// Publishes `events` in their order and leaves the vector empty (its room kept for the
-    /// next batch): the events a pass raised together (a mass failure raises thousands) are
+    /// Publishes `events` in their order (a pass drains its batch into it, keeping the batch's
+    /// room for the next one): the events a pass raised together (a mass failure raises thousands) are
     /// handed over at once, before the pass lets go of the trackers, with one clock read and one
     /// count per kind for all of them rather than one each.
-    pub(crate) fn publish_all(&self, events: &mut Vec<Event>) {
-        if events.is_empty() {
+    pub(crate) fn publish_all(&self, events: impl ExactSizeIterator<Item = Event>) {
+        if events.len() == 0 {
             return;
         }
         self.events_sent
@@ -255,7 +255,7 @@ impl Agent {
         let now_ms = wall_ms();
         // Runs of one kind (a burst is mostly one), each counted once.
         let mut run: Option<(&'static str, u64)> = None;
-        for event in events.drain(..) {
+        for event in events {
             if let Event::Suspect(s) = &event {
                 self.metrics
                     .event_latency_seconds

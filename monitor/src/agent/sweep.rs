@@ -119,7 +119,7 @@ impl Agent {
             // This chunk's events, under the lock that raised them: whatever else changes a
             // peer's level under it (a detector change re-levelling every peer) publishes
             // its events before or after these, never between a raise and its publication.
-            self.publish_all(&mut pass.events);
+            self.publish_all(pass.events.drain(..));
             // Handed to a waiting query, if any: an unfair unlock lets this loop take the lock
             // straight back, chunk after chunk, while the query waits out the whole sweep.
             parking_lot::MutexGuard::unlock_fair(trackers);
@@ -204,7 +204,7 @@ impl Agent {
             // Stopped short for a hand-over (more may be due), or out of due slots.
             let handed_over = pass.events.len() >= HANDOVER_EVENTS;
             // Under the lock, as the scan's (see there).
-            self.publish_all(&mut pass.events);
+            self.publish_all(pass.events.drain(..));
             parking_lot::MutexGuard::unlock_fair(trackers);
             if taken < SWEEP_CHUNK && !handed_over {
                 break;
@@ -306,7 +306,7 @@ impl Agent {
     /// After a pass, the trackers let go: the correlated-silence check and the pass's counts.
     fn end_pass(&self, mut pass: Pass, watched: u64) {
         // Published at each let-go of the trackers; none is left, and none is lost if one is.
-        self.publish_all(&mut pass.events);
+        self.publish_all(pass.events.drain(..));
         self.refreshes.fetch_add(pass.refreshes, Ordering::Relaxed);
         self.refloors.fetch_add(pass.refloors, Ordering::Relaxed);
         let lowest = self.detector().levels.as_slice()[0];

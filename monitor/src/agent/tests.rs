@@ -335,7 +335,7 @@ fn a_batch_is_published_in_order_and_counted_by_kind() {
         forget(3),
     ];
     let mut pending = batch.clone();
-    agent.publish_all(&mut pending);
+    agent.publish_all(pending.drain(..));
     assert!(pending.is_empty());
     let got: Vec<Event> = std::iter::from_fn(|| events.try_recv().ok()).collect();
     assert_eq!(got, batch);
