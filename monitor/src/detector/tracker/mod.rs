@@ -31,7 +31,7 @@ use monitor_common::{
 use serde::{Deserialize, Serialize};
 
 use self::config::RefloorBasis;
-use self::sweep_state::{NO_FLOOR, exact_gap, floor_ns, word_count};
+use self::sweep_state::{NO_FLOOR, WatchDeadline, exact_gap, floor_ns, word_count};
 pub use self::{
     config::DetectorConfig,
     sweep_state::{LevelFloor, MAX_FLOOR_SPAN, WordWatch},
@@ -172,7 +172,11 @@ impl PeerTracker {
             floor_ns: floor.as_ref().map_or(NO_FLOOR, |f| floor_ns(f.silence_ms)),
             refreshed: self.count,
             heartbeats: floor.as_ref().map_or(0, |f| f.heartbeats),
-            exact: true,
+            deadline: if exact_ms.is_some() {
+                WatchDeadline::FirstCrossing
+            } else {
+                WatchDeadline::LaterCrossing
+            },
             exact_gap: exact_ms
                 .zip(floor.as_ref())
                 .map_or(0, |(exact, f)| exact_gap(exact - f.silence_ms)),
@@ -232,7 +236,7 @@ impl PeerTracker {
         if level_floor.advance_over_covered(word, watch, time) {
             return SweepStep::Done;
         }
-        if word != watch.word || !level_floor.exact {
+        if word != watch.word || !level_floor.exact() {
             if !time.hold && self.refloor(word, watch, level_floor, config, time.now_ns) {
                 return SweepStep::Refloored;
             }
@@ -287,7 +291,7 @@ impl PeerTracker {
             floor_ns: floor_ns(floor.silence_ms),
             refreshed: word_count(word),
             heartbeats: floor.heartbeats,
-            exact: false,
+            deadline: WatchDeadline::Floor,
             exact_gap: exact_gap(exact_ms - floor.silence_ms),
         };
         *watch = WordWatch { word, deadline_ns };
@@ -340,7 +344,7 @@ impl PeerTracker {
         if record.heartbeats != self.heartbeats {
             self.heard(record, ring, config, time.wall_ms, emit);
             self.refreshed(record, config, watch, level_floor);
-        } else if !level_floor.exact {
+        } else if !level_floor.exact() {
             // Nothing new since the estimate: the deadline was a floor, make it exact.
             self.refreshed(record, config, watch, level_floor);
         }
@@ -401,6 +405,7 @@ impl PeerTracker {
             self.crossed += 1;
             // A suspected peer heard again is read at once (its recovery is an event).
             level_floor.floor_ns = NO_FLOOR;
+            level_floor.deadline = WatchDeadline::LaterCrossing;
             watch.deadline_ns = self.deadline(config);
             if self.crossed as usize == levels.len() {
                 self.refresh.counter.suspect(now_ns);
@@ -475,7 +480,17 @@ impl PeerTracker {
         }
         watch.deadline_ns = self.deadline(new);
         // The first level moved: the floor goes with it (and none while a level is crossed).
-        level_floor.exact = true;
+        // The first level's crossing from this estimate, for the watched word only if the
+        // estimate is that word's (the caller read the slot): else a later heartbeat the floor
+        // covered may have moved the window, and the deadline is not the crossing.
+        let current =
+            last_heard::heartbeats_since(last_heard::word(0, self.count as u64), watch.word)
+                == Some(0);
+        level_floor.deadline = if self.crossed == 0 && current {
+            WatchDeadline::FirstCrossing
+        } else {
+            WatchDeadline::LaterCrossing
+        };
         level_floor.floor_ns = if self.crossed == 0 && !self.mean_floor_ms.is_nan() {
             new.first_floor_ns(self.mean_floor_ms)
         } else {

@@ -80,6 +80,19 @@ impl WordWatch {
     }
 }
 
+/// What a watch's deadline is (`LevelFloor::deadline`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum WatchDeadline {
+    /// A floor: the least silence at which phi can reach the first level over the floor's span.
+    Floor,
+    /// The first level's exact crossing for the current estimate: no level is crossed.
+    FirstCrossing,
+    /// Exact, but not known to be the first level's crossing for the watched word: a later
+    /// level's (a level is crossed), one from an estimate older than the word, or none.
+    LaterCrossing,
+}
+
 /// What a sweep reads of a slot whose word moved or whose deadline came: whether a heard peer
 /// can keep its estimate. 16 bytes, in a second dense array.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,8 +108,9 @@ pub struct LevelFloor {
     pub(super) refreshed: u32,
     /// Heartbeats the floor covers.
     pub(super) heartbeats: u8,
-    /// `WordWatch::deadline_ns` is the exact crossing of the current estimate, not a floor.
-    pub(super) exact: bool,
+    /// What `WordWatch::deadline_ns` is: a floor, or an exact crossing of the current
+    /// estimate (the first level's, or a later one's).
+    pub(super) deadline: WatchDeadline,
     /// How much later than the floor the last estimate crosses the first level, in units of
     /// `GAP_UNIT_NS`: what the sweep predicts the crossing from when the deadline is a floor
     /// (`predicted_crossing_ns`). In the two bytes the layout had spare.
@@ -108,9 +122,15 @@ impl LevelFloor {
         floor_ns: NO_FLOOR,
         refreshed: 0,
         heartbeats: 0,
-        exact: true,
+        deadline: WatchDeadline::LaterCrossing,
         exact_gap: 0,
     };
+
+    /// The watch's deadline is an exact crossing of the current estimate, not a floor.
+    #[inline(always)]
+    pub(super) fn exact(&self) -> bool {
+        self.deadline != WatchDeadline::Floor
+    }
 
     /// When the watched peer crosses the first level not yet crossed if it is not heard
     /// again: the watch's deadline if exact; if a floor, the floor plus the gap the last
@@ -120,7 +140,7 @@ impl LevelFloor {
     /// the next scan (`Agent::look_at_slot`).
     #[inline]
     pub fn predicted_crossing_ns(&self, watch: &WordWatch) -> u64 {
-        if self.exact {
+        if self.exact() {
             watch.deadline_ns
         } else {
             watch
@@ -154,7 +174,7 @@ impl LevelFloor {
             watch.word = word;
             watch.deadline_ns =
                 last_heard::arrival_near(word, time.now_ns).saturating_add(self.floor_ns);
-            self.exact = false;
+            self.deadline = WatchDeadline::Floor;
         }
         time.now_ns < watch.deadline_ns
     }
@@ -167,6 +187,12 @@ impl LevelFloor {
     /// floor's span still covers, the floor past the newest arrival holds, as in `advance_over_covered`.
     #[inline]
     pub fn below_first_level(&self, watch: &WordWatch, word: u64, now_ns: u64) -> bool {
+        // No floor, but no level crossed either: a word unchanged since the sweep still has
+        // the first level's exact crossing for its deadline (a peer whose window is too short
+        // for a floor, as every peer's is in the first minutes after a start at 1 Hz).
+        if word == watch.word && self.deadline == WatchDeadline::FirstCrossing {
+            return now_ns < watch.deadline_ns;
+        }
         if self.floor_ns == NO_FLOOR {
             return false;
         }

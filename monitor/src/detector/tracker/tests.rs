@@ -436,6 +436,61 @@ fn below_first_level_is_never_wrong_and_usually_answers() {
     }
 }
 
+/// A peer whose window is too short for a floor (the first minutes after a start at 1 Hz)
+/// is still passed over by `suspects` while its word is the one the sweep accounted for and
+/// its first level's exact crossing has not come; once a level is crossed, or a heartbeat
+/// came that the sweep has not seen, it is not.
+#[test]
+fn below_first_level_answers_from_the_exact_crossing_without_a_floor() {
+    let (cfg, xdp) = defaults();
+    let mut slot = crate::detector::window::slot_with_intervals(
+        (0..6).map(|i| 1_000_000 + i % 3 * 20_000),
+        &xdp,
+    );
+    let record = slot.record();
+    let mut tracked = Tracked::new(&record, &cfg);
+    let arrival = record.last_arrival_ns;
+    tracked.observe(
+        &record,
+        &[],
+        &cfg,
+        at(arrival + MS, 0.0, false),
+        &mut |_| {},
+    );
+    assert_eq!(
+        tracked.level_floor.floor_ns, NO_FLOOR,
+        "a window too short for a floor"
+    );
+    let word = last_heard::of_record(&record);
+    let crossing = tracked.watch.deadline_ns;
+    let estimate = cfg.estimate(&record, &[]);
+    for query in (arrival..crossing + 500 * MS).step_by(7 * MS as usize) {
+        let below = tracked
+            .level_floor
+            .below_first_level(&tracked.watch, word, query);
+        let phi = cfg.params.phi(&estimate, (query - arrival) as f64 / 1e6);
+        assert_eq!(below, query < crossing, "at {query}: phi {phi}");
+        assert!(!below || phi < 1.0, "at {query}: phi {phi} passed over");
+    }
+    // A heartbeat the sweep has not seen: the slot decides.
+    monitor_common::slot::arrive(&mut slot, arrival + 1_000 * MS, 8, 1, &xdp);
+    let newer = last_heard::of_record(&slot.record());
+    assert!(
+        !tracked
+            .level_floor
+            .below_first_level(&tracked.watch, newer, arrival + 1_001 * MS)
+    );
+    // Past the first level: no longer below it.
+    let mut raised = 0;
+    tracked.step(word, &cfg, at(crossing, 0.0, false), &mut |_| raised += 1);
+    assert_eq!(raised, 1);
+    assert!(
+        !tracked
+            .level_floor
+            .below_first_level(&tracked.watch, word, crossing)
+    );
+}
+
 /// A steady sender with a full window is read once a window of heartbeats (refloors carry
 /// it between), not once a span; a heartbeat whose interval the window left out (across a
 /// restart, however short) is read at once.
@@ -568,7 +623,7 @@ fn a_floor_predicts_a_steady_senders_crossing() {
         if lazy.step(word, &cfg, time, &mut |_| {}) == SweepStep::Refresh {
             lazy.observe(&record, &[], &cfg, time, &mut |_| {});
         }
-        if lazy.level_floor.exact {
+        if lazy.level_floor.exact() {
             continue;
         }
         floors += 1;
