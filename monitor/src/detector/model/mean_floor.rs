@@ -53,19 +53,62 @@ impl MeanFloor {
         self.window
     }
 
-    /// A floor under a full window's mean (ms, before pause) that holds until `more` further
+    /// The window was full when these moments were taken.
+    pub fn is_full(&self) -> bool {
+        self.samples == self.window
+    }
+
+    /// [`Self::after_heard_ms`] of a filling window for every `more` that fits `floors` (at
+    /// index `more`), in one pass: the floor over a span is the least mean over its counts,
+    /// so each is the running least. Left as they are past the samples the window held.
+    pub fn filling_floors_ms(&self, heard: u64, heard_us: f64, floors: &mut [f64]) {
+        let mut least_us = f64::INFINITY;
+        for (more, floor) in floors.iter_mut().enumerate() {
+            let j = heard + more as u64;
+            if j > self.samples {
+                break;
+            }
+            least_us = least_us.min(self.filling_mean_us(j, heard_us));
+            *floor = least_us * (1.0 - 1e-9) / 1000.0;
+        }
+    }
+
+    /// The least mean (µs) of a filling window once j intervals entered it, the first ones
+    /// summing to `heard_us` and the rest to 0 or more (j at most the samples it held: only
+    /// the oldest of those are pushed out once it is full).
+    fn filling_mean_us(&self, j: u64, heard_us: f64) -> f64 {
+        let (n, window, sum) = (self.samples, self.window, self.sum_us);
+        let kept = window.min(n + j);
+        let evicted = n + j - kept;
+        let evicted_us = if evicted == 0 {
+            0.0
+        } else {
+            let e = evicted as f64;
+            (e * self.mean_us + self.std_us * (e * (n - evicted) as f64).sqrt()).min(sum)
+        };
+        let (boot_n, boot_us) = bootstrap_samples(window as u32, kept as u32, self.first_us)
+            .fold((0u64, 0u64), |(c, s), x| (c + 1, s + x));
+        ((sum - evicted_us).max(0.0) + heard_us.max(0.0) + boot_us as f64) / (kept + boot_n) as f64
+    }
+
+    /// A floor under a window's mean (ms, before pause) that holds until `more` further
     /// intervals have entered it, once `heard` intervals have entered it since these moments
     /// were taken and summed to at least `heard_us` (every one entered: the last-heard word
     /// says so, see `monitor_common::last_heard::LEFT_OUT_STEP`). As in
     /// [`Self::after_ms`], with what the heard intervals brought in counted: after j of them
-    /// in all (j up to `heard + more`, at most the window), the window holds the n - j newest
-    /// of its intervals, which sum to at least `sum - j m - s sqrt(j (n - j))`, and the j new
-    /// ones, which sum to at least `heard_us`. None for a window that is not full, or past it.
+    /// in all (j up to `heard + more`, at most the n samples the moments were taken over),
+    /// the window holds the newest of its n intervals, which sum to at least
+    /// `sum - e m - s sqrt(e (n - e))` with e of them pushed out, and the j new ones, which sum
+    /// to at least `heard_us`. A full window pushes one out with each (e = j); a filling one
+    /// none until it is full, and its bootstrap samples go as it fills. None past n.
     pub fn after_heard_ms(&self, heard: u64, heard_us: f64, more: u64) -> Option<f64> {
         let n = self.samples;
         let last = heard + more;
-        if n != self.window || last > n {
+        if last > n {
             return None;
+        }
+        if n != self.window {
+            return Some(self.filling_after_heard_ms(heard, heard_us, last));
         }
         // sqrt(j (n - j)) is largest at n / 2: its largest over heard..=last.
         let widest = (n / 2).clamp(heard, last) as f64;
@@ -74,5 +117,17 @@ impl MeanFloor {
         .min(self.sum_us);
         let mean_us = ((self.sum_us - evicted_us).max(0.0) + heard_us.max(0.0)) / n as f64;
         Some(mean_us * (1.0 - 1e-9) / 1000.0)
+    }
+
+    /// [`Self::after_heard_ms`] for a window that was not full: the least mean over every
+    /// count j of new intervals from `heard` to `last` (the mean need not fall monotonically
+    /// while the window grows and its bootstrap samples go, so each is evaluated; a window of
+    /// n samples is read again after n heartbeats, so at most n of them).
+    fn filling_after_heard_ms(&self, heard: u64, heard_us: f64, last: u64) -> f64 {
+        let floor_us = (heard..=last)
+            .map(|j| self.filling_mean_us(j, heard_us))
+            .fold(f64::INFINITY, f64::min);
+        // A relative hair for rounding, always downwards.
+        floor_us * (1.0 - 1e-9) / 1000.0
     }
 }

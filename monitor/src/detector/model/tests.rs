@@ -491,13 +491,14 @@ fn crossing_floors_hold_for_the_next_heartbeats() {
 }
 
 /// The floor of `MeanFloor::after_heard_ms` holds: after some heartbeats whose intervals
-/// all entered a full window, counted by their elapsed time as the agent counts them (the
+/// all entered a window, full or still filling (one case in three, with its bootstrap
+/// samples), counted by their elapsed time as the agent counts them (the
 /// arrivals' difference in ns, less 1 µs an interval), and whatever the next `more` bring
 /// while every interval enters, the first level's exact crossing never comes before it.
 #[test]
 fn floors_from_heard_heartbeats_hold() {
     let mut rng = fastrand::Rng::with_seed(11);
-    let mut checked = 0;
+    let (mut checked, mut filled) = (0, 0u32);
     for model in [Model::Normal, Model::Akka, Model::Loss, Model::Exponential] {
         for case in 0..300 {
             let p = floor_case(model, case);
@@ -515,7 +516,12 @@ fn floors_from_heard_heartbeats_hold() {
             } * 1000
                 // Some nanoseconds, so that intervals are rounded down to microseconds.
                 + rng.u64(0..1000);
-            let count = p.window as usize + rng.usize(0..40);
+            let filling = case % 3 == 2;
+            let count = if filling {
+                4 + rng.usize(0..p.window as usize - 4)
+            } else {
+                p.window as usize + rng.usize(0..40)
+            };
             let spread = if steady { 1 } else { base / 2 };
             let intervals: Vec<u64> = (0..count).map(|_| base + rng.u64(0..spread)).collect();
             let mut slot = slot_with_intervals(intervals, &config);
@@ -528,17 +534,33 @@ fn floors_from_heard_heartbeats_hold() {
                 monitor_common::slot::arrive(slot, at, seq, 1, &config);
                 slot.record().left_out == left_out
             };
-            let heard = rng.u64(0..p.window as u64);
+            let samples = slot.record().samples as u64;
+            let heard = rng.u64(0..samples);
             if !(0..heard).all(|_| arrive(&mut slot, &mut rng)) {
                 continue;
             }
             let heard_us = (slot.record().last_arrival_ns - t0) as f64 / 1000.0 - heard as f64;
-            let more = rng.u64(0..33);
+            // A filling window's span is at most the heartbeats it held (past them, None).
+            let more = if filling {
+                rng.u64(0..=(samples - heard).min(32))
+            } else {
+                rng.u64(0..33)
+            };
             let Some(mean) = floor.after_heard_ms(heard, heard_us, more) else {
-                assert!(heard + more > p.window as u64);
+                assert!(heard + more > samples);
                 continue;
             };
             checked += 1;
+            filled += filling as u32;
+            if filling {
+                // The one-pass floors of every span are the same as one span's at a time.
+                let mut floors = [f64::NAN; 33];
+                floor.filling_floors_ms(heard, heard_us, &mut floors);
+                assert_eq!(
+                    floors[more as usize], mean,
+                    "case {case} heard {heard} more {more}"
+                );
+            }
             let bound = p.crossing_floor_ms(&silences, 0, mean).unwrap();
             for step in 0..=more {
                 let est = p.estimate(&slot.record(), &[]);
@@ -554,4 +576,5 @@ fn floors_from_heard_heartbeats_hold() {
         }
     }
     assert!(checked > 600, "{checked} of 1200 cases checked");
+    assert!(filled > 150, "{filled} filling windows checked");
 }

@@ -10,8 +10,11 @@ use crate::detector::{
     model::{DetectorParams, Estimate, LevelSilences, MeanFloor},
 };
 
-/// The spans a floor may cover, longest first.
-const SPANS: [u8; 6] = [32, 16, 8, 4, 2, 1];
+/// The spans a floor may cover, longest first. A span of 0 covers only the heartbeat it is
+/// set at: the next one is refloored from the time it took (`PeerTracker::refloor`) rather
+/// than read, which is what a window too short for a longer span (the first minutes after a
+/// start at 1 Hz) gets.
+const SPANS: [u8; 7] = [32, 16, 8, 4, 2, 1, 0];
 
 /// The detector configuration shared by every peer.
 #[derive(Debug, Clone)]
@@ -45,9 +48,9 @@ impl DetectorConfig {
 
     /// How many heartbeats the estimate of `record` may go unrefreshed, the floor under the
     /// window's mean over that many (`MeanFloor`), and the first level's floor for it: the
-    /// most of 32, 16, ..., 1 (at most a quarter of the window's intervals) whose floor keeps
-    /// half the exact margin (`exact_ms`, the first level's crossing) above the mean. None:
-    /// refresh with every heartbeat.
+    /// most of 32, 16, ..., 1, 0 (at most a quarter of the window's intervals) whose floor
+    /// keeps half the exact margin (`exact_ms`, the first level's crossing) above the mean.
+    /// None: refresh with every heartbeat.
     pub(super) fn span_floor(
         &self,
         record: &PeerRecord,
@@ -64,14 +67,15 @@ impl DetectorConfig {
         floor.basis = Some(RefloorBasis {
             moments: mean_floor,
             want_ms: want,
+            exact_ms,
         });
         Some(floor)
     }
 
     /// A new floor for a peer `heard` heartbeats after its refresh, all of whose intervals
-    /// entered its full window and took `heard_us` at least (see `MeanFloor::after_heard_ms`):
+    /// entered its window and took `heard_us` at least (see `MeanFloor::after_heard_ms`):
     /// the longest span that keeps the refresh's half margin (`RefloorBasis::want_ms`). None if
-    /// no span does, or the window is not full or would be outgrown.
+    /// no span does, or the span would reach past as many heartbeats as the window held.
     pub(super) fn heard_floor(
         &self,
         basis: &RefloorBasis,
@@ -79,8 +83,18 @@ impl DetectorConfig {
         heard_us: f64,
     ) -> Option<SpanFloor> {
         let most = (basis.moments.window() / 4).min(MAX_FLOOR_SPAN as u64);
+        if basis.moments.is_full() {
+            return self.longest_span(most, basis.want_ms, |j| {
+                basis.moments.after_heard_ms(heard, heard_us, j)
+            });
+        }
+        // A filling window: the floors of every span in one pass, not one pass a span.
+        let mut floors = [f64::NAN; MAX_FLOOR_SPAN as usize + 1];
+        basis
+            .moments
+            .filling_floors_ms(heard, heard_us, &mut floors);
         self.longest_span(most, basis.want_ms, |j| {
-            basis.moments.after_heard_ms(heard, heard_us, j)
+            Some(floors[j as usize]).filter(|f| !f.is_nan())
         })
     }
 
@@ -146,4 +160,7 @@ pub(super) struct SpanFloor {
 pub(super) struct RefloorBasis {
     pub(super) moments: MeanFloor,
     pub(super) want_ms: f64,
+    /// The first level's exact crossing for the refresh's estimate (what a refloor's
+    /// `LevelFloor::exact_gap` is measured from), kept rather than computed again at each.
+    pub(super) exact_ms: f64,
 }

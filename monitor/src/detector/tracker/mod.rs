@@ -247,8 +247,8 @@ impl PeerTracker {
     }
 
     /// A heard peer whose span is used up, or whose floor came, gets a new floor without its
-    /// slot if it can: while no level is crossed, the window was full at the refresh, and
-    /// every interval since entered it (the word's count advanced by less than
+    /// slot if it can: while no level is crossed, fewer heartbeats came since the refresh than
+    /// its window held then, and every interval since entered it (the word's count advanced by less than
     /// `LEFT_OUT_STEP`), those intervals sum to at least the time they took, less a
     /// microsecond each (the kernel rounds each down), and the window's mean stays above
     /// what `MeanFloor::after_heard_ms` says. True if the new floor is not yet reached.
@@ -286,7 +286,7 @@ impl PeerTracker {
         self.mean_floor_ms = floor.mean_ms;
         // The refresh's estimate still predicts the crossing: the heartbeats since took their
         // intervals' worth of time (else no refloor).
-        let exact_ms = config.crossing_ms(0, &self.refresh.estimate);
+        let exact_ms = basis.exact_ms;
         *level_floor = LevelFloor {
             floor_ns: floor_ns(floor.silence_ms),
             refreshed: word_count(word),

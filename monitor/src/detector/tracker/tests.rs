@@ -520,8 +520,9 @@ fn a_steady_full_window_is_read_once_a_window() {
         reads += sweep(&slot, &mut tracked) as u32;
     }
     assert_eq!(slot.record().left_out, 0);
-    // Once every 128 heartbeats (32 with a read at the end of every span).
-    assert!((10..=12).contains(&reads), "{reads} reads");
+    // Once every 128 heartbeats, or 129 where the last floor is a span of 0 (32 with a read
+    // at the end of every span).
+    assert!((9..=12).contains(&reads), "{reads} reads");
     arrival += 100 * MS;
     incarnation += 1;
     monitor_common::slot::arrive(&mut slot, arrival, 1, incarnation, &xdp);
