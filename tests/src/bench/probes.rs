@@ -61,6 +61,16 @@ enum Probe {
         #[arg(long)]
         peers: u32,
     },
+    /// The floor of a scan of the running agent's last-heard words: every interval, each
+    /// peer's word loaded and compared, a changed one's deadline stored; this process's CPU.
+    ScanFloor {
+        #[arg(long)]
+        peers: u32,
+        #[arg(long, default_value_t = 50.0)]
+        interval_ms: f64,
+        #[arg(long, default_value_t = 20.0)]
+        seconds: f64,
+    },
     /// `peer` and `suspects` round trips against a running agent.
     Socket {
         #[arg(long)]
@@ -165,6 +175,16 @@ pub fn main() {
             serde_json::to_value(bench::kernel_log_cost(repeat)).unwrap()
         }
         Probe::Sweep { peers } => serde_json::to_value(bench::sweep_timings(peers)).unwrap(),
+        Probe::ScanFloor {
+            peers,
+            interval_ms,
+            seconds,
+        } => serde_json::to_value(bench::scan_floor(
+            peers,
+            Duration::from_secs_f64(interval_ms / 1e3),
+            Duration::from_secs_f64(seconds),
+        ))
+        .unwrap(),
         Probe::Socket {
             socket,
             peers,

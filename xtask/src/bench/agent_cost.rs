@@ -9,7 +9,15 @@ use std::{
 
 use anyhow::Result;
 
-use super::{Rig, generator::Loadgen, procfs::process_cpu_s, tools::finish_json};
+use super::{
+    Rig,
+    generator::Loadgen,
+    procfs::process_cpu_s,
+    tools::{finish_json, probe_json},
+};
+
+/// The scan interval the scan floor is measured at: the agent's default `--sweep-interval`.
+const SCAN_FLOOR_INTERVAL_MS: &str = "50";
 
 /// The agent's CPU under a steady stream of `rate` Hz from every peer.
 pub(super) struct AgentCost {
@@ -30,6 +38,10 @@ pub(super) struct AgentCost {
     /// an agent without them).
     due_passes_per_s: f64,
     due_looks_per_s: f64,
+    /// The scan floor beside the agent, under the same stream, right after the agent's
+    /// window: `hbm-bench scan-floor`'s CPU, percent of a core (a scan of every word every
+    /// 50 ms that only compares and stores: what a scanning agent cannot go below).
+    scan_floor_pct: f64,
 }
 
 /// The agent alone under 1 Hz, 5 Hz and 10 Hz from `peers` peers, and 10 Hz from half as
@@ -59,13 +71,27 @@ pub(super) fn agent_cost(
             // Measured once every window is full (128 intervals: 12.8 s at 10 Hz, 128 s at 1 Hz),
             // the steady state of a long-running agent; a quick run settles for at most 15 s.
             let settle = (130.0 / rate_hz).min(if quick { 15.0 } else { 140.0 });
-            let generator = Loadgen::new(peers, rate_hz, settle + seconds as f64).spawn(rig)?;
+            // The stream also covers the scan floor's window after the agent's.
+            let generator =
+                Loadgen::new(peers, rate_hz, settle + 2.0 * seconds as f64 + 2.0).spawn(rig)?;
             rig.interrupt.pause(Duration::from_secs_f64(settle))?;
             let before = agent.stats()?;
             let (cpu0, t0) = (process_cpu_s(pid)?, Instant::now());
             rig.interrupt.pause(Duration::from_secs(seconds))?;
             let (cpu1, wall) = (process_cpu_s(pid)?, t0.elapsed().as_secs_f64());
             let after = agent.stats()?;
+            let scan_floor = probe_json(
+                &rig.tools.probe,
+                &[
+                    "scan-floor",
+                    "--peers",
+                    &peers.to_string(),
+                    "--interval-ms",
+                    SCAN_FLOOR_INTERVAL_MS,
+                    "--seconds",
+                    &seconds.to_string(),
+                ],
+            )?;
             let sent = finish_json(generator)?;
             agent.process.stop();
             let delta = |key: &str| {
@@ -82,6 +108,7 @@ pub(super) fn agent_cost(
                 events_per_s: delta("events") / wall,
                 due_passes_per_s: delta("due_passes") / wall,
                 due_looks_per_s: delta("due_looks") / wall,
+                scan_floor_pct: scan_floor["cpu_percent"].as_f64().unwrap_or(f64::NAN),
             });
         }
     }
@@ -94,22 +121,30 @@ pub(super) fn render_agent_cost(peers: u64, rows: &[AgentCost]) -> String {
     let _ = writeln!(
         t,
         "\nThe agent alone at {peers} peers (CPU over the steady part of the run, after every \
-         window filled; a refresh is one slot read and estimate):\n"
+         window filled; a refresh is one slot read and estimate; the scan floor is `hbm-bench \
+         scan-floor` beside the agent under the same stream right after: every word loaded and \
+         compared, a changed one's deadline stored, every {SCAN_FLOOR_INTERVAL_MS} ms, nothing \
+         else):\n"
     );
     let _ = writeln!(
         t,
-        "| peers | rate per peer | sent pps | agent CPU % of a core | refreshes/s | refreshes per heartbeat | floors renewed without a read/s | events/s | due passes/s (slots looked at/s) |"
+        "| peers | rate per peer | sent pps | agent CPU % of a core | scan floor % | agent / scan floor | refreshes/s | refreshes per heartbeat | floors renewed without a read/s | events/s | due passes/s (slots looked at/s) |"
     );
-    let _ = writeln!(t, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        t,
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
     for r in rows {
         let _ = writeln!(
             t,
-            "| {}{} | {} Hz | {:.0} | {:.2} | {:.0} | {:.3} | {:.0} | {:.0} | {:.0} ({:.0}) |",
+            "| {}{} | {} Hz | {:.0} | {:.2} | {:.2} | {:.1}x | {:.0} | {:.3} | {:.0} | {:.0} | {:.0} ({:.0}) |",
             r.peers,
             r.tag,
             r.rate_hz,
             r.achieved_pps,
             r.agent_cpu_pct,
+            r.scan_floor_pct,
+            r.agent_cpu_pct / r.scan_floor_pct,
             r.refreshes_per_s,
             r.refreshes_per_s / r.achieved_pps.max(1.0),
             r.refloors_per_s,
@@ -225,6 +260,7 @@ mod tests {
             events_per_s: 0.0,
             due_passes_per_s: 0.0,
             due_looks_per_s: 0.0,
+            scan_floor_pct: 0.0,
         };
         let rows = [
             cost(50_000, 50_000.0),

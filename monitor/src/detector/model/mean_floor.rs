@@ -60,12 +60,13 @@ impl MeanFloor {
 
     /// [`Self::after_heard_ms`] of a filling window for every `more` that fits `floors` (at
     /// index `more`), in one pass: the floor over a span is the least mean over its counts,
-    /// so each is the running least. Left as they are past the samples the window held.
+    /// so each is the running least. Left as they are past the samples the window held, or
+    /// past its filling.
     pub fn filling_floors_ms(&self, heard: u64, heard_us: f64, floors: &mut [f64]) {
         let mut least_us = f64::INFINITY;
         for (more, floor) in floors.iter_mut().enumerate() {
             let j = heard + more as u64;
-            if j > self.samples {
+            if j > self.samples || self.samples + j > self.window {
                 break;
             }
             least_us = least_us.min(self.filling_mean_us(j, heard_us));
@@ -74,21 +75,14 @@ impl MeanFloor {
     }
 
     /// The least mean (µs) of a filling window once j intervals entered it, the first ones
-    /// summing to `heard_us` and the rest to 0 or more (j at most the samples it held: only
-    /// the oldest of those are pushed out once it is full).
+    /// summing to `heard_us` and the rest to 0 or more (the window not yet full: all kept,
+    /// its bootstrap samples going as it fills).
     fn filling_mean_us(&self, j: u64, heard_us: f64) -> f64 {
-        let (n, window, sum) = (self.samples, self.window, self.sum_us);
-        let kept = window.min(n + j);
-        let evicted = n + j - kept;
-        let evicted_us = if evicted == 0 {
-            0.0
-        } else {
-            let e = evicted as f64;
-            (e * self.mean_us + self.std_us * (e * (n - evicted) as f64).sqrt()).min(sum)
-        };
-        let (boot_n, boot_us) = bootstrap_samples(window as u32, kept as u32, self.first_us)
+        let kept = self.samples + j;
+        debug_assert!(kept <= self.window);
+        let (boot_n, boot_us) = bootstrap_samples(self.window as u32, kept as u32, self.first_us)
             .fold((0u64, 0u64), |(c, s), x| (c + 1, s + x));
-        ((sum - evicted_us).max(0.0) + heard_us.max(0.0) + boot_us as f64) / (kept + boot_n) as f64
+        (self.sum_us + heard_us.max(0.0) + boot_us as f64) / (kept + boot_n) as f64
     }
 
     /// A floor under a window's mean (ms, before pause) that holds until `more` further
@@ -100,7 +94,8 @@ impl MeanFloor {
     /// the window holds the newest of its n intervals, which sum to at least
     /// `sum - e m - s sqrt(e (n - e))` with e of them pushed out, and the j new ones, which sum
     /// to at least `heard_us`. A full window pushes one out with each (e = j); a filling one
-    /// none until it is full, and its bootstrap samples go as it fills. None past n.
+    /// keeps them all (its bootstrap samples go as it fills). None past n, and for a filling
+    /// window past its filling.
     pub fn after_heard_ms(&self, heard: u64, heard_us: f64, more: u64) -> Option<f64> {
         let n = self.samples;
         let last = heard + more;
@@ -108,7 +103,11 @@ impl MeanFloor {
             return None;
         }
         if n != self.window {
-            return Some(self.filling_after_heard_ms(heard, heard_us, last));
+            // A filling window is read again once it would be full, so that its floors from
+            // then on come from a full window's moments (the tighter bound, and one a span
+            // of up to `MAX_FLOOR_SPAN`): until then none of its intervals is pushed out.
+            return (n + last <= self.window)
+                .then(|| self.filling_after_heard_ms(heard, heard_us, last));
         }
         // sqrt(j (n - j)) is largest at n / 2: its largest over heard..=last.
         let widest = (n / 2).clamp(heard, last) as f64;

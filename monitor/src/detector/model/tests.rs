@@ -535,19 +535,28 @@ fn floors_from_heard_heartbeats_hold() {
                 slot.record().left_out == left_out
             };
             let samples = slot.record().samples as u64;
-            let heard = rng.u64(0..samples);
+            // Heard within the filling, for a filling window (past it, the floor is None).
+            let heard = if filling {
+                rng.u64(0..samples.min(p.window as u64 - samples) + 1)
+            } else {
+                rng.u64(0..samples)
+            };
             if !(0..heard).all(|_| arrive(&mut slot, &mut rng)) {
                 continue;
             }
             let heard_us = (slot.record().last_arrival_ns - t0) as f64 / 1000.0 - heard as f64;
-            // A filling window's span is at most the heartbeats it held (past them, None).
+            // A filling window's span is at most the heartbeats it held, and ends where it
+            // would be full (past either, None).
+            let window = p.window as u64;
             let more = if filling {
-                rng.u64(0..=(samples - heard).min(32))
+                rng.u64(0..=(samples - heard).min(window - samples - heard).min(32))
             } else {
                 rng.u64(0..33)
             };
             let Some(mean) = floor.after_heard_ms(heard, heard_us, more) else {
-                assert!(heard + more > samples);
+                assert!(
+                    heard + more > samples || (filling && samples + heard + more > p.window as u64)
+                );
                 continue;
             };
             checked += 1;
