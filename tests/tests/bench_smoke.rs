@@ -183,6 +183,26 @@ fn the_userspace_receiver_counts_what_loadgen_sent() {
 #[test]
 fn in_process_probes_return_measurements() {
     require_root();
+    // The scan floor maps the newest LAST_HEARD in the kernel: this one while it is held (or
+    // a newer one another test loaded meanwhile), and scans it at its pace.
+    let loaded = monitor::kernel::loaded::LoadedProgram::load(
+        &monitor_common::config::XdpConfig::DEFAULT,
+        1000,
+    )
+    .expect("load");
+    let floor = bench::scan_floor(
+        1000,
+        std::time::Duration::from_millis(10),
+        std::time::Duration::from_millis(300),
+    );
+    drop(loaded);
+    assert!(floor.peers > 0 && floor.peers <= 1000, "{floor:?}");
+    // Paced at 10 ms for 300 ms (fewer if the host stalls the test: no pace is asserted).
+    assert!((1..=31).contains(&floor.scans), "{floor:?}");
+    assert!(
+        floor.cpu_percent.is_finite() && floor.scan_us_p50 > 0.0,
+        "{floor:?}"
+    );
     assert!(bench::prog_test_run_ns(1000) > 0.0);
     let sweep = bench::sweep_timings(1000);
     assert_eq!(sweep.peers, 1000);
