@@ -21,18 +21,18 @@ pub struct QosCounter {
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct QosReport {
-    /// Moves from trusted to suspected.
-    pub s_transitions: u64,
-    /// Suspicions that ended because the peer was heard again.
-    pub mistakes: u64,
-    /// Total time wrongly suspected, ms.
-    pub mistake_total_ms: f64,
     /// Mean mistake duration E(T_M), ms; null without a mistake.
     pub mistake_mean_ms: Option<f64>,
     /// Mean time between S-transitions E(T_MR), ms; null with fewer than two.
     pub mistake_recurrence_ms: Option<f64>,
+    /// Total time wrongly suspected, ms.
+    pub mistake_total_ms: f64,
+    /// Suspicions that ended because the peer was heard again.
+    pub mistakes: u64,
     /// 1 - (time wrongly suspected) / (time observed).
     pub query_accuracy: f64,
+    /// Moves from trusted to suspected.
+    pub s_transitions: u64,
 }
 
 impl QosCounter {

@@ -10,67 +10,77 @@ use serde::{Deserialize, Serialize, Serializer};
 
 use crate::detector::{qos::QosReport, tracker::DetectorConfig, window::WindowSums};
 
-/// One peer as reported on the socket.
+/// One peer as reported on the socket. The fields (and those of `WindowDetail` and
+/// `QosReport`) are declared in the order the wire prints them, by name, so that a list of
+/// views is written straight from them (`ListReply`) with the very bytes of a reply built
+/// through a `serde_json::Value`, whose keys are sorted
+/// (`views_serialize_in_the_order_a_value_prints_them`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct PeerView {
-    pub id: u64,
-    /// What its heartbeats are: "heartbeat" (our wire format), "bfd" (a BFD session watched
-    /// with --bfd) or "udp" (a flow to a --udp-port port).
-    #[serde(default = "heartbeat_source")]
-    pub source: String,
     /// Source of the last accepted heartbeat, `ip:port`; null before the first.
     pub addr: Option<String>,
-    /// BFD: the session's My Discriminator (with the address, its key).
+    /// Heartbeats for this id whose authentication failed (with --auth-key-file).
+    pub auth_failures: u64,
+    /// BFD: the Detect Mult it announces.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub discriminator: Option<u32>,
-    /// BFD: the state the session reported last ("up", "init", "down", "admin_down").
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bfd_state: Option<String>,
+    pub bfd_detect_mult: Option<u8>,
     /// BFD: the diagnostic code of its last packet (RFC 5880 4.1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bfd_diag: Option<u8>,
-    /// BFD: the Desired Min TX Interval and Detect Mult it announces.
+    /// BFD: the state the session reported last ("up", "init", "down", "admin_down").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bfd_state: Option<String>,
+    /// BFD: the Desired Min TX Interval it announces, ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bfd_tx_ms: Option<f64>,
+    /// BFD: the session's My Discriminator (with the address, its key).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bfd_detect_mult: Option<u8>,
-    pub incarnation: u32,
+    pub discriminator: Option<u32>,
+    /// Heartbeats that repeated a sequence number already accepted.
+    pub duplicates: u64,
     /// Heartbeats accepted by the kernel.
     pub heartbeats: u64,
-    /// Intervals in the window.
-    pub samples: u32,
-    /// Mean interval over the window, ms; null with no interval yet.
-    pub mean_ms: Option<f64>,
-    /// Population standard deviation of the window, ms; null with no interval yet.
-    pub std_ms: Option<f64>,
-    /// Time since the last accepted heartbeat (or since admission, before the first), ms.
-    pub silence_ms: f64,
-    /// Suspicion now: -log10 P(a live peer stays silent this long). Infinite (the `fixed`
-    /// model past its timeout) is written as the largest double, 1.7976931348623157e308.
-    #[serde(serialize_with = "finite")]
-    pub phi: f64,
-    /// Highest configured level phi has reached; null below the lowest. While `held`, at most
-    /// the level already raised when the hold began.
-    pub level: Option<f64>,
     /// Present (true) while the agent holds new suspicions: the monitored interface's link is
     /// down or just back (`link_down`), or the agent itself just stalled. `phi` is the
     /// silence's as ever; `level` does not rise.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub held: bool,
+    pub id: u64,
+    /// Incarnation (sender epoch) of the last accepted heartbeat.
+    pub incarnation: u32,
+    /// Sequence number of the last accepted heartbeat.
     pub last_seq: u64,
+    /// Highest configured level phi has reached; null below the lowest. While `held`, at most
+    /// the level already raised when the hold began.
+    pub level: Option<f64>,
+    /// Heartbeats counted lost (gaps in the sequence numbers; a late arrival takes one off).
     pub lost: u64,
-    pub duplicates: u64,
+    /// Mean interval over the window, ms; null with no interval yet.
+    pub mean_ms: Option<f64>,
+    /// Heartbeats that came after a later one (accepted late, or refused as too old).
     pub out_of_order: u64,
-    /// Heartbeats for this id whose authentication failed (with --auth-key-file).
-    pub auth_failures: u64,
     /// Silences left out of the window as outages (docs/tuning.md, window hygiene).
     #[serde(default)]
     pub outages: u32,
+    /// Suspicion now: -log10 P(a live peer stays silent this long). Infinite (the `fixed`
+    /// model past its timeout) is written as the largest double, 1.7976931348623157e308.
+    #[serde(serialize_with = "finite")]
+    pub phi: f64,
+    /// Detector quality at the highest level since admission (see docs/tuning.md).
+    pub qos: Option<QosReport>,
     /// Sender restarts (new incarnations) seen.
     #[serde(default)]
     pub restarts: u32,
-    /// Detector quality at the highest level since admission (see docs/tuning.md).
-    pub qos: Option<QosReport>,
+    /// Intervals in the window.
+    pub samples: u32,
+    /// Time since the last accepted heartbeat (or since admission, before the first), ms.
+    pub silence_ms: f64,
+    /// What its heartbeats are: "heartbeat" (our wire format), "bfd" (a BFD session watched
+    /// with --bfd) or "udp" (a flow to a --udp-port port).
+    #[serde(default = "heartbeat_source")]
+    pub source: String,
+    /// Population standard deviation of the window, ms; null with no interval yet.
+    pub std_ms: Option<f64>,
     /// The window itself, when asked for (`peer` with `"window": true`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<WindowDetail>,
@@ -79,25 +89,25 @@ pub struct PeerView {
 /// A peer's window as the kernel holds it: the intervals, their exact sums, the loss counters.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct WindowDetail {
+    pub burst_gaps: u32,
+    pub burst_heartbeats: u32,
     /// Intervals in the window, oldest first, µs.
     pub intervals_us: Vec<u32>,
-    pub sum_us: u64,
-    pub sum_sq_us: u64,
-    pub loss_heartbeats: u32,
-    pub loss_gaps: u32,
-    pub loss_lost: u32,
-    pub burst_heartbeats: u32,
-    pub burst_gaps: u32,
-    pub outage_run: u16,
-    /// Which of the 64 sequence numbers below `last_seq` were counted lost and have not
-    /// arrived late since (bit i: `last_seq - 1 - i`); only those can still take one off `lost`.
-    #[serde(default)]
-    pub missing: u64,
     /// Intervals left out of the window since admission, modulo 2^16 (restarts, outages, over
     /// the cap, across gaps in a gapless window): what advances the last-heard word's count by
     /// 1024 each.
     #[serde(default)]
     pub left_out: u16,
+    pub loss_gaps: u32,
+    pub loss_heartbeats: u32,
+    pub loss_lost: u32,
+    /// Which of the 64 sequence numbers below `last_seq` were counted lost and have not
+    /// arrived late since (bit i: `last_seq - 1 - i`); only those can still take one off `lost`.
+    #[serde(default)]
+    pub missing: u64,
+    pub outage_run: u16,
+    pub sum_sq_us: u64,
+    pub sum_us: u64,
 }
 
 impl WindowDetail {
@@ -200,6 +210,74 @@ pub fn ip_addr(family: u16, bytes: &[u8; 16]) -> Option<IpAddr> {
 mod tests {
     use super::*;
     use crate::detector::{levels::Levels, model::DetectorParams};
+
+    /// A view written straight (`ListReply`) is byte for byte the view written through a
+    /// `serde_json::Value` (sorted keys), with every optional field present and absent.
+    #[test]
+    fn views_serialize_in_the_order_a_value_prints_them() {
+        let full = PeerView {
+            addr: Some("10.0.0.1:4784".into()),
+            auth_failures: 1,
+            bfd_detect_mult: Some(3),
+            bfd_diag: Some(1),
+            bfd_state: Some("up".into()),
+            bfd_tx_ms: Some(300.5),
+            discriminator: Some(7),
+            duplicates: 2,
+            heartbeats: 10,
+            held: true,
+            id: 9,
+            incarnation: 4,
+            last_seq: 11,
+            level: Some(3.0),
+            lost: 5,
+            mean_ms: Some(100.25),
+            out_of_order: 6,
+            outages: 7,
+            phi: f64::INFINITY,
+            qos: Some(QosReport {
+                mistake_mean_ms: Some(1.5),
+                mistake_recurrence_ms: None,
+                mistake_total_ms: 2.5,
+                mistakes: 1,
+                query_accuracy: 0.99,
+                s_transitions: 2,
+            }),
+            restarts: 8,
+            samples: 12,
+            silence_ms: 1.5e-3,
+            source: "bfd".into(),
+            std_ms: None,
+            window: Some(WindowDetail {
+                burst_gaps: 1,
+                burst_heartbeats: 2,
+                intervals_us: vec![100_000, 99_999],
+                left_out: 3,
+                loss_gaps: 4,
+                loss_heartbeats: 5,
+                loss_lost: 6,
+                missing: 7,
+                outage_run: 8,
+                sum_sq_us: 9,
+                sum_us: 10,
+            }),
+        };
+        let sparse = PeerView {
+            bfd_detect_mult: None,
+            bfd_diag: None,
+            bfd_state: None,
+            bfd_tx_ms: None,
+            discriminator: None,
+            held: false,
+            qos: None,
+            window: None,
+            ..full.clone()
+        };
+        for view in [full, sparse] {
+            let value = serde_json::to_value(&view).unwrap().to_string();
+            assert_eq!(serde_json::to_string(&view).unwrap(), value);
+        }
+    }
 
     #[test]
     fn ipv4_source_is_mapped() {
