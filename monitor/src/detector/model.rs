@@ -221,13 +221,19 @@ impl DetectorParams {
         }
         let sums = WindowSums::from_record(record);
         let (mean_ms, std_ms) = sums.moments_ms()?;
+        let first_us = self.first_us(record);
+        // The window as the estimate takes it, bootstrap samples and all.
+        let all = sums.with_bootstrap(self.window, first_us);
+        let (_, all_std_ms) = all.moments_ms()?;
         Some(MeanFloor {
             samples: sums.samples as u64,
             window: self.window.max(sums.samples) as u64,
             sum_us: sums.sum_us as f64,
             mean_us: mean_ms * 1000.0,
             std_us: std_ms * 1000.0,
-            first_us: self.first_us(record),
+            first_us,
+            all_values: all.samples as u64,
+            all_std_us: all_std_ms * 1000.0,
         })
     }
 
@@ -241,26 +247,28 @@ impl DetectorParams {
     }
 
     /// The least silence (ms) at which phi can reach `levels[index]` for any estimate whose
-    /// window mean is at least `mean_floor_ms` (see `MeanFloor`): the deviation is at
-    /// least the floor `min_std_ms`, and loss only ever lowers phi. None where no such bound is
-    /// cheap (a level below the mean's phi, the ring models).
+    /// window mean is at least `mean_floor_ms` and window deviation at least `std_floor_ms`
+    /// (see `MeanFloor`; 0 for none known): the deviation is also at least the floor
+    /// `min_std_ms`, and loss only ever lowers phi. None where no such bound is cheap (a
+    /// level below the mean's phi, the ring models).
     #[inline]
     pub fn crossing_floor_ms(
         &self,
         silences: &LevelSilences,
         index: usize,
         mean_floor_ms: f64,
+        std_floor_ms: f64,
     ) -> Option<f64> {
-        struct Floor(f64, f64);
+        struct Floor(f64, f64, f64);
         impl ModelFn for Floor {
             type Out = Option<f64>;
             #[inline(always)]
             fn call<M: PhiModel>(self, model: M) -> Option<f64> {
-                model.crossing_floor_ms(self.0, self.1)
+                model.crossing_floor_ms(self.0, self.1, self.2)
             }
         }
         self.model
-            .apply(self, Floor(silences.k[index], mean_floor_ms))
+            .apply(self, Floor(silences.k[index], mean_floor_ms, std_floor_ms))
     }
 
     /// The silence (ms) at which phi reaches `levels[index]` for this estimate: exact for

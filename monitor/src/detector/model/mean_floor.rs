@@ -13,6 +13,10 @@ pub struct MeanFloor {
     pub(super) mean_us: f64,
     pub(super) std_us: f64,
     pub(super) first_us: u64,
+    /// The values the estimate's deviation is taken over (the intervals and the bootstrap
+    /// samples), and that deviation before `min_std_ms`.
+    pub(super) all_values: u64,
+    pub(super) all_std_us: f64,
 }
 
 impl MeanFloor {
@@ -51,6 +55,31 @@ impl MeanFloor {
     /// The window's length in intervals.
     pub fn window(&self) -> u64 {
         self.window
+    }
+
+    /// A floor under the window's deviation (ms, as the estimate takes it: over its intervals
+    /// and bootstrap samples) once `new` more intervals have entered it, where none of its
+    /// own is pushed out meanwhile (it is filling, and they fit). The values it keeps keep
+    /// their squared deviations from any mean at least what they sum to about their own
+    /// mean: its n intervals, n s^2, over at most n + `new` + 2 values; and while it stays at
+    /// least 2 short of full, its two bootstrap samples too (the same two values), the
+    /// estimate's own deviation over its m values, m s^2 over m + `new`. 0 otherwise. A
+    /// window whose deviation is wide (bootstrap samples far from the sender's rate, in the
+    /// first minutes) keeps it while it fills, and a floor that took the deviation at
+    /// `min_std_ms` would fall too far below the crossing to be worth keeping.
+    pub fn std_floor_ms(&self, new: u64) -> f64 {
+        let (n, m) = (self.samples, self.all_values);
+        if n + new > self.window {
+            return 0.0;
+        }
+        let own = self.std_us * (n as f64 / (n + new + 2) as f64).sqrt();
+        let with_bootstrap = if n + new + 2 <= self.window {
+            self.all_std_us * (m as f64 / (m + new) as f64).sqrt()
+        } else {
+            0.0
+        };
+        // A relative hair for rounding, always downwards.
+        own.max(with_bootstrap) * (1.0 - 1e-9) / 1000.0
     }
 
     /// The window was full when these moments were taken.

@@ -454,7 +454,10 @@ fn crossing_floors_hold_for_the_next_heartbeats() {
             let intervals: Vec<u64> = (0..count).map(|_| jitter(&mut rng)).collect();
             let mut slot = slot_with_intervals(intervals, &config);
             let more = 1 + rng.u64(0..32);
-            let Some(floor) = p.mean_floor(&slot.record()).map(|f| f.after_ms(more)) else {
+            let Some((floor, std_floor)) = p
+                .mean_floor(&slot.record())
+                .map(|f| (f.after_ms(more), f.std_floor_ms(more)))
+            else {
                 continue;
             };
             checked += 1;
@@ -463,7 +466,7 @@ fn crossing_floors_hold_for_the_next_heartbeats() {
                 p.crossing_ms(&silences, index, levels[index], &est)
             };
             for index in 0..levels.len() {
-                let Some(bound) = p.crossing_floor_ms(&silences, index, floor) else {
+                let Some(bound) = p.crossing_floor_ms(&silences, index, floor, std_floor) else {
                     continue;
                 };
                 assert!(
@@ -477,7 +480,7 @@ fn crossing_floors_hold_for_the_next_heartbeats() {
                 at += jitter(&mut rng) * 1000;
                 seq += 1 + (rng.u8(0..8) == 0) as u64 * rng.u64(1..4);
                 monitor_common::slot::arrive(&mut slot, at, seq, 1, &config);
-                let bound = p.crossing_floor_ms(&silences, 0, floor).unwrap();
+                let bound = p.crossing_floor_ms(&silences, 0, floor, std_floor).unwrap();
                 let exact = crossing(&slot, 0);
                 assert!(
                     bound <= exact + 1e-9,
@@ -570,7 +573,8 @@ fn floors_from_heard_heartbeats_hold() {
                     "case {case} heard {heard} more {more}"
                 );
             }
-            let bound = p.crossing_floor_ms(&silences, 0, mean).unwrap();
+            let std_floor = floor.std_floor_ms(heard + more);
+            let bound = p.crossing_floor_ms(&silences, 0, mean, std_floor).unwrap();
             for step in 0..=more {
                 let est = p.estimate(&slot.record(), &[]);
                 let exact = p.crossing_ms(&silences, 0, 1.0, &est);

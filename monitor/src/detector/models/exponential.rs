@@ -39,7 +39,7 @@ impl PhiModel for Exponential {
         k * estimate.mean_ms
     }
 
-    fn crossing_floor_ms(&self, k: f64, mean_floor_ms: f64) -> Option<f64> {
+    fn crossing_floor_ms(&self, k: f64, mean_floor_ms: f64, _std_floor_ms: f64) -> Option<f64> {
         (k >= 0.0).then_some(k * (mean_floor_ms + self.pause_ms))
     }
 }

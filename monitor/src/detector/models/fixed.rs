@@ -53,7 +53,7 @@ impl PhiModel for Fixed {
         k
     }
 
-    fn crossing_floor_ms(&self, k: f64, _mean_floor_ms: f64) -> Option<f64> {
+    fn crossing_floor_ms(&self, k: f64, _mean_floor_ms: f64, _std_floor_ms: f64) -> Option<f64> {
         Some(k)
     }
 }

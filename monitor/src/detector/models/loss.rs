@@ -74,7 +74,13 @@ impl PhiModel for Loss {
     }
 
     /// As `normal`'s: loss only ever lowers phi.
-    fn crossing_floor_ms(&self, k: f64, mean_floor_ms: f64) -> Option<f64> {
-        standardised_floor(k, mean_floor_ms, self.0.pause_ms, self.0.min_std_ms)
+    fn crossing_floor_ms(&self, k: f64, mean_floor_ms: f64, std_floor_ms: f64) -> Option<f64> {
+        standardised_floor(
+            k,
+            mean_floor_ms,
+            self.0.pause_ms,
+            self.0.min_std_ms,
+            std_floor_ms,
+        )
     }
 }

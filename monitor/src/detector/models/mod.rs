@@ -113,9 +113,10 @@ pub trait PhiModel {
     }
 
     /// The least silence (ms) at which phi can reach the level of constant `k` for any
-    /// estimate whose window mean (before pause) is at least `mean_floor_ms`. None where no
-    /// such bound is cheap.
-    fn crossing_floor_ms(&self, _k: f64, _mean_floor_ms: f64) -> Option<f64> {
+    /// estimate whose window mean (before pause) is at least `mean_floor_ms` and whose
+    /// window deviation is at least `std_floor_ms` (0 where nothing is known of it). None
+    /// where no such bound is cheap.
+    fn crossing_floor_ms(&self, _k: f64, _mean_floor_ms: f64, _std_floor_ms: f64) -> Option<f64> {
         None
     }
 }
@@ -289,9 +290,9 @@ macro_rules! registry {
             }
 
             #[inline]
-            fn crossing_floor_ms(&self, k: f64, mean_floor_ms: f64) -> Option<f64> {
+            fn crossing_floor_ms(&self, k: f64, mean_floor_ms: f64, std_floor_ms: f64) -> Option<f64> {
                 match self {
-                    $(AnyModel::$variant(m) => m.crossing_floor_ms(k, mean_floor_ms),)*
+                    $(AnyModel::$variant(m) => m.crossing_floor_ms(k, mean_floor_ms, std_floor_ms),)*
                 }
             }
         }
@@ -367,14 +368,16 @@ pub(crate) fn phi_as_normal(estimate: &Estimate, silence_ms: f64) -> f64 {
 }
 
 /// The floor under the crossing of a model whose phi is a function of the standardised
-/// deviate (`normal`, `akka`, `loss`): the deviation is at least its floor `min_std_ms`.
+/// deviate (`normal`, `akka`, `loss`): the deviation is at least its floor `min_std_ms`, and
+/// at least `std_floor_ms`, what is known of the window's own.
 pub(crate) fn standardised_floor(
     k: f64,
     mean_floor_ms: f64,
     pause_ms: f64,
     min_std_ms: f64,
+    std_floor_ms: f64,
 ) -> Option<f64> {
-    (k >= 0.0).then(|| mean_floor_ms + pause_ms + k * min_std_ms.max(0.0))
+    (k >= 0.0).then(|| mean_floor_ms + pause_ms + k * min_std_ms.max(std_floor_ms).max(0.0))
 }
 
 /// The deviation floor and pause, which every mean-and-deviation model's floor needs.

@@ -63,7 +63,12 @@ impl DetectorConfig {
         }
         let most = (record.samples / 4).min(MAX_FLOOR_SPAN as u32) as u64;
         let mean_floor = self.params.mean_floor(record)?;
-        let mut floor = self.longest_span(most, want, |j| Some(mean_floor.after_ms(j)))?;
+        let mut floor = self.longest_span(
+            most,
+            want,
+            |j| Some(mean_floor.after_ms(j)),
+            |j| mean_floor.std_floor_ms(j),
+        )?;
         floor.basis = Some(RefloorBasis {
             moments: mean_floor,
             want_ms: want,
@@ -83,36 +88,48 @@ impl DetectorConfig {
         heard_us: f64,
     ) -> Option<SpanFloor> {
         let most = (basis.moments.window() / 4).min(MAX_FLOOR_SPAN as u64);
+        let std_after = |j: u64| basis.moments.std_floor_ms(heard + j);
         if basis.moments.is_full() {
-            return self.longest_span(most, basis.want_ms, |j| {
-                basis.moments.after_heard_ms(heard, heard_us, j)
-            });
+            return self.longest_span(
+                most,
+                basis.want_ms,
+                |j| basis.moments.after_heard_ms(heard, heard_us, j),
+                std_after,
+            );
         }
         // A filling window: the floors of every span in one pass, not one pass a span.
         let mut floors = [f64::NAN; MAX_FLOOR_SPAN as usize + 1];
         basis
             .moments
             .filling_floors_ms(heard, heard_us, &mut floors);
-        self.longest_span(most, basis.want_ms, |j| {
-            Some(floors[j as usize]).filter(|f| !f.is_nan())
-        })
+        self.longest_span(
+            most,
+            basis.want_ms,
+            |j| Some(floors[j as usize]).filter(|f| !f.is_nan()),
+            std_after,
+        )
     }
 
     /// The longest of the spans of at most `most` heartbeats whose floor keeps the first
     /// level's least silence at `want_ms` or more, `mean_after` giving the floor under the
-    /// window's mean over a span (None: no floor for it).
+    /// window's mean over a span (None: no floor for it) and `std_after` the floor under its
+    /// deviation (0: none known).
     fn longest_span(
         &self,
         most: u64,
         want_ms: f64,
         mean_after: impl Fn(u64) -> Option<f64>,
+        std_after: impl Fn(u64) -> f64,
     ) -> Option<SpanFloor> {
         SPANS
             .into_iter()
             .filter(|&j| j as u64 <= most)
             .find_map(|heartbeats| {
                 let mean_ms = mean_after(heartbeats as u64)?;
-                let silence_ms = self.params.crossing_floor_ms(&self.silences, 0, mean_ms)?;
+                let std_ms = std_after(heartbeats as u64);
+                let silence_ms =
+                    self.params
+                        .crossing_floor_ms(&self.silences, 0, mean_ms, std_ms)?;
                 (silence_ms >= want_ms).then_some(SpanFloor {
                     heartbeats,
                     mean_ms,
@@ -126,7 +143,7 @@ impl DetectorConfig {
     /// least `mean_floor_ms`, or NO_FLOOR.
     pub(super) fn first_floor_ns(&self, mean_floor_ms: f64) -> u64 {
         self.params
-            .crossing_floor_ms(&self.silences, 0, mean_floor_ms)
+            .crossing_floor_ms(&self.silences, 0, mean_floor_ms, 0.0)
             .map_or(NO_FLOOR, floor_ns)
     }
 

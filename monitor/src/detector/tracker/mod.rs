@@ -319,7 +319,8 @@ impl PeerTracker {
         }
         level_floor.covers(word)?;
         let mean_floor = Some(self.mean_floor_ms).filter(|m| !m.is_nan())?;
-        let floor = params.crossing_floor_ms(threshold, 0, mean_floor)?;
+        // Nothing kept of the deviation's floor: the mean's alone (lower, so still a floor).
+        let floor = params.crossing_floor_ms(threshold, 0, mean_floor, 0.0)?;
         let at = last_heard::arrival_near(word, now_ns).max(self.last_arrival_ns);
         Some((at, floor))
     }
