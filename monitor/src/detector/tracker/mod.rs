@@ -177,8 +177,16 @@ impl PeerTracker {
             } else {
                 WatchDeadline::LaterCrossing
             },
+            // A filling window's estimate moves with every interval (its bootstrap samples
+            // weigh less each time), so this one's crossing does not predict the next
+            // heartbeats' (it came 25 ms late at the p99 at 1 Hz): its floor is the
+            // prediction there, armed like an exact deadline.
             exact_gap: exact_ms
-                .zip(floor.as_ref())
+                .zip(
+                    floor
+                        .as_ref()
+                        .filter(|f| f.basis.is_some_and(|b| b.moments.is_full())),
+                )
                 .map_or(0, |(exact, f)| exact_gap(exact - f.silence_ms)),
         };
         watch.deadline_ns = match exact_ms {
@@ -292,7 +300,12 @@ impl PeerTracker {
             refreshed: word_count(word),
             heartbeats: floor.heartbeats,
             deadline: WatchDeadline::Floor,
-            exact_gap: exact_gap(exact_ms - floor.silence_ms),
+            // As at a refresh: a filling window's floor is its own prediction.
+            exact_gap: if basis.moments.is_full() {
+                exact_gap(exact_ms - floor.silence_ms)
+            } else {
+                0
+            },
         };
         *watch = WordWatch { word, deadline_ns };
         true
