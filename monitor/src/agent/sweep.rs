@@ -29,6 +29,12 @@ pub(super) const HANDOVER_EVENTS: usize = 256;
 /// of scan, the time a line takes to come from the other core's cache.
 const PREFETCH_SLOTS: usize = 64;
 
+/// Slots a line of watches (and of floors) holds, 16 bytes each: the scan asks for lines
+/// once every this many slots, 64 bytes apart in each array, so every line is asked for once
+/// (every word line twice) and not three hints a peer.
+const PREFETCH_EVERY: usize = 64 / size_of::<WordWatch>();
+const _: () = assert!(size_of::<LevelFloor>() == size_of::<WordWatch>());
+
 /// Asks for the cache line holding `*at`, to be read soon. A hint: nothing on targets
 /// without one.
 #[inline(always)]
@@ -159,7 +165,9 @@ impl Agent {
                 // The lines a few dozen slots on, asked for now: the words' lines are written
                 // by the kernel on another core (each a transfer between caches), and the
                 // floors are read only for heard peers, a pattern the prefetchers miss.
-                if let Some(ahead) = words.get(slot + PREFETCH_SLOTS) {
+                if slot % PREFETCH_EVERY == 0
+                    && let Some(ahead) = words.get(slot + PREFETCH_SLOTS)
+                {
                     prefetch(ahead);
                     trackers.prefetch(slot + PREFETCH_SLOTS);
                 }

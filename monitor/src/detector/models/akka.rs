@@ -3,9 +3,7 @@
 
 use std::f64::consts::LN_10;
 
-use super::{
-    ModelInfo, PauseAndFloor, PhiModel, mean_plus_k_std, standardised, standardised_floor,
-};
+use super::{ModelInfo, PauseAndFloor, PhiModel, mean_plus_k_std, standardised};
 use crate::detector::{
     model::{DetectorParams, Estimate},
     tail,
@@ -37,13 +35,7 @@ impl PhiModel for Akka {
     }
 
     fn crossing_floor_ms(&self, k: f64, mean_floor_ms: f64, std_floor_ms: f64) -> Option<f64> {
-        standardised_floor(
-            k,
-            mean_floor_ms,
-            self.0.pause_ms,
-            self.0.min_std_ms,
-            std_floor_ms,
-        )
+        self.0.standardised_floor(k, mean_floor_ms, std_floor_ms)
     }
 }
 

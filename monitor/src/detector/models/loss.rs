@@ -4,7 +4,6 @@
 
 use super::{
     ModelInfo, PauseAndFloor, PhiModel, WindowNeeds, WindowView, mean_plus_k_std, phi_as_normal,
-    standardised_floor,
 };
 use crate::detector::{
     loss::LossOdds,
@@ -75,12 +74,6 @@ impl PhiModel for Loss {
 
     /// As `normal`'s: loss only ever lowers phi.
     fn crossing_floor_ms(&self, k: f64, mean_floor_ms: f64, std_floor_ms: f64) -> Option<f64> {
-        standardised_floor(
-            k,
-            mean_floor_ms,
-            self.0.pause_ms,
-            self.0.min_std_ms,
-            std_floor_ms,
-        )
+        self.0.standardised_floor(k, mean_floor_ms, std_floor_ms)
     }
 }

@@ -367,19 +367,6 @@ pub(crate) fn phi_as_normal(estimate: &Estimate, silence_ms: f64) -> f64 {
     )
 }
 
-/// The floor under the crossing of a model whose phi is a function of the standardised
-/// deviate (`normal`, `akka`, `loss`): the deviation is at least its floor `min_std_ms`, and
-/// at least `std_floor_ms`, what is known of the window's own.
-pub(crate) fn standardised_floor(
-    k: f64,
-    mean_floor_ms: f64,
-    pause_ms: f64,
-    min_std_ms: f64,
-    std_floor_ms: f64,
-) -> Option<f64> {
-    (k >= 0.0).then(|| mean_floor_ms + pause_ms + k * min_std_ms.max(std_floor_ms).max(0.0))
-}
-
 /// The deviation floor and pause, which every mean-and-deviation model's floor needs.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PauseAndFloor {
@@ -393,6 +380,20 @@ impl PauseAndFloor {
             pause_ms: params.pause_ms,
             min_std_ms: params.min_std_ms,
         }
+    }
+
+    /// The floor under the crossing of a model whose phi is a function of the standardised
+    /// deviate (`normal`, `akka`, `loss`: `PhiModel::crossing_floor_ms`): the deviation is at
+    /// least its floor `min_std_ms`, and at least `std_floor_ms`, what is known of the
+    /// window's own.
+    pub(crate) fn standardised_floor(
+        &self,
+        k: f64,
+        mean_floor_ms: f64,
+        std_floor_ms: f64,
+    ) -> Option<f64> {
+        (k >= 0.0)
+            .then(|| mean_floor_ms + self.pause_ms + k * self.min_std_ms.max(std_floor_ms).max(0.0))
     }
 }
 

@@ -1,9 +1,7 @@
 //! `normal`: the exact normal tail of Hayashibara et al. (2004), phi = -log10 P(X > t) for X
 //! normal with the window's mean (plus the pause) and deviation (floored).
 
-use super::{
-    ModelInfo, PauseAndFloor, PhiModel, mean_plus_k_std, standardised, standardised_floor,
-};
+use super::{ModelInfo, PauseAndFloor, PhiModel, mean_plus_k_std, standardised};
 use crate::detector::{
     model::{DetectorParams, Estimate},
     tail,
@@ -40,12 +38,6 @@ impl PhiModel for Normal {
     }
 
     fn crossing_floor_ms(&self, k: f64, mean_floor_ms: f64, std_floor_ms: f64) -> Option<f64> {
-        standardised_floor(
-            k,
-            mean_floor_ms,
-            self.0.pause_ms,
-            self.0.min_std_ms,
-            std_floor_ms,
-        )
+        self.0.standardised_floor(k, mean_floor_ms, std_floor_ms)
     }
 }
