@@ -163,6 +163,21 @@ impl DetectorParams {
     /// The distribution a peer's silence is judged against, from its record and, for the
     /// models that `needs_ring`, the window's intervals (µs, oldest first; else empty).
     pub fn estimate(&self, record: &PeerRecord, ring: &[u32]) -> Estimate {
+        self.estimate_with(record, ring, None)
+    }
+
+    /// The peer's next estimate after `previous`, its last: as `estimate`, for a model that
+    /// carries state from one to the next (`budget`) with that state.
+    pub fn estimate_after(&self, record: &PeerRecord, ring: &[u32], previous: &Estimate) -> Estimate {
+        self.estimate_with(record, ring, Some(previous))
+    }
+
+    fn estimate_with(
+        &self,
+        record: &PeerRecord,
+        ring: &[u32],
+        previous: Option<&Estimate>,
+    ) -> Estimate {
         let first_us = self.first_us(record);
         let first_ms = first_us as f64 / 1000.0;
         let sums = WindowSums::from_record(record);
@@ -170,14 +185,19 @@ impl DetectorParams {
             .with_bootstrap(self.window, first_us)
             .moments_ms()
             .unwrap_or((first_ms, first_ms / 4.0));
-        let shape = self.phi_model().shape(&WindowView {
+        let window = WindowView {
             record,
             ring,
             window: self.window,
             first_us,
             mean_ms: mean,
             std_ms: std,
-        });
+        };
+        let model = self.phi_model();
+        let shape = match previous {
+            Some(previous) => model.shape_after(&window, previous),
+            None => model.shape(&window),
+        };
         Estimate {
             mean_ms: mean + self.pause_ms,
             std_ms: std.max(self.min_std_ms),

@@ -81,8 +81,7 @@ pub fn replay(trace: &[Arrival], params: &DetectorParams, clock: ReplayClock) ->
 
     let config = params.window_config();
     let mut slot = PeerSlot::admitted(1, 0);
-    let estimate_of = |slot: &PeerSlot| slot_estimate(params, &config, slot);
-    let mut estimate = estimate_of(&slot);
+    let mut estimate = slot_estimate(params, &config, &slot, None);
     let threshold = params.level_silences(&[params.threshold]);
     let crossing =
         |estimate: &Estimate| params.crossing_ms(&threshold, 0, params.threshold, estimate);
@@ -102,7 +101,7 @@ pub fn replay(trace: &[Arrival], params: &DetectorParams, clock: ReplayClock) ->
             if !matches!(outcome, Outcome::Accepted { .. }) {
                 continue;
             }
-            estimate = estimate_of(&slot);
+            estimate = slot_estimate(params, &config, &slot, Some(&estimate));
             crossings.push(crossing(&estimate));
             if let Some(since) = suspected_since.take() {
                 mistakes.total_ns += a.at_ns - since;
@@ -129,13 +128,22 @@ pub fn replay(trace: &[Arrival], params: &DetectorParams, clock: ReplayClock) ->
 }
 
 /// The estimate replay's slot gives: with the window's intervals for the models that need
+/// them, after the last one (`previous`, none at registration), as the agent's tracker makes
 /// them.
-fn slot_estimate(params: &DetectorParams, config: &XdpConfig, slot: &PeerSlot) -> Estimate {
-    if params.needs_ring() {
-        let ring: Vec<u32> = window_intervals(slot, config.window).collect();
-        params.estimate(&slot.record(), &ring)
+fn slot_estimate(
+    params: &DetectorParams,
+    config: &XdpConfig,
+    slot: &PeerSlot,
+    previous: Option<&Estimate>,
+) -> Estimate {
+    let ring: Vec<u32> = if params.needs_ring() {
+        window_intervals(slot, config.window).collect()
     } else {
-        params.estimate(&slot.record(), &[])
+        Vec::new()
+    };
+    match previous {
+        Some(previous) => params.estimate_after(&slot.record(), &ring, previous),
+        None => params.estimate(&slot.record(), &ring),
     }
 }
 
@@ -212,12 +220,12 @@ fn replay_exact(trace: &[Arrival], params: &DetectorParams, tail_ms: f64) -> Rep
     let last_heartbeat = trace.last().expect("non-empty trace").at_ns;
     let config = params.window_config();
     let mut slot = PeerSlot::admitted(1, 0);
-    let estimate_of = |slot: &PeerSlot| slot_estimate(params, &config, slot);
     let threshold = params.level_silences(&[params.threshold]);
     let crossing =
-        |slot: &PeerSlot| params.crossing_ms(&threshold, 0, params.threshold, &estimate_of(slot));
+        |estimate: &Estimate| params.crossing_ms(&threshold, 0, params.threshold, estimate);
     // Registration counts as heard; its silence is judged by the first estimate.
-    let (mut since_ns, mut deadline_ms) = (0u64, crossing(&slot));
+    let mut estimate = slot_estimate(params, &config, &slot, None);
+    let (mut since_ns, mut deadline_ms) = (0u64, crossing(&estimate));
     let mut crossings: Vec<f64> = Vec::with_capacity(trace.len());
     let mut mistakes = Mistakes::default();
     for a in trace {
@@ -232,7 +240,8 @@ fn replay_exact(trace: &[Arrival], params: &DetectorParams, tail_ms: f64) -> Rep
             mistakes.total_ns += a.at_ns.saturating_sub(start);
         }
         since_ns = a.at_ns;
-        deadline_ms = crossing(&slot);
+        estimate = slot_estimate(params, &config, &slot, Some(&estimate));
+        deadline_ms = crossing(&estimate);
         crossings.push(deadline_ms);
     }
     // From the trace's last line, as with ticks (a duplicate may come after the last accepted

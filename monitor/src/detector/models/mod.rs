@@ -86,6 +86,13 @@ pub trait PhiModel {
         Shape::Plain
     }
 
+    /// The shape of a peer's next estimate, made after `previous` (the peer's last): for a
+    /// model that carries state from one estimate to the next (`budget`'s allocation over
+    /// time). By default the window alone says it.
+    fn shape_after(&self, window: &WindowView<'_>, _previous: &Estimate) -> Shape {
+        self.shape(window)
+    }
+
     /// phi after `silence_ms` without a heartbeat. By default, as the ring models judge it:
     /// by the estimate's shape (`phi_by_shape`).
     fn phi(&self, estimate: &Estimate, silence_ms: f64) -> f64 {
@@ -258,6 +265,13 @@ macro_rules! registry {
             fn shape(&self, window: &WindowView<'_>) -> Shape {
                 match self {
                     $(AnyModel::$variant(m) => m.shape(window),)*
+                }
+            }
+
+            #[inline]
+            fn shape_after(&self, window: &WindowView<'_>, previous: &Estimate) -> Shape {
+                match self {
+                    $(AnyModel::$variant(m) => m.shape_after(window, previous),)*
                 }
             }
 

@@ -40,6 +40,12 @@ impl DetectorConfig {
         self.params.estimate(record, ring)
     }
 
+    /// The peer's next estimate after its last, `previous` (see
+    /// `DetectorParams::estimate_after`).
+    pub fn estimate_after(&self, record: &PeerRecord, ring: &[u32], previous: &Estimate) -> Estimate {
+        self.params.estimate_after(record, ring, previous)
+    }
+
     /// phi of a peer last heard at `last_arrival_ns`, at `now_ns` (computed on read).
     pub fn phi(&self, estimate: &Estimate, last_arrival_ns: u64, now_ns: u64) -> f64 {
         let silence_ms = now_ns.saturating_sub(last_arrival_ns) as f64 / 1e6;

@@ -390,7 +390,7 @@ impl PeerTracker {
         self.crossed = 0;
         self.heartbeats = record.heartbeats;
         self.last_arrival_ns = record.last_arrival_ns;
-        self.refresh.estimate = config.estimate(record, ring);
+        self.refresh.estimate = config.estimate_after(record, ring, &self.refresh.estimate);
     }
 
     /// Raises every level whose (exact) deadline has passed, lowest first. With `hold`, none
@@ -447,7 +447,7 @@ impl PeerTracker {
     ) {
         if let Some((record, ring)) = slot {
             self.observe(record, ring, watch, level_floor, old, time, emit);
-            self.refresh.estimate = new.estimate(record, ring);
+            self.refresh.estimate = new.estimate_after(record, ring, &self.refresh.estimate);
             // The floors and the first deadline from the new estimate; `relevel` then finds
             // the levels the peer is past under `new`, against those it was past under `old`.
             let crossed = self.crossed;

@@ -18,6 +18,8 @@ pub struct BudgetRule {
     pub scale_ms: f64,
     pub top: f64,
     top_phi: f64,
+    /// What the peer carries to its next estimate: the budget allocated over time.
+    pub allocation: super::Allocation,
 }
 
 impl BudgetRule {
@@ -111,6 +113,7 @@ impl BudgetRule {
             scale_ms,
             top,
             top_phi,
+            allocation: super::Allocation::default(),
         }
     }
 }

@@ -52,19 +52,22 @@
 //! inverted once per thread and top level); a read of phi is one normal tail, as `normal`'s,
 //! and the sweep compares the clock with the precomputed deadline.
 
+mod alloc;
 mod curve;
+mod predict;
 
+pub use alloc::{Allocation, MU_EMPTY, MU_FULL, RESERVE_BUDGETS, multiplier};
 pub use curve::BudgetRule;
+use predict::Gap;
 
 use super::{ModelInfo, ModelSpec, PhiModel, SpecKey, WindowNeeds, WindowView};
 use crate::detector::{
     model::{DetectorParams, Estimate, Shape},
-    tail,
 };
 
 use monitor_common::{
     maps::{MAX_INTERVAL_US, PeerRecord},
-    slot::{BURST_MEMORY, MISSING_SPAN},
+    slot::BURST_MEMORY,
 };
 
 /// The anchor weights the choice is among, lowest first (the tie-break order).
@@ -103,15 +106,24 @@ pub fn check_budget_ms(ms: f64) -> Result<f64, String> {
     Ok(ms)
 }
 
+/// What the allocation over time brings to a window's choice ([`alloc`]): the credit before
+/// its deadline, the heartbeat count it is at, and the peer's loss picture.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct OverTime {
+    pub allocation: Allocation,
+    pub gaps: Option<GapOdds>,
+}
+
 /// The rule for a window of intervals (ms, oldest first, every one between consecutive
-/// heartbeats), a budget and a floor under the curve's scale, with phi `top` at the deadline;
-/// with the peer's loss picture, the aim split between its states (see [`LossStates`]).
+/// heartbeats), a budget and a floor under the curve's scale, with phi `top` at the deadline.
+/// Without `over_time`, every deadline aims at the aim (the rule of a budget met per window);
+/// with it, the aim is allocated over time ([`alloc`]).
 pub fn choose(
     intervals_ms: &[f64],
     budget_ms: f64,
     min_std_ms: f64,
     top: f64,
-    loss: Option<&LossStates>,
+    over_time: Option<&OverTime>,
 ) -> BudgetRule {
     let aim = budget_ms * AIM;
     let n = intervals_ms.len();
@@ -152,19 +164,22 @@ pub fn choose(
     let (mistakes, _, std, anchor, mean) = best.expect("the timeout is always a candidate");
     // The last arrival's offset (o_n), by which the rule moves the deadline.
     let shift = offsets.as_ref().map_or(0.0, |o| anchor * o[n]);
-    let state_aim = match loss {
-        Some(loss) if n >= MIN_INTERVALS => {
-            let mut s: Vec<f64> = (0..n)
+    let (deadline_ms, allocation) = match over_time {
+        Some(time) => {
+            let anchored: Vec<f64> = (0..n)
                 .map(|j| intervals_ms[j] + offsets.as_ref().map_or(0.0, |o| anchor * o[j]))
                 .collect();
-            s.sort_by(f64::total_cmp);
-            let split = split_aim(&s, mean, std, period, aim, loss);
-            if loss.in_burst { split.1 } else { split.0 }
+            let window = Anchored {
+                intervals: anchored,
+                mean,
+                std,
+                period,
+            };
+            window.deadline(budget_ms, shift, time)
         }
-        _ => aim,
+        None => ((aim - shift).max(0.0), Allocation::default()),
     };
-    let deadline_ms = (state_aim - shift).max(0.0);
-    BudgetRule::around(
+    let mut rule = BudgetRule::around(
         anchor,
         mistakes,
         deadline_ms,
@@ -172,7 +187,75 @@ pub fn choose(
         std,
         min_std_ms,
         top,
-    )
+    );
+    rule.allocation = allocation;
+    rule
+}
+
+/// A window's anchored intervals under the chosen rule, their mean and deviation, and the
+/// period (the window's mean interval).
+struct Anchored {
+    intervals: Vec<f64>,
+    mean: f64,
+    std: f64,
+    period: f64,
+}
+
+/// The longest samples of the window, and the points past its longest, tried as aims.
+const TAIL_CANDIDATES: usize = 16;
+/// Points of the even grid between the least and the most an aim may be, tried as aims.
+const GRID_CANDIDATES: usize = 16;
+
+impl Anchored {
+    /// The deadline after the last heartbeat, allocated over time, and what the peer carries
+    /// to the next estimate: the aim that minimises the window's expected mistakes plus mu
+    /// times the aim ([`alloc::allocate`]), at least what the reserve has room to save and at
+    /// most the credit over the aim (and the aim plus [`MAX_BURST_PERIODS`] periods), moved
+    /// by the rule's shift; the deadline never spends more than the credit.
+    fn deadline(mut self, budget_ms: f64, shift: f64, time: &OverTime) -> (f64, Allocation) {
+        let aim = budget_ms * AIM;
+        let reserve = RESERVE_BUDGETS * budget_ms;
+        let credit = time.allocation.credit_ms.clamp(0.0, reserve);
+        let allocation = Allocation {
+            credit_ms: credit,
+            ..time.allocation
+        };
+        let n = self.intervals.len();
+        if n < MIN_INTERVALS {
+            return ((aim - shift).clamp(0.0, aim + credit), allocation);
+        }
+        self.intervals.sort_by(f64::total_cmp);
+        let window = predict::Window {
+            sorted: &self.intervals,
+            mean: self.mean,
+            std: self.std,
+        };
+        let gap = time.gaps.map(|g| Gap {
+            p: if g.in_burst { g.p_bad } else { g.p_good },
+            q: g.q,
+            period: self.period,
+        });
+        let lo = (aim - (reserve - credit)).max(self.mean.min(aim));
+        let hi = (aim + credit).min(aim + MAX_BURST_PERIODS * self.period);
+        let lost = if gap.is_some_and(|g| g.p > 0.0) { 2 } else { 0 };
+        let longest = self.intervals[n - 1];
+        let step = self.std.max(1e-3) / 2.0;
+        let tail = self.intervals[n.saturating_sub(TAIL_CANDIDATES)..]
+            .iter()
+            .copied()
+            .chain((1..=TAIL_CANDIDATES).map(|j| longest + j as f64 * step));
+        let shifted = tail.flat_map(|a| (0..=lost).map(move |k| a + k as f64 * self.period));
+        let grid = (1..GRID_CANDIDATES).map(|i| lo + (hi - lo) * i as f64 / GRID_CANDIDATES as f64);
+        let mu = alloc::multiplier(credit, reserve);
+        let a = alloc::allocate(
+            |a| window.misses(a, gap.as_ref()),
+            shifted.chain(grid),
+            mu,
+            lo,
+            hi,
+        );
+        ((a - shift).clamp(0.0, aim + credit), allocation)
+    }
 }
 
 /// The rule for a peer whose window holds no interval of its own yet (one heartbeat heard):
@@ -215,10 +298,7 @@ pub fn tie_deviation(std: f64, longest: f64, period: f64, aim: f64) -> f64 {
 /// rest): two states, inside a loss burst (a gap within the last `BURST_MEMORY` heartbeats)
 /// and outside, each with its own chance that the next heartbeat comes after a gap.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LossStates {
-    /// The share of heartbeats that were followed inside a burst: of the deadlines set, the
-    /// share set in the bad state.
-    pub bad_share: f64,
+pub struct GapOdds {
     /// P(the next heartbeat comes after a gap), outside a burst and inside one.
     pub p_good: f64,
     pub p_bad: f64,
@@ -228,154 +308,42 @@ pub struct LossStates {
     pub in_burst: bool,
 }
 
-impl LossStates {
-    /// From the record's counters; None, and the single aim is the rule, where
-    /// - fewer than [`MIN_BURST_HEARTBEATS`] heartbeats came inside a burst: the share is
-    ///   that of a first burst, which no deadline outside a burst has yet given anything up
-    ///   for, and the split would send its deadlines to the bound, unpaid;
-    /// - or the last [`MISSING_SPAN`] sequence numbers show the peer inside a burst after at
-    ///   least [`STEADY_SHARE`] of their heartbeats ([`recent_burst_share`]): the loss is
-    ///   steady, not in bursts, so there is no calm state to buy a burst's deadline from,
-    ///   and the counters, which remember about a thousand heartbeats, still describe the
-    ///   path before the change (a loss that starts and stays: their share of heartbeats
-    ///   inside bursts lags the true one by hundreds of heartbeats, and a split made for it
-    ///   puts the mean detection time well past the budget).
+impl GapOdds {
+    /// From the record's counters; None where no gap was counted. Inside a burst the chance
+    /// is the one measured inside bursts once the counters hold [`MIN_BURST_HEARTBEATS`]
+    /// heartbeats there (two bursts' memory), and before that the chance over every
+    /// heartbeat: one gap, with the few heartbeats after it, is no measure of the state.
     pub fn from_record(r: &PeerRecord) -> Option<Self> {
-        if r.loss_heartbeats == 0 || r.burst_heartbeats < MIN_BURST_HEARTBEATS || r.loss_gaps == 0 {
-            return None;
-        }
-        if recent_burst_share(r.missing).is_some_and(|share| share >= STEADY_SHARE) {
+        if r.loss_heartbeats == 0 || r.loss_gaps == 0 {
             return None;
         }
         let good = r.loss_heartbeats.saturating_sub(r.burst_heartbeats);
         let good_gaps = r.loss_gaps.saturating_sub(r.burst_gaps);
+        let p_bad = if r.burst_heartbeats >= MIN_BURST_HEARTBEATS {
+            r.burst_gaps as f64 / r.burst_heartbeats as f64
+        } else {
+            r.loss_gaps as f64 / r.loss_heartbeats as f64
+        };
         Some(Self {
-            bad_share: r.burst_heartbeats as f64 / r.loss_heartbeats as f64,
             p_good: if good == 0 {
                 0.0
             } else {
                 good_gaps as f64 / good as f64
             },
-            p_bad: r.burst_gaps as f64 / r.burst_heartbeats as f64,
+            p_bad: p_bad.min(1.0),
             q: r.loss_lost.saturating_sub(r.loss_gaps) as f64 / r.loss_lost.max(1) as f64,
             in_burst: r.burst_left != 0,
         })
     }
 }
 
-/// Heartbeats inside a burst the counters must hold before the aim is split: two bursts'
-/// memory ([`BURST_MEMORY`]), more than a first burst alone gives by the time the next
-/// heartbeats' deadlines are set.
+/// Heartbeats inside a burst the counters must hold before their chance of a gap there is
+/// taken: two bursts' memory ([`BURST_MEMORY`]).
 pub const MIN_BURST_HEARTBEATS: u32 = 2 * BURST_MEMORY as u32;
 
-/// The share of recent heartbeats inside a burst ([`recent_burst_share`]) from which the loss
-/// is steady rather than bursty: two thirds. Bursts of a Gilbert-Elliott path that come and
-/// go leave the peer inside one after fewer of the span's heartbeats (a burst of ten losses
-/// at 40% and its [`BURST_MEMORY`] fill about half of it); a steady loss of a few percent
-/// or more, after nearly all (a gap in every 16 heartbeats keeps the peer inside).
-pub const STEADY_SHARE: f64 = 2.0 / 3.0;
-
-/// The share of the heartbeats among the last [`MISSING_SPAN`] sequence numbers after which
-/// the peer was inside a loss burst, as `monitor_common::slot` counts it (a gap came with one
-/// of the last [`BURST_MEMORY`] accepted heartbeats), from `PeerRecord::missing` alone: of
-/// those heartbeats, the ones whose state the span determines (a gap seen within the span,
-/// or [`BURST_MEMORY`] heartbeats of it before them). None if fewer than [`BURST_MEMORY`]
-/// are. Bit i of `missing` is the number `i + 1` below the last accepted one, lost.
-pub fn recent_burst_share(missing: u64) -> Option<f64> {
-    let memory = BURST_MEMORY as u32;
-    // Accepted heartbeats since the last one that came after a gap (0: that one), once a
-    // gap is seen.
-    let mut since_gap: Option<u32> = None;
-    let (mut accepted, mut known, mut inside) = (0u32, 0u32, 0u32);
-    // The number d below the last accepted one, oldest first: lost if bit d - 1 is set;
-    // else accepted, after a gap if bit d (the number below it) is.
-    for d in (0..MISSING_SPAN).rev() {
-        if d > 0 && (missing >> (d - 1)) & 1 == 1 {
-            continue;
-        }
-        accepted += 1;
-        since_gap = if (missing >> d) & 1 == 1 {
-            Some(0)
-        } else {
-            since_gap.map(|m| m + 1)
-        };
-        match since_gap {
-            Some(m) => {
-                known += 1;
-                inside += (m < memory) as u32;
-            }
-            None if accepted >= memory => known += 1,
-            None => {}
-        }
-    }
-    (known >= memory).then(|| inside as f64 / known as f64)
-}
-
-/// Most periods a deadline inside a burst may go past the aim: the split buys fewer mistakes
-/// with longer detection inside bursts, and this bounds how much longer.
+/// Most periods a deadline may go past the aim: the allocation buys fewer mistakes with
+/// longer detection where they are dear (inside loss bursts), and this bounds how much longer.
 pub const MAX_BURST_PERIODS: f64 = 8.0;
-
-/// Points of the aims tried outside a burst (from the least the bound allows to the aim).
-const SPLIT_POINTS: usize = 32;
-
-/// The aims outside and inside a burst, (good, bad), whose mean over the states' shares is
-/// `aim` and whose expected mistakes are the fewest: the next arrival, anchored as the rule
-/// anchors it, is one of the window's `sorted` s (plus a pseudo-sample from the normal of
-/// `mean`, `std`) after k lost heartbeats, k periods later, with k >= 1 at the state's chance
-/// of a gap and then geometric in `q`.
-pub fn split_aim(
-    sorted: &[f64],
-    mean: f64,
-    std: f64,
-    period: f64,
-    aim: f64,
-    loss: &LossStates,
-) -> (f64, f64) {
-    let share = loss.bad_share.clamp(0.0, 1.0);
-    if share <= 0.0 || share >= 1.0 || period <= 0.0 {
-        return (aim, aim);
-    }
-    let n = sorted.len() as f64;
-    // P(s > t): the window's share beyond t, with one pseudo-sample from the normal.
-    let later = |t: f64| {
-        let beyond = sorted.len() - sorted.partition_point(|&v| v <= t);
-        let normal = if std > 0.0 {
-            10f64.powf(-tail::normal_phi((t - mean) / std))
-        } else {
-            (t < mean) as u8 as f64
-        };
-        (beyond as f64 + normal) / (n + 1.0)
-    };
-    let misses = |p: f64, a: f64| {
-        let mut total = (1.0 - p) * later(a);
-        // After k >= 1 losses: P(K = k) = p (1 - q) q^(k-1); the rest counted as misses.
-        let mut at_least = p;
-        for k in 1..=16 {
-            let exactly = at_least * (1.0 - loss.q);
-            total += exactly * later(a - k as f64 * period);
-            at_least -= exactly;
-            if at_least < 1e-9 {
-                break;
-            }
-        }
-        total + at_least.max(0.0)
-    };
-    let expected = |good: f64, bad: f64| {
-        (1.0 - share) * misses(loss.p_good, good) + share * misses(loss.p_bad, bad)
-    };
-    let most_bad = aim + MAX_BURST_PERIODS * period;
-    let least_good = ((aim - share * most_bad) / (1.0 - share)).max(0.0);
-    let mut best = (aim, aim, expected(aim, aim));
-    for i in 0..SPLIT_POINTS {
-        let good = least_good + (aim - least_good) * i as f64 / SPLIT_POINTS as f64;
-        let bad = (aim - (1.0 - share) * good) / share;
-        let e = expected(good, bad);
-        if e < best.2 * (1.0 - 1e-9) {
-            best = (good, bad, e);
-        }
-    }
-    (best.0, best.1)
-}
 
 /// The offsets of arrivals 0..=n from the least squares line through them (arrival j at the
 /// sum of the first j intervals, against j): n + 1 residuals that sum to zero.
@@ -478,6 +446,36 @@ impl ModelInfo for Budget {
     }
 }
 
+impl Budget {
+    /// The rule for the window, its aim allocated from `allocation`'s credit.
+    fn allocated(&self, window: &WindowView<'_>, allocation: Allocation) -> Shape {
+        let allocation = Allocation {
+            heartbeats: window.record.heartbeats,
+            ..allocation
+        };
+        if window.ring.is_empty() {
+            let mut rule = choose_unheard(
+                &super::intervals_ms(window),
+                self.budget_ms,
+                self.min_std_ms,
+                self.top,
+            );
+            rule.allocation = allocation;
+            return Shape::Budget(rule);
+        }
+        Shape::Budget(choose(
+            &arrival_intervals_ms(window),
+            self.budget_ms,
+            self.min_std_ms,
+            self.top,
+            Some(&OverTime {
+                allocation,
+                gaps: GapOdds::from_record(window.record),
+            }),
+        ))
+    }
+}
+
 impl PhiModel for Budget {
     /// The window is read as the sending schedule, as `chen` reads it: an interval that spans
     /// lost heartbeats is not a late arrival.
@@ -488,22 +486,30 @@ impl PhiModel for Budget {
         }
     }
 
+    /// A peer's first estimate: no credit yet.
     fn shape(&self, window: &WindowView<'_>) -> Shape {
-        if window.ring.is_empty() {
-            return Shape::Budget(choose_unheard(
-                &super::intervals_ms(window),
-                self.budget_ms,
-                self.min_std_ms,
-                self.top,
-            ));
-        }
-        Shape::Budget(choose(
-            &arrival_intervals_ms(window),
-            self.budget_ms,
-            self.min_std_ms,
-            self.top,
-            LossStates::from_record(window.record).as_ref(),
-        ))
+        self.allocated(window, Allocation::default())
+    }
+
+    /// The credit the last estimate left, brought to this one's heartbeat ([`alloc`]).
+    fn shape_after(&self, window: &WindowView<'_>, previous: &Estimate) -> Shape {
+        let Shape::Budget(last) = &previous.shape else {
+            return self.shape(window);
+        };
+        let heartbeats = window.record.heartbeats;
+        let credit_ms = last.allocation.next(
+            heartbeats,
+            last.deadline_ms,
+            self.budget_ms * AIM,
+            RESERVE_BUDGETS * self.budget_ms,
+        );
+        self.allocated(
+            window,
+            Allocation {
+                credit_ms,
+                heartbeats,
+            },
+        )
     }
 
     fn phi(&self, estimate: &Estimate, silence_ms: f64) -> f64 {
