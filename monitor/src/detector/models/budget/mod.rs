@@ -85,7 +85,7 @@ pub const MAX_BUDGET_MS: f64 = MAX_INTERVAL_US as f64 / 1000.0;
 /// the window, and over a trace they wander a little around it (the last offset of one window
 /// is not that of the next), so the aim stays under the budget by more than they wander
 /// (about 0.3 ms on the corpus) and the mean detection time stays within the budget.
-pub const AIM: f64 = 0.98;
+pub const AIM: f64 = 0.99;
 
 /// The budget when a spec names none.
 pub const DEFAULT_BUDGET_MS: f64 = 500.0;
@@ -107,11 +107,13 @@ pub fn check_budget_ms(ms: f64) -> Result<f64, String> {
 }
 
 /// What the allocation over time brings to a window's choice ([`alloc`]): the credit before
-/// its deadline, the heartbeat count it is at, and the peer's loss picture.
+/// its deadline and the heartbeat count it is at, the peer's loss picture, and whether the
+/// window is full (only a full window's deadline saves).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct OverTime {
     pub allocation: Allocation,
     pub gaps: Option<GapOdds>,
+    pub full: bool,
 }
 
 /// The rule for a window of intervals (ms, oldest first, every one between consecutive
@@ -172,7 +174,7 @@ pub fn choose(
             let window = Anchored {
                 intervals: anchored,
                 mean,
-                std,
+                tail_std: std.max(min_std_ms),
                 period,
             };
             window.deadline(budget_ms, shift, time)
@@ -192,12 +194,12 @@ pub fn choose(
     rule
 }
 
-/// A window's anchored intervals under the chosen rule, their mean and deviation, and the
-/// period (the window's mean interval).
+/// A window's anchored intervals under the chosen rule, their mean, the deviation of the tail
+/// past the longest (see [`predict::Window`]), and the period (the window's mean interval).
 struct Anchored {
     intervals: Vec<f64>,
     mean: f64,
-    std: f64,
+    tail_std: f64,
     period: f64,
 }
 
@@ -209,9 +211,13 @@ const GRID_CANDIDATES: usize = 16;
 impl Anchored {
     /// The deadline after the last heartbeat, allocated over time, and what the peer carries
     /// to the next estimate: the aim that minimises the window's expected mistakes plus mu
-    /// times the aim ([`alloc::allocate`]), at least what the reserve has room to save and at
-    /// most the credit over the aim (and the aim plus [`MAX_BURST_PERIODS`] periods), moved
-    /// by the rule's shift; the deadline never spends more than the credit.
+    /// times the aim ([`alloc::allocate`]), moved by the rule's shift. It spends at most the
+    /// credit (and [`MAX_BURST_PERIODS`] periods) over the aim, and saves at most what the
+    /// reserve has room for, never below the window's longest anchored interval (a deadline
+    /// the window itself shows missed), and only once the window is full: a partial window
+    /// is the peer's first heartbeats, which say little of the path (on `bursty` most
+    /// mistakes of the allocation came before the first burst, from deadlines saved on calm
+    /// first windows).
     fn deadline(mut self, budget_ms: f64, shift: f64, time: &OverTime) -> (f64, Allocation) {
         let aim = budget_ms * AIM;
         let reserve = RESERVE_BUDGETS * budget_ms;
@@ -225,34 +231,37 @@ impl Anchored {
             return ((aim - shift).clamp(0.0, aim + credit), allocation);
         }
         self.intervals.sort_by(f64::total_cmp);
+        let longest = self.intervals[n - 1];
         let window = predict::Window {
             sorted: &self.intervals,
             mean: self.mean,
-            std: self.std,
+            tail_std: self.tail_std,
         };
         let gap = time.gaps.map(|g| Gap {
             p: if g.in_burst { g.p_bad } else { g.p_good },
             q: g.q,
             period: self.period,
         });
-        let lo = (aim - (reserve - credit)).max(self.mean.min(aim));
+        let lo = if time.full {
+            (aim - (reserve - credit)).max(longest.min(aim))
+        } else {
+            aim
+        };
         let hi = (aim + credit).min(aim + MAX_BURST_PERIODS * self.period);
         let lost = if gap.is_some_and(|g| g.p > 0.0) { 2 } else { 0 };
-        let longest = self.intervals[n - 1];
-        let step = self.std.max(1e-3) / 2.0;
+        let step = self.tail_std.max(1e-3) / 2.0;
         let tail = self.intervals[n.saturating_sub(TAIL_CANDIDATES)..]
             .iter()
             .copied()
             .chain((1..=TAIL_CANDIDATES).map(|j| longest + j as f64 * step));
         let shifted = tail.flat_map(|a| (0..=lost).map(move |k| a + k as f64 * self.period));
         let grid = (1..GRID_CANDIDATES).map(|i| lo + (hi - lo) * i as f64 / GRID_CANDIDATES as f64);
-        let mu = alloc::multiplier(credit, reserve);
         let a = alloc::allocate(
             |a| window.misses(a, gap.as_ref()),
             shifted.chain(grid),
-            mu,
-            lo,
-            hi,
+            alloc::multiplier(credit, reserve),
+            aim,
+            (lo, hi),
         );
         ((a - shift).clamp(0.0, aim + credit), allocation)
     }
@@ -471,6 +480,7 @@ impl Budget {
             Some(&OverTime {
                 allocation,
                 gaps: GapOdds::from_record(window.record),
+                full: window.ring.len() + 2 >= window.window as usize,
             }),
         ))
     }

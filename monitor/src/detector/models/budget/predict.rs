@@ -5,12 +5,15 @@
 use crate::detector::tail;
 
 /// The window's anchored intervals under the chosen rule, sorted, with their mean and
-/// deviation: the next one is taken as exchangeable with them.
+/// deviation: the next one is taken as exchangeable with them. `tail_std` is the deviation
+/// the tail past the longest is drawn with: the window's, floored as the curve's is
+/// (`min_std_ms`), since a window of 128 tells nothing of how often the path does what it
+/// did not do within them.
 #[derive(Debug, Clone, Copy)]
 pub struct Window<'a> {
     pub sorted: &'a [f64],
     pub mean: f64,
-    pub std: f64,
+    pub tail_std: f64,
 }
 
 /// The least deviation the tail past the window's longest interval is drawn with (ms): a
@@ -22,7 +25,7 @@ impl Window<'_> {
     /// next one may take among the sorted n that lie beyond t: (#{s > t} + 1) / (n + 1) at a
     /// sample, so 1 / (n + 1) at the longest, not 0 (a window of 128 leaves the next beyond
     /// its longest one time in 129). Past the longest, that 1 / (n + 1) falls off as the
-    /// normal of the window's mean and deviation does past it: the shape of the tail is the
+    /// normal of the window's mean and `tail_std` does past it: the shape of the tail is the
     /// normal's, its weight the window's.
     pub fn later(&self, t: f64) -> f64 {
         let n = self.sorted.len();
@@ -34,7 +37,7 @@ impl Window<'_> {
         if beyond > 0 {
             return (beyond + 1) as f64 / places;
         }
-        let std = self.std.max(MIN_TAIL_STD_MS);
+        let std = self.tail_std.max(MIN_TAIL_STD_MS);
         // log10 P(Z > z_t) - log10 P(Z > z_longest), at most 0.
         let drop = tail::log10_upper_tail((t - self.mean) / std)
             - tail::log10_upper_tail((longest - self.mean) / std);
