@@ -234,13 +234,6 @@ fn replay_exact(trace: &[Arrival], params: &DetectorParams, tail_ms: f64) -> Rep
             continue;
         }
         let silence_ms = (a.at_ns - since_ns) as f64 / 1e6;
-        if std::env::var_os("HBM_ALLOC_DUMP").is_some() {
-            let credit = match &estimate.shape {
-                crate::detector::model::Shape::Budget(r) => r.allocation.credit_ms,
-                _ => 0.0,
-            };
-            eprintln!("DUMP {} {:.1} {:.2} {:.2} {:.0} {}", a.seq, a.at_ns as f64 / 1e6, silence_ms, deadline_ms, credit, (silence_ms > deadline_ms) as u8);
-        }
         if silence_ms > deadline_ms {
             let start = since_ns + (deadline_ms * 1e6).ceil() as u64;
             mistakes.began(start);
