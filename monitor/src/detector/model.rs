@@ -168,7 +168,12 @@ impl DetectorParams {
 
     /// The peer's next estimate after `previous`, its last: as `estimate`, for a model that
     /// carries state from one to the next (`budget`) with that state.
-    pub fn estimate_after(&self, record: &PeerRecord, ring: &[u32], previous: &Estimate) -> Estimate {
+    pub fn estimate_after(
+        &self,
+        record: &PeerRecord,
+        ring: &[u32],
+        previous: &Estimate,
+    ) -> Estimate {
         self.estimate_with(record, ring, Some(previous))
     }
 

@@ -42,7 +42,12 @@ impl DetectorConfig {
 
     /// The peer's next estimate after its last, `previous` (see
     /// `DetectorParams::estimate_after`).
-    pub fn estimate_after(&self, record: &PeerRecord, ring: &[u32], previous: &Estimate) -> Estimate {
+    pub fn estimate_after(
+        &self,
+        record: &PeerRecord,
+        ring: &[u32],
+        previous: &Estimate,
+    ) -> Estimate {
         self.params.estimate_after(record, ring, previous)
     }
 

@@ -228,7 +228,10 @@ fn slot_after(seqs: impl IntoIterator<Item = u64>) -> monitor_common::maps::Peer
 fn the_gap_odds_come_from_the_counters() {
     // 600 heartbeats without loss: no gap counted, no odds.
     let calm = 1..=600u64;
-    assert_eq!(GapOdds::from_record(&slot_after(calm.clone()).record()), None);
+    assert_eq!(
+        GapOdds::from_record(&slot_after(calm.clone()).record()),
+        None
+    );
     // Then one number in 30 lost: a burst every 30 numbers that ends after 16 heartbeats.
     // Before the counters hold 32 heartbeats inside bursts, the chance inside one is the
     // chance over every heartbeat; after, the one measured inside.
@@ -442,9 +445,15 @@ fn the_aim_minimises_mistakes_plus_mu_times_itself() {
     // 0.0001 a ms, so 150 (0.015) beats 100 (0.11), 120 (0.112), 200 (0.02) and 300 (0.03).
     let misses = |a: f64| if a < 150.0 { 0.1 } else { 0.0 };
     let candidates = [120.0, 150.0, 200.0, 50.0, 400.0];
-    assert_eq!(allocate(misses, candidates, 0.01, 100.0, (100.0, 300.0)), 150.0);
+    assert_eq!(
+        allocate(misses, candidates, 0.01, 100.0, (100.0, 300.0)),
+        150.0
+    );
     // Dear time (mu 1): the 50 ms from 100 to 150 cost 0.5, more than the 0.1 they buy.
-    assert_eq!(allocate(misses, candidates, 1.0, 100.0, (100.0, 300.0)), 100.0);
+    assert_eq!(
+        allocate(misses, candidates, 1.0, 100.0, (100.0, 300.0)),
+        100.0
+    );
     // Candidates outside [lo, hi] are not tried; hi is, and lo when hi is below it.
     assert_eq!(allocate(misses, [], 0.01, 100.0, (100.0, 160.0)), 160.0);
     assert_eq!(allocate(misses, [], 0.01, 100.0, (100.0, 90.0)), 100.0);
@@ -481,7 +490,10 @@ fn a_calm_full_window_saves_and_a_partial_one_does_not() {
     // it saves all it may: MAX_SAVING of the aim, to 207.9 ms.
     let empty = at(0.0, true);
     assert_eq!(empty.anchor, 0.0);
-    assert!(close(empty.deadline_ms, aim * (1.0 - MAX_SAVING)), "{empty:?}");
+    assert!(
+        close(empty.deadline_ms, aim * (1.0 - MAX_SAVING)),
+        "{empty:?}"
+    );
     assert_eq!(empty.allocation.credit_ms, 0.0);
     // Half the reserve: mu 1.5e-4 an aim. Past the longest (101 ms) the next interval's
     // chance falls off as N(100, 50) does (the floor under the window's deviation of 1) from
@@ -497,7 +509,10 @@ fn a_calm_full_window_saves_and_a_partial_one_does_not() {
     // something for mu = 1.5e-7 an aim to buy (6.4e-7 at the aim). A partial window never
     // saves.
     let full = at(reserve, true);
-    assert!(full.deadline_ms >= aim && full.deadline_ms < aim + 100.0, "{full:?}");
+    assert!(
+        full.deadline_ms >= aim && full.deadline_ms < aim + 100.0,
+        "{full:?}"
+    );
     assert!(close(at(0.0, false).deadline_ms, aim));
     assert!(close(at(reserve / 2.0, false).deadline_ms, aim));
 }
@@ -542,7 +557,10 @@ fn a_jittery_window_spends_what_the_calm_ones_saved() {
     // expected mistakes: the deadline goes past the per-window rule's, by no more than the
     // credit past the aim.
     let some = with(20.0);
-    assert!(some.deadline_ms > per_window.deadline_ms, "{some:?} {per_window:?}");
+    assert!(
+        some.deadline_ms > per_window.deadline_ms,
+        "{some:?} {per_window:?}"
+    );
     assert!(some.deadline_ms <= aim + 20.0 + 1e-9, "{some:?}");
 }
 
