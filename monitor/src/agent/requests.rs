@@ -9,7 +9,11 @@ use serde_json::json;
 
 use super::{Agent, Trackers};
 use crate::{
-    detector::levels::Levels,
+    detector::{
+        levels::Levels,
+        model::{Estimate, Model},
+        tracker::DetectorConfig,
+    },
     kernel::clock::monotonic_ns,
     serving::metrics::{OpLabel, ReasonLabel},
     serving::peer_view::{PeerView, WindowDetail, ip_addr},
@@ -21,6 +25,19 @@ impl Agent {
     fn qos(&self, slot: u32, id: u64, now: u64) -> Option<crate::detector::qos::QosReport> {
         let trackers = self.trackers.lock();
         trackers.of(slot, id).map(|t| t.qos(now))
+    }
+
+    /// The peer's tracker's estimate where the model carries state from one estimate to the
+    /// next (`budget`: see `PeerView::new_after`); None for every other model.
+    fn carried(
+        trackers: &Trackers,
+        slot: u32,
+        id: u64,
+        detector: &DetectorConfig,
+    ) -> Option<Estimate> {
+        (detector.params.model == Model::Budget)
+            .then(|| trackers.of(slot, id).map(|t| t.estimate().clone()))
+            .flatten()
     }
 
     /// The highest level raised for the peer so far (None: none), from its tracker.
@@ -68,7 +85,15 @@ impl Agent {
             return Err(PeerError::Unknown(id));
         }
         let now = monotonic_ns();
-        let mut view = PeerView::new(&record, &ring, now, &detector, self.qos(slot, id, now));
+        let previous = Self::carried(&self.trackers.lock(), slot, id, &detector);
+        let mut view = PeerView::new_after(
+            &record,
+            &ring,
+            now,
+            &detector,
+            self.qos(slot, id, now),
+            previous.as_ref(),
+        );
         if self.holding() {
             let trackers = self.trackers.lock();
             view.hold(Self::raised(&trackers, slot, id, &detector.levels));
@@ -97,14 +122,15 @@ impl Agent {
         }
         let now = monotonic_ns();
         let holding = self.link.try_lock().ok()?.holding;
-        let (qos, raised) = {
+        let (qos, raised, previous) = {
             let trackers = self.trackers.try_lock()?;
             (
                 trackers.of(slot, id).map(|t| t.qos(now)),
                 holding.then(|| Self::raised(&trackers, slot, id, &detector.levels)),
+                Self::carried(&trackers, slot, id, &detector),
             )
         };
-        let mut view = PeerView::new(&record, &ring, now, &detector, qos);
+        let mut view = PeerView::new_after(&record, &ring, now, &detector, qos, previous.as_ref());
         if let Some(raised) = raised {
             view.hold(raised);
         }
@@ -198,7 +224,11 @@ impl Agent {
             else {
                 continue;
             };
-            let estimate = detector.estimate(&record, &ring);
+            let previous = Self::carried(&self.trackers.lock(), slot, id, &detector);
+            let estimate = match &previous {
+                Some(previous) => detector.estimate_after(&record, &ring, previous),
+                None => detector.estimate(&record, &ring),
+            };
             if !beyond(
                 record.last_arrival_ns,
                 crossing.silence_ms(0, &estimate),
@@ -206,7 +236,7 @@ impl Agent {
             ) {
                 continue;
             }
-            let view = PeerView::new(&record, &ring, now, &detector, None);
+            let view = PeerView::new_after(&record, &ring, now, &detector, None, previous.as_ref());
             if view.phi >= threshold {
                 suspects.push((slot, view));
             }
@@ -242,7 +272,11 @@ impl Agent {
             if record.peer_id != id || !wanted(&record) {
                 continue;
             }
-            peers.push((slot, PeerView::new(&record, &ring, now, &detector, None)));
+            let previous = Self::carried(&self.trackers.lock(), slot, id, &detector);
+            peers.push((
+                slot,
+                PeerView::new_after(&record, &ring, now, &detector, None, previous.as_ref()),
+            ));
         }
         self.add_tracked(&mut peers, &detector.levels, now);
         let mut peers: Vec<PeerView> = peers.into_iter().map(|(_, v)| v).collect();

@@ -8,7 +8,9 @@ use monitor_common::{
 };
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::detector::{qos::QosReport, tracker::DetectorConfig, window::WindowSums};
+use crate::detector::{
+    model::Estimate, qos::QosReport, tracker::DetectorConfig, window::WindowSums,
+};
 
 /// One peer as reported on the socket. The fields (and those of `WindowDetail` and
 /// `QosReport`) are declared in the order the wire prints them, by name, so that a list of
@@ -141,8 +143,26 @@ impl PeerView {
         detector: &DetectorConfig,
         qos: Option<QosReport>,
     ) -> Self {
+        Self::new_after(record, ring, now_ns, detector, qos, None)
+    }
+
+    /// As `new`, the estimate made after `previous`, the peer's tracker's, for a model that
+    /// carries state from one estimate to the next (`budget`'s allocation over time): made
+    /// fresh, it would judge the peer by a new peer's credit, not by the deadline its tracker
+    /// raises levels at.
+    pub fn new_after(
+        record: &PeerRecord,
+        ring: &[u32],
+        now_ns: u64,
+        detector: &DetectorConfig,
+        qos: Option<QosReport>,
+        previous: Option<&Estimate>,
+    ) -> Self {
         let moments = WindowSums::from_record(record).moments_ms();
-        let estimate = detector.estimate(record, ring);
+        let estimate = match previous {
+            Some(previous) => detector.estimate_after(record, ring, previous),
+            None => detector.estimate(record, ring),
+        };
         let phi = detector.phi(&estimate, record.last_arrival_ns, now_ns);
         let bfd = record.source == SOURCE_BFD && record.heartbeats != 0;
         Self {
