@@ -18,10 +18,13 @@ fn a_stopped_sender_is_convicted_at_its_deadline() {
     let pair = NetnsPair::named(124, ["hbmbudgeta", "hbmbudgetb"], ["hbvbudga", "hbvbudgb"]);
     let budget_ms = 300.0;
     let deadline = convicted_after(&pair, budget_ms, "20ms", &["--sweep-interval", "10ms"]);
-    // Level 8 at the deadline: the aim (0.98 of the budget) moved by the last heartbeat's
-    // offset from the sender's schedule. The budget bounds the mean of the deadlines over
-    // heartbeats (tests in monitor/tests/budget_replay.rs); one deadline moves with its last
-    // offset, a few ms on a veth, more when a loaded machine delays the sender.
+    // Level 8 at the deadline: the aim (0.99 of the budget) moved by the last heartbeat's
+    // offset from the sender's schedule, never past the aim with no credit to spend. The
+    // budget bounds the mean of the deadlines over heartbeats (tests in
+    // monitor/tests/budget_replay.rs); one deadline moves with its last offset, a few ms on a
+    // veth, more when a loaded machine delays the sender. The window is not full after 60
+    // heartbeats, so the allocation over time has saved nothing yet (a full window on a calm
+    // path may save up to 0.3 of the aim: docs/tuning.md, "Allocated over time").
     assert!(
         (0.85 * budget_ms..=1.15 * budget_ms).contains(&deadline.crossed_after_ms),
         "{deadline:?}"
@@ -50,7 +53,7 @@ fn a_budget_shorter_than_the_scan_is_met_between_scans() {
         "level 8 raised {} ms after its crossing, with scans 50 ms apart: {deadline:?}",
         deadline.raised_late_ms
     );
-    // At the aim (0.98 B), or the aim moved by the last heartbeat's offset from the schedule
+    // At the aim (0.99 B), or the aim moved by the last heartbeat's offset from the schedule
     // where a delay of the sender's made the rule anchor on it: a few ms at most on a loaded
     // machine. (The first-interval estimate's samples once moved it to 48.4 ms.)
     assert!(
