@@ -42,6 +42,10 @@ pub struct Allocation {
     pub credit_ms: f64,
     /// The peer's heartbeat count (`PeerRecord::heartbeats`) at this estimate.
     pub heartbeats: u64,
+    /// The longest anchored interval (ms) of the peer's windows over the horizon, and the
+    /// heartbeat count at which a window last held it.
+    pub longest_ms: f64,
+    pub longest_at: u64,
 }
 
 impl Allocation {
@@ -67,7 +71,8 @@ pub fn multiplier(credit_ms: f64, reserve_ms: f64) -> f64 {
     } else {
         0.0
     };
-    (MU_EMPTY.ln() + full * (MU_FULL / MU_EMPTY).ln()).exp()
+    let empty = super::knob("MU_EMPTY", MU_EMPTY);
+    (empty.ln() + full * (MU_FULL / empty).ln()).exp()
 }
 
 /// The aim in `[lo, hi]` among `candidates` (and `lo` and `hi` themselves) with the least

@@ -237,7 +237,7 @@ impl Anchored {
         let aim = budget_ms * AIM;
         let reserve = RESERVE_BUDGETS * budget_ms;
         let credit = time.allocation.credit_ms.clamp(0.0, reserve);
-        let allocation = Allocation {
+        let mut allocation = Allocation {
             credit_ms: credit,
             ..time.allocation
         };
@@ -247,6 +247,15 @@ impl Anchored {
         }
         self.intervals.sort_by(f64::total_cmp);
         let longest = self.intervals[n - 1];
+        let horizon = knob("HORIZON", 0.0) as u64;
+        let now = allocation.heartbeats;
+        if !(allocation.longest_ms > longest
+            && allocation.longest_at.saturating_add(horizon) >= now)
+        {
+            allocation.longest_ms = longest;
+            allocation.longest_at = now;
+        }
+        let longest_seen = allocation.longest_ms;
         let window = predict::Window {
             sorted: &self.intervals,
             mean: self.mean,
@@ -257,10 +266,15 @@ impl Anchored {
             q: g.q,
             period: self.period,
         });
+        let max_saving = if time.gaps.is_some() {
+            knob("SAVE_LOSS", knob("SAVE", MAX_SAVING))
+        } else {
+            knob("SAVE", MAX_SAVING)
+        };
         let lo = if time.full {
             (aim - (reserve - credit))
-                .max(longest.min(aim))
-                .max(aim * (1.0 - MAX_SAVING))
+                .max(longest_seen.min(aim))
+                .max(aim * (1.0 - max_saving))
         } else {
             aim
         };
@@ -282,6 +296,14 @@ impl Anchored {
         );
         ((a - shift).clamp(0.0, aim + credit), allocation)
     }
+}
+
+/// WIP: a tuning knob from HBM_ALLOC_<name> (temporary, for the sweeps).
+fn knob(name: &str, default: f64) -> f64 {
+    std::env::var(format!("HBM_ALLOC_{name}"))
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// The rule for a peer whose window holds no interval of its own yet (one heartbeat heard):
@@ -543,6 +565,7 @@ impl PhiModel for Budget {
             Allocation {
                 credit_ms,
                 heartbeats,
+                ..last.allocation
             },
         )
     }

@@ -381,6 +381,7 @@ fn the_credit_follows_the_deadlines() {
     let last = Allocation {
         credit_ms: 500.0,
         heartbeats: 10,
+        ..Allocation::default()
     };
     assert!(close(last.next(11, 150.0, 99.0, 6400.0), 449.0));
     assert!(close(last.next(13, 150.0, 99.0, 6400.0), 347.0));
@@ -479,6 +480,7 @@ fn a_calm_full_window_saves_and_a_partial_one_does_not() {
                 allocation: Allocation {
                     credit_ms,
                     heartbeats: 1,
+                    ..Allocation::default()
                 },
                 gaps: None,
                 full,
@@ -541,6 +543,7 @@ fn a_jittery_window_spends_what_the_calm_ones_saved() {
                 allocation: Allocation {
                     credit_ms,
                     heartbeats: 1,
+                    ..Allocation::default()
                 },
                 gaps: None,
                 full: true,
