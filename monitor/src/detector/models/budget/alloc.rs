@@ -42,10 +42,6 @@ pub struct Allocation {
     pub credit_ms: f64,
     /// The peer's heartbeat count (`PeerRecord::heartbeats`) at this estimate.
     pub heartbeats: u64,
-    /// The longest anchored interval (ms) of the peer's windows over the horizon, and the
-    /// heartbeat count at which a window last held it.
-    pub longest_ms: f64,
-    pub longest_at: u64,
 }
 
 impl Allocation {
@@ -71,8 +67,7 @@ pub fn multiplier(credit_ms: f64, reserve_ms: f64) -> f64 {
     } else {
         0.0
     };
-    let empty = super::knob("MU_EMPTY", MU_EMPTY);
-    (empty.ln() + full * (MU_FULL / empty).ln()).exp()
+    (MU_EMPTY.ln() + full * (MU_FULL / MU_EMPTY).ln()).exp()
 }
 
 /// The aim in `[lo, hi]` among `candidates` (and `lo` and `hi` themselves) with the least
