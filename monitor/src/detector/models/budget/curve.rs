@@ -72,9 +72,9 @@ impl BudgetRule {
     /// for the deadline the curve was drawn for, or at the deadline if that is sooner, and
     /// the top at the deadline. The lower levels grade a silence against the peer's intervals;
     /// what the allocation saves is when the peer is convicted, not how soon a silence looks
-    /// odd (drawn around a deadline saved 0.12 of the aim, level 1 came 11 ms sooner after a
-    /// 100 ms sender's heartbeat, and under live congestion twice as many live peers crossed
-    /// it).
+    /// odd (drawn around a deadline saved 0.12 of the aim, level 1 of a calm 100 ms sender
+    /// under a 400 ms budget came after 157 ms of silence instead of 170, and under live
+    /// congestion 290 live peers crossed it, against 267 with the curve kept).
     pub(super) fn saving(mut self, deadline_ms: f64) -> Self {
         if deadline_ms < self.deadline_ms {
             self.deadline_ms = deadline_ms;
