@@ -119,8 +119,8 @@ pub fn record<C: EbpfContext>(
             parts.cold.src_family = hb.src_family;
             parts.cold.src_port = hb.src_port;
             set_src_addr(&mut parts.cold.src_addr, hb.src_words);
-            counters.heartbeats += 1;
             store_last_heard(slot, parts.hot);
+            count_after_word(&mut counters.heartbeats);
         }
     }
     let traced = line.hot.traced != 0;
@@ -181,12 +181,12 @@ pub fn record_passive(p: &Heartbeat, config: &XdpConfig, counters: &mut Counters
     parts.cold.src_family = p.src_family;
     parts.cold.src_port = p.src_port;
     set_src_addr(&mut parts.cold.src_addr, p.src_words);
-    if p.source == SOURCE_BFD {
-        counters.bfd += 1;
-    } else {
-        counters.flow += 1;
-    }
     store_last_heard(slot, parts.hot);
+    count_after_word(if p.source == SOURCE_BFD {
+        &mut counters.bfd
+    } else {
+        &mut counters.flow
+    });
     let traced = line.hot.traced != 0;
     let (seq, incarnation) = (line.hot.last_seq, line.hot.incarnation);
     unlock(&mut line.lock);
@@ -222,6 +222,17 @@ fn count_auth_failure(count: &mut u64) {
     unsafe {
         atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(count, 1);
     }
+}
+
+/// Counts a stored word, after it: an agent that reads the count first and finds it unchanged
+/// since its last scan may leave the words alone (`monitor::agent::scan_skip`), so the count
+/// must not become visible before the word. Both stores are volatile, which the compiler keeps
+/// in order (BPF has no compiler fence to say so otherwise), and x86-64 makes stores visible
+/// in program order.
+#[inline(always)]
+fn count_after_word(count: &mut u64) {
+    let count: *mut u64 = count;
+    unsafe { core::ptr::write_volatile(count, core::ptr::read_volatile(count).wrapping_add(1)) };
 }
 
 /// Stores the slot's last-heard word after an accepted arrival, the word the agent computes

@@ -26,12 +26,28 @@ pub struct DueSoon {
     heap: BinaryHeap<Reverse<(u64, u32)>>,
     /// The next scan's start (monotonic ns): a later deadline is the scan's to find.
     horizon_ns: u64,
+    /// The earliest deadline a watch was left with unarmed since the last scan began
+    /// (`begin_scan`): what a scan that leaves the words alone must not pass over
+    /// (`scan_skip`).
+    earliest_unarmed_ns: u64,
 }
 
 impl DueSoon {
     /// The next scan starts at `horizon_ns`.
     pub fn set_horizon(&mut self, horizon_ns: u64) {
         self.horizon_ns = horizon_ns;
+    }
+
+    /// A scan begins: it will look at every watch, so only the deadlines it and later passes
+    /// leave unarmed count from now on.
+    pub fn begin_scan(&mut self) {
+        self.earliest_unarmed_ns = u64::MAX;
+    }
+
+    /// The earliest deadline left unarmed since the last scan began (u64::MAX for none, and
+    /// 0 before any scan): no scan may be left out that would have reached it.
+    pub fn earliest_unarmed(&self) -> u64 {
+        self.earliest_unarmed_ns
     }
 
     /// `slot` is due at `deadline_ns`: kept if that is after `now_ns` and before the next
@@ -60,9 +76,13 @@ impl DueSoon {
         floor: &LevelFloor,
         now_ns: u64,
     ) -> bool {
-        watch.deadline_ns < self.horizon_ns
+        let armed = watch.deadline_ns < self.horizon_ns
             && floor.predicted_crossing_ns(watch) < self.horizon_ns
-            && self.arm(slot, watch.deadline_ns, now_ns)
+            && self.arm(slot, watch.deadline_ns, now_ns);
+        if !armed {
+            self.earliest_unarmed_ns = self.earliest_unarmed_ns.min(watch.deadline_ns);
+        }
+        armed
     }
 
     /// `slot` is to be looked at as soon as the sweeper wakes (a peer just admitted on its

@@ -15,6 +15,7 @@ mod recording;
 mod reload;
 mod requests;
 mod run;
+mod scan_skip;
 mod sweep;
 mod sweep_wake;
 mod sweeper;
@@ -105,6 +106,8 @@ pub struct Agent {
     /// looked at.
     due_passes: AtomicU64,
     due_looks: AtomicU64,
+    /// Scans that left the words alone (`scan_skip`).
+    scans_skipped: AtomicU64,
 }
 
 /// The sweep's state of every slot, in three dense arrays indexed by slot: what every sweep
@@ -118,6 +121,8 @@ struct Trackers {
     /// A detector change in progress (`reload::DetectorChange`).
     change: Option<reload::DetectorChange>,
     due: DueSoon,
+    /// Whether the next scan may leave the words alone (`scan_skip`).
+    skip: scan_skip::ScanSkip,
 }
 
 impl Trackers {
@@ -128,6 +133,7 @@ impl Trackers {
             peers: vec![None; capacity],
             change: None,
             due: DueSoon::default(),
+            skip: scan_skip::ScanSkip::default(),
         }
     }
 
@@ -143,6 +149,7 @@ impl Trackers {
         self.peers[slot as usize] = None;
         self.watches[slot as usize] = WordWatch::NEW;
         self.level_floors[slot as usize] = LevelFloor::NONE;
+        self.skip.slot_cleared();
     }
 }
 
@@ -213,6 +220,7 @@ impl Agent {
             sweep_wake: SweepWake::default(),
             due_passes: AtomicU64::new(0),
             due_looks: AtomicU64::new(0),
+            scans_skipped: AtomicU64::new(0),
         }
     }
 

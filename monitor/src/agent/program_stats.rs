@@ -17,6 +17,12 @@ pub trait ProgramStats: Send + Sync {
     fn counters(&self) -> Result<CounterTotals, String>;
     /// The kernel's run statistics of the program (zero unless `kernel.bpf_stats_enabled`).
     fn run_stats(&self) -> XdpRunStats;
+    /// How many times the program has stored a last-heard word (heartbeats, BFD packets and
+    /// flow datagrams recorded, each counted after its word is stored), if it can say: the
+    /// count `scan_skip` compares between scans. None leaves every scan to run.
+    fn words_stored(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The loaded or adopted program: its COUNTERS map and its fd.
@@ -29,6 +35,17 @@ pub struct LiveProgram {
 impl ProgramStats for LiveProgram {
     fn counters(&self) -> Result<CounterTotals, String> {
         CounterTotals::read(&self.counters).map_err(|e| format!("reading counters: {e}"))
+    }
+
+    fn words_stored(&self) -> Option<u64> {
+        // The program counts after it stores (monitor-ebpf `record`), and x86-64 makes stores
+        // visible in program order: a count read here covers every word stored before it. Other
+        // targets give no such order without a barrier the program does not have.
+        if !cfg!(target_arch = "x86_64") {
+            return None;
+        }
+        let c = self.counters().ok()?;
+        Some(c.heartbeats.wrapping_add(c.bfd).wrapping_add(c.flow))
     }
 
     fn run_stats(&self) -> XdpRunStats {

@@ -353,6 +353,7 @@ impl Trackers {
             peers,
             change,
             due,
+            ..
         } = self;
         let Some(c) = change else { return };
         if !std::mem::take(&mut c.pending[slot]) {

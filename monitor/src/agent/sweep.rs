@@ -147,6 +147,28 @@ impl Agent {
         self.link.lock().expect("link lock").holding = hold;
         let mut pass = Pass::new(&registry, now_ns, hold);
         let used = registry.slots_in_use() as usize;
+        // Read before any word is loaded: a word stored after this read moves the count the
+        // next scan compares (`scan_skip`).
+        let stored = self.program.words_stored();
+        let skip = {
+            let mut trackers = self.trackers.lock();
+            let skip = trackers.skip.may_skip(
+                stored,
+                now_ns,
+                next_scan_ns,
+                trackers.due.earliest_unarmed(),
+                hold || trackers.change.is_some(),
+            );
+            trackers.due.set_horizon(next_scan_ns);
+            if !skip {
+                trackers.due.begin_scan();
+                trackers.skip.begin();
+            }
+            skip
+        };
+        // Left alone, the words are passed over whole; a full scan notes what it ran on.
+        let used = if skip { 0 } else { used };
+        let mut clean = true;
         let words = &self.table.last_heard_words()[..used];
         // In chunks, each under the trackers lock: a query that needs the trackers (`suspects`,
         // `peers`' QoS, a metrics scrape) waits for one chunk, not for the whole sweep.
@@ -157,6 +179,7 @@ impl Agent {
             let end = (start + SWEEP_CHUNK).min(used);
             let mut trackers = self.trackers.lock();
             trackers.due.set_horizon(next_scan_ns);
+            clean &= trackers.change.is_none();
             // Under the trackers lock: the levels cannot change during a chunk (`set_detector`
             // takes it to re-level every peer).
             let detector = self.detector();
@@ -194,7 +217,12 @@ impl Agent {
                 self.run_due_under(&registry, now, hold);
             }
         }
-        let trackers = self.trackers.lock();
+        let mut trackers = self.trackers.lock();
+        if skip {
+            self.scans_skipped.fetch_add(1, Ordering::Relaxed);
+        } else {
+            trackers.skip.scanned(stored, now_ns, clean);
+        }
         let expired = self.expired(&registry, &trackers, now_ns);
         drop(trackers);
         self.look_at_bfd_sessions(&registry);
@@ -298,6 +326,7 @@ impl Agent {
             peers,
             change,
             due,
+            ..
         } = trackers;
         // A detector change under way: a tracker it has not reached yet waits for it (a
         // chunk's worth of milliseconds), rather than be judged under a detector its

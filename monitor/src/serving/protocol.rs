@@ -196,6 +196,10 @@ pub struct AgentStats {
     pub due_passes: u64,
     #[serde(default)]
     pub due_looks: u64,
+    /// Sweeps that left the words alone: no word stored since the last scan and no deadline
+    /// before the next (docs/tuning.md, "An idle agent leaves the words alone").
+    #[serde(default)]
+    pub scans_skipped: u64,
     /// Events published, and subscribers connected now.
     pub events: u64,
     pub subscribers: usize,
