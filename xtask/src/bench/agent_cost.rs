@@ -19,6 +19,75 @@ use super::{
 /// The scan interval the scan floor is measured at: the agent's default `--sweep-interval`.
 const SCAN_FLOOR_INTERVAL_MS: &str = "50";
 
+/// The agent's CPU with no traffic at all, over `peers` listed peers (0: none).
+pub(super) struct IdleCost {
+    tag: String,
+    peers: u64,
+    agent_cpu_pct: f64,
+    /// Sweeps per second, and those that left the words alone (`scans_skipped`).
+    sweeps_per_s: f64,
+    skipped_per_s: f64,
+}
+
+/// Seconds an idle agent runs before its CPU is measured (its first scans read every listed
+/// slot once).
+const IDLE_SETTLE_S: u64 = 3;
+
+/// The agent with no traffic, over no peers and over `peers` listed ones: what every sweep
+/// costs before a heartbeat arrives, which should not grow with the peers listed.
+pub(super) fn idle_cost(rig: &Rig, peers: u64, seconds: u64) -> Result<Vec<IdleCost>> {
+    let mut rows = Vec::new();
+    for listed in [0, peers] {
+        for variant in rig.variants {
+            rig.interrupt.check()?;
+            let agent = rig.agent_as(variant, listed, &[])?;
+            let pid = agent.process.pid();
+            rig.interrupt.pause(Duration::from_secs(IDLE_SETTLE_S))?;
+            let before = agent.stats()?;
+            let (cpu0, t0) = (process_cpu_s(pid)?, Instant::now());
+            rig.interrupt.pause(Duration::from_secs(seconds))?;
+            let (cpu1, wall) = (process_cpu_s(pid)?, t0.elapsed().as_secs_f64());
+            let after = agent.stats()?;
+            agent.process.stop();
+            let delta = |key: &str| {
+                after[key].as_f64().unwrap_or(f64::NAN) - before[key].as_f64().unwrap_or(f64::NAN)
+            };
+            rows.push(IdleCost {
+                tag: variant.tag(),
+                peers: listed,
+                agent_cpu_pct: (cpu1 - cpu0) / wall * 100.0,
+                sweeps_per_s: delta("sweeps") / wall,
+                // 0 for an agent that does not count them.
+                skipped_per_s: (delta("scans_skipped") / wall).max(0.0),
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// The idle table.
+pub(super) fn render_idle_cost(rows: &[IdleCost]) -> String {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "\nThe agent idle (no traffic, from {IDLE_SETTLE_S} s after its start): its cost should not grow \
+         with the peers listed (docs/tuning.md, \"An idle agent leaves the words alone\"):\n"
+    );
+    let _ = writeln!(
+        t,
+        "| peers listed | agent CPU % of a core | sweeps/s | sweeps that left the words alone/s |"
+    );
+    let _ = writeln!(t, "|---:|---:|---:|---:|");
+    for r in rows {
+        let _ = writeln!(
+            t,
+            "| {}{} | {:.2} | {:.1} | {:.1} |",
+            r.peers, r.tag, r.agent_cpu_pct, r.sweeps_per_s, r.skipped_per_s
+        );
+    }
+    t
+}
+
 /// The agent's CPU under a steady stream of `rate` Hz from every peer.
 pub(super) struct AgentCost {
     /// The agent's label (`--compare`), with its leading space; empty for this build alone.

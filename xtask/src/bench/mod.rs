@@ -65,9 +65,10 @@ pub struct BenchArgs {
     /// Leave out the fleet's figures (NATS JetStream; about a minute).
     #[arg(long)]
     no_fleet: bool,
-    /// Only the agent's cost at 1, 5 and 10 Hz (at the largest scale up to 50,000 peers), each
-    /// beside the scan floor (`hbm-bench scan-floor`: every word scanned every 50 ms, nothing
-    /// else); nothing is recorded.
+    /// Only the agent's cost: idle (no traffic) with no peers and with the largest scale up to
+    /// 50,000 listed, then at 1, 5 and 10 Hz from that many, each beside the scan floor
+    /// (`hbm-bench scan-floor`: every word scanned every 50 ms, nothing else); nothing is
+    /// recorded.
     #[arg(long)]
     agent_only: bool,
     /// Only the scale runs (for example `--scales 200000,1000000 --rate-hz 1`), recorded

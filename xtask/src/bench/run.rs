@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::{
     BenchArgs, NET, Rig, Tools, Variant,
-    agent_cost::{agent_cost, render_agent_cost},
+    agent_cost::{agent_cost, idle_cost, render_agent_cost, render_idle_cost},
     bpf_stats::BpfStats,
     fleet::{fleet_figures, render_fleet},
     floor::floor_table,
@@ -82,8 +82,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 
     if args.agent_only {
         let peers = largest_up_to_50k(&scales);
+        let idle = idle_cost(&rig, peers, seconds.max(10))?;
         let cost = agent_cost(&rig, peers, seconds.max(10), args.quick)?;
-        println!("{}", render_agent_cost(peers, &cost));
+        println!(
+            "{}{}",
+            render_idle_cost(&idle),
+            render_agent_cost(peers, &cost)
+        );
         return Ok(());
     }
 
@@ -127,12 +132,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         args.quick,
     )?;
 
+    println!("==> the agent idle, with no peers and with {ingest_peers}");
+    let idle = idle_cost(&rig, ingest_peers, if args.quick { 5 } else { 10 })?;
+
     let floor_table = floor_table(&rig, &scales, if args.quick { 3 } else { 10 }, test_run_ns)?;
 
     println!("==> XDP path against a userspace UDP receiver, same stream");
     let paths = path_comparison(&rig, ingest_peers, if args.quick { 3 } else { 10 })?;
 
     let mut table = floor_table;
+    table.push_str(&render_idle_cost(&idle));
     table.push_str(&render_agent_cost(ingest_peers, &agent_cost));
     table.push_str(&render(test_run_ns, &rows, &ingest, &paths));
     if !args.no_fleet {
