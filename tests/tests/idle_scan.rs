@@ -8,7 +8,9 @@ use std::time::Duration;
 use integration_tests::{
     agent_process::{AgentProcess, TempDir, events_until, run_ok, sender, spawn},
     netns::NetnsPair,
-    require_root, wait_for,
+    require_root,
+    soak::unix_ms,
+    wait_for,
 };
 use serde_json::{Value, json};
 
@@ -24,14 +26,6 @@ fn stat(agent: &AgentProcess, key: &str) -> u64 {
     agent.ask(json!({"op": "stats"}))["stats"][key]
         .as_u64()
         .unwrap_or_else(|| panic!("stats.{key}"))
-}
-
-fn wall_ms() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
-        * 1e3
 }
 
 fn convicted(events: &[Value]) -> bool {
@@ -82,7 +76,7 @@ fn an_idle_agent_skips_its_scans_and_still_sees_a_peer_come_back_at_the_next_swe
             .find(|e| e["event"] == "recover" && e["id"] == 7)
             .expect("peer 7 recovered");
         // When the heartbeat arrived, in wall time: now, less the silence since it.
-        let asked_ms = wall_ms();
+        let asked_ms = unix_ms();
         let peer = &agent.ask(json!({"op": "peer", "id": 7}))["peer"];
         let arrived_ms = asked_ms - peer["silence_ms"].as_f64().unwrap();
         let late_ms = recover["at"].as_f64().unwrap() - arrived_ms;
