@@ -46,8 +46,15 @@ one count per setting, so one setting is scored on all of them), with its p99 of
 detection time over crash times. A family below the bound by more than its Poisson error
 means the bound is wrong; the script says so and exits 1.
 
+With `--budget-detector` it also replays `-d budget:ms=B` at every budget B on the same
+traces and prints its false suspicions against the bound at its own mean detection time. With
+`--threshold` (continuous time only) it prints the best a threshold on phi can do knowing all
+the bound knows (class Threshold): a deadline where each heartbeat's own survival falls to one
+level, the level that meets the budget. That is the cost of a single level across states,
+against the hull's allocation.
+
 Usage: docs/frontier/gilbert_bound.py MONITOR [--seeds 1-30] [--count 20000] [--tick-ms 0]
-       [--budgets 200,250,...] [-d FAMILY ...] [--json]
+       [--budgets 200,250,...] [-d FAMILY ...] [--budget-detector] [--threshold] [--json]
 Standard library only.
 """
 import argparse
@@ -112,12 +119,14 @@ TAIL_BAD = [sum(W_BAD[k:]) for k in range(K_TERMS + 1)]
 TAIL_GOOD = [sum(W_GOOD[k:]) for k in range(K_TERMS + 1)]
 
 
-def survival(x, b):
+def survival(x, b, jitter=JITTER):
     """F(x) = P(INTERVAL (K+1) + JITTER Z > x) for belief b: S_i(t) = F(t + u_i). Steps more
-    than 40 deviations below x count 0, those more than 40 above count whole."""
+    than 40 deviations below x count 0, those more than 40 above count whole. `jitter` is the
+    deviation of the arrival about its step (JITTER: the schedule's; JITTER sqrt 2 for a
+    detector that measures from the last arrival without knowing its own offset)."""
     total = 0.0
-    for k in range(max(0, int((x - 40 * JITTER) / INTERVAL) - 1), K_TERMS):
-        z = (x - INTERVAL * (k + 1)) / JITTER
+    for k in range(max(0, int((x - 40 * jitter) / INTERVAL) - 1), K_TERMS):
+        z = (x - INTERVAL * (k + 1)) / jitter
         if z < -40:
             return total + b * TAIL_BAD[k] + (1 - b) * TAIL_GOOD[k]
         total += (b * W_BAD[k] + (1 - b) * W_GOOD[k]) * q(z)
@@ -248,6 +257,61 @@ class Bound:
         return tuple(x + f * (y - x) for x, y in zip(lo[1:], hi[1:]))
 
 
+class Threshold:
+    """The best a threshold on phi can do knowing the chain and its state: every heartbeat's
+    deadline where its own survival falls to 10^-level (phi = -log10 S_i(t) reaching one
+    level), the level set so that the mean deadline meets the budget. Against the bound this
+    is the cost of one level for every state instead of a deadline allocated across them
+    (the bound gives a heartbeat in a bad spell a shorter deadline than its survival asks
+    for when waiting there is dear). With `anchored` False the detector also does not know
+    its heartbeat's offset from the schedule and measures from the arrival (the gap's
+    deviation JITTER sqrt 2): what anchoring on the schedule is worth. Continuous time."""
+
+    def __init__(self, rows, accepted, anchored=True):
+        self.rows, self.scale, self.anchored = rows, accepted, anchored
+        self.jitter = JITTER if anchored else JITTER * math.sqrt(2.0)
+        self.bins = {}
+        for b, u, _, _ in rows:
+            self.bins.setdefault(belief_floor(b), []).append(u if anchored else 0.0)
+        self.sums = {lo: (len(us), sum(us)) for lo, us in self.bins.items()}
+
+    def quantile(self, lo, target):
+        """The x at which the survival for belief `lo` falls to `target`."""
+        a, b = 0.0, INTERVAL * (K_TERMS + 1)
+        for _ in range(60):
+            m = 0.5 * (a + b)
+            if survival(m, lo, self.jitter) > target:
+                a = m
+            else:
+                b = m
+        return b
+
+    def mean(self, level):
+        target, total = 10.0 ** -level, 0.0
+        for lo, (n, su) in self.sums.items():
+            total += n * self.quantile(lo, target) - su
+        return total / self.scale
+
+    def at(self, budget):
+        """(level, expected mistakes, realized mistakes) with the mean deadline at `budget`."""
+        a, b = 0.0, 16.0
+        for _ in range(40):
+            m = 0.5 * (a + b)
+            if self.mean(m) < budget:
+                a = m
+            else:
+                b = m
+        level, target = a, 10.0 ** -a
+        xs = {lo: self.quantile(lo, target) for lo in self.bins}
+        expected, realized = 0.0, 0
+        for b_, u, t, nxt in self.rows:
+            x = xs[belief_floor(b_)]
+            d = x - (u if self.anchored else 0.0)
+            expected += survival(x, b_, self.jitter)
+            realized += nxt > t + max(d, 0.0)
+        return level, expected, realized
+
+
 def families(monitor, path, names, tick, budgets):
     args = [monitor, "replay", path, "--frontier", "--json", "--tick-ms", str(tick),
             "--budgets", ",".join(str(b) for b in budgets)]
@@ -259,6 +323,13 @@ def families(monitor, path, names, tick, budgets):
         out[fam["family"]] = [(p["detection_ms"], p["false_suspicions"],
                                p.get("p99_detection_ms")) for p in fam["points"]]
     return out
+
+
+def budget_detector(monitor, path, tick, budget):
+    """`-d budget:ms=B` on the trace: (false suspicions, mean detection ms, p99 ms)."""
+    args = [monitor, "replay", path, "--json", "--tick-ms", str(tick), "-d", f"budget:ms={budget:g}"]
+    d = json.loads(subprocess.run(args, capture_output=True, check=True).stdout)["detectors"][0]
+    return d["false_suspicions"], d["mean_detection_ms"], d["p99_detection_ms"]
 
 
 def fewest(points, budget):
@@ -285,6 +356,12 @@ def main():
     ap.add_argument("-d", dest="families", action="append", help="a family (default: the nine)")
     ap.add_argument("--no-families", action="store_true", help="the bound only, no replay")
     ap.add_argument("--json", action="store_true", help="print JSON, not a table")
+    ap.add_argument("--budget-detector", action="store_true",
+                    help="also `-d budget:ms=B` at every budget B, against the bound at B and "
+                         "at the detector's own mean")
+    ap.add_argument("--threshold", action="store_true",
+                    help="also the best threshold on phi knowing the chain (Threshold), "
+                         "anchored on the schedule and not; continuous time only")
     args = ap.parse_args()
     seeds = seeds_of(args.seeds)
     budgets = [float(b) for b in args.budgets.split(",")]
@@ -311,6 +388,13 @@ def main():
         rows, accepted = heartbeats(path, args.count)
         bound = Bound(rows, accepted, args.tick_ms)
         curves = families(args.monitor, path, names, args.tick_ms, budgets) if names else {}
+        budgeted = ({b: budget_detector(args.monitor, path, args.tick_ms, b) for b in budgets}
+                    if args.budget_detector else {})
+        thresholds = []
+        if args.threshold:
+            if args.tick_ms > 0:
+                sys.exit("--threshold is computed in continuous time: give --tick-ms 0")
+            thresholds = [Threshold(rows, accepted, True), Threshold(rows, accepted, False)]
 
     result = []
     for b in budgets:
@@ -319,6 +403,14 @@ def main():
         row = {"budget_ms": b, "bound": value, "lambda": LAMBDAS[j],
                "policy_expected": mix and mix[0], "policy_realized": mix and mix[1],
                "families": {}}
+        if b in budgeted:
+            fs, mean, p99 = budgeted[b]
+            row["budget_detector"] = {"false_suspicions": fs, "mean_detection_ms": mean,
+                                      "p99_detection_ms": p99,
+                                      "bound_at_mean": bound.value(mean)[0]}
+        for name, th in zip(["threshold_anchored", "threshold_from_arrival"], thresholds):
+            level, expected, realized = th.at(b)
+            row[name] = {"level": level, "expected": expected, "realized": realized}
         for fam, points in curves.items():
             best = fewest(points, b)
             row["families"][fam] = None if best is None else {
@@ -347,6 +439,29 @@ def main():
             print(f"| {r['budget_ms']:g} ms | {r['bound']:.1f} | "
                   + ("-" if pe is None else f"{pe:.1f}") + " | "
                   + ("-" if pr is None else f"{pr:.1f}") + " | " + " | ".join(cells) + " |")
+        if budgeted:
+            print("\nThe budget detector (`-d budget:ms=B`): false suspicions, its mean "
+                  "detection time, the bound there and the ratio; p99 / mean:\n")
+            print("| budget | false suspicions | mean | bound at the mean | ratio | p99 / mean |")
+            print("|---:|---:|---:|---:|---:|---:|")
+            for r in result:
+                v = r.get("budget_detector")
+                if v:
+                    print(f"| {r['budget_ms']:g} ms | {v['false_suspicions']} | "
+                          f"{v['mean_detection_ms']:.1f} ms | {v['bound_at_mean']:.1f} | "
+                          f"{v['false_suspicions'] / v['bound_at_mean']:.2f}x | "
+                          f"{v['p99_detection_ms'] / v['mean_detection_ms']:.2f} |")
+        if thresholds:
+            print("\nThe best threshold on phi knowing the chain and its state (expected / "
+                  "realized, the level, the ratio of expected to the bound): anchored on the "
+                  "schedule; measured from the arrival:\n")
+            print("| budget | bound | anchored | from the arrival |")
+            print("|---:|---:|---:|---:|")
+            for r in result:
+                cells = [f"{r[k]['expected']:.1f} / {r[k]['realized']} (level {r[k]['level']:.2f}; "
+                         f"{r[k]['expected'] / r['bound']:.2f}x)"
+                         for k in ("threshold_anchored", "threshold_from_arrival")]
+                print(f"| {r['budget_ms']:g} ms | {r['bound']:.1f} | " + " | ".join(cells) + " |")
         if curves:
             print("\np99 of the detection time over crash times / mean, at those points:")
             for r in result:

@@ -258,6 +258,84 @@ fn the_gap_odds_come_from_the_counters() {
     assert!(!odds.in_burst, "{later:?}");
 }
 
+#[test]
+fn a_bursts_chance_of_a_gap_falls_back_with_each_heartbeat_since_it() {
+    let odds = |since_gap: u8, p_good: f64, p_bad: f64| GapOdds {
+        p_good,
+        p_bad,
+        q: 0.3,
+        in_burst: since_gap != 0,
+        since_gap,
+    };
+    // Outside a burst the calm rate; a burst no worse than calm keeps its own rate.
+    assert_eq!(odds(0, 0.01, 0.08).p_next(), 0.01);
+    assert_eq!(odds(3, 0.05, 0.04).p_next(), 0.04);
+    // Losses that do not cluster (a loss after a loss, q, no likelier than twice a burst's
+    // gap): every position keeps the burst's rate. Independent 20% loss has q = p_bad = 0.2.
+    let independent = GapOdds {
+        q: 0.2,
+        ..odds(1, 0.01, 0.2)
+    };
+    assert_eq!(independent.p_next(), 0.2);
+    let just_clustered = GapOdds {
+        q: 0.4,
+        ..odds(1, 0.01, 0.2)
+    };
+    assert_eq!(just_clustered.p_next(), 0.2);
+    assert!(
+        GapOdds {
+            q: 0.41,
+            ..odds(1, 0.01, 0.2)
+        }
+        .p_next()
+            > 0.2
+    );
+    // Inside: p_good + e 0.7^(m-1), e fitted so that the 16 positions, each weighted by the
+    // share of heartbeats that reach it (1, then times 1 - p(m) for each before), average
+    // p_bad. Checked here against that definition, computed apart.
+    let (p_good, p_bad) = (0.0097, 0.079);
+    let p: Vec<f64> = (1..=16).map(|m| odds(m, p_good, p_bad).p_next()).collect();
+    let (mut reach, mut weight, mut sum) = (1.0, 0.0, 0.0);
+    for &pm in &p {
+        weight += reach;
+        sum += reach * pm;
+        reach *= 1.0 - pm;
+    }
+    assert!((sum / weight - p_bad).abs() < 1e-9, "{p:?}");
+    for m in 1..16 {
+        let ratio = (p[m] - p_good) / (p[m - 1] - p_good);
+        assert!((ratio - BURST_DECAY).abs() < 1e-9, "{p:?}");
+    }
+    // The generated Gilbert-Elliott chain (docs/frontier/gilbert_bound.py: good to bad 1%,
+    // bad to good 10%, loss 0.1% and 40%) has, one to six heartbeats after a one-heartbeat
+    // gap, 0.260, 0.192, 0.131, 0.085, 0.054, 0.035 (its forward filter), averaging 0.079 over
+    // the 16 positions weighted as above, and 0.0097 when calm. The assumed shape, fitted to
+    // that mean alone, is within 12% of the first four (0.240, 0.171, 0.123, 0.089), and
+    // then falls back more slowly than the chain: 0.065 and 0.048 (20% and 38% high).
+    for (got, chain, within) in p
+        .iter()
+        .zip([0.260, 0.192, 0.131, 0.085, 0.054, 0.035])
+        .zip([0.12, 0.12, 0.12, 0.12, 0.25, 0.4])
+        .map(|((g, c), w)| (*g, c, w))
+    {
+        assert!(
+            (got / chain - 1.0).abs() < within,
+            "{got} against {chain}: {p:?}"
+        );
+    }
+    // The counters' view: the heartbeat after a gap leaves 16 in the burst, the first
+    // position; each later one counts down.
+    let mut r = PeerRecord::admitted(7, 0);
+    (r.loss_heartbeats, r.loss_gaps, r.loss_lost) = (1000, 20, 30);
+    (r.burst_heartbeats, r.burst_gaps) = (300, 15);
+    r.burst_left = BURST_MEMORY;
+    assert_eq!(GapOdds::from_record(&r).unwrap().since_gap, 1);
+    r.burst_left = 1;
+    assert_eq!(GapOdds::from_record(&r).unwrap().since_gap, BURST_MEMORY);
+    r.burst_left = 0;
+    assert_eq!(GapOdds::from_record(&r).unwrap().since_gap, 0);
+}
+
 /// The upper normal quantiles the levels below use, from tables (R: qnorm(p, lower.tail =
 /// FALSE)): phi 1 is P = 0.1, phi 3 is P = 0.001, phi 8 is P = 1e-8.
 const Z_PHI_1: f64 = 1.281_551_565_544_600_4;
@@ -546,6 +624,7 @@ fn with_loss_counted_a_calm_window_saves_more() {
         p_bad: 0.001,
         q: 0.0,
         in_burst: false,
+        since_gap: 0,
     };
     let lossy = at(Some(rare));
     assert!(
