@@ -31,8 +31,14 @@ pub const RESERVE_BUDGETS: f64 = 64.0;
 /// Priced in aims rather than milliseconds, a millisecond is dearer under a short budget,
 /// where it is a larger share of what every deadline has.
 pub const MU_EMPTY: f64 = 0.15;
-/// mu with a full reserve.
-pub const MU_FULL: f64 = 1.5e-7;
+/// mu with a full reserve. The range sets how far mu swings as a burst spends the credit:
+/// ln mu moves by ln(MU_EMPTY / MU_FULL) over the reserve, so a burst that spends 30 of its 64
+/// budgets moved mu 650-fold with the 1.5e-7 this was (13.8 over the reserve) and moves it
+/// 30-fold now (7.3), closer to the one price of a millisecond the bound's allocation keeps.
+/// On the Gilbert bound's traces (docs/tuning.md, "Loss-aware suspicion") that took the budget
+/// detector from 1.47 / 1.31 / 1.27x the bound at 200 / 250 / 300 ms to 1.34 / 1.20 / 1.16x;
+/// 1e-2 left too little room to spend at 350 ms and up (1.48 to 2.10x there).
+pub const MU_FULL: f64 = 1e-4;
 
 /// What a peer carries from one estimate to the next.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]

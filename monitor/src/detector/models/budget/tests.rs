@@ -474,8 +474,9 @@ fn the_credit_follows_the_deadlines() {
 fn mu_falls_with_the_credit_log_linearly() {
     assert!((multiplier(0.0, 100.0) - MU_EMPTY).abs() < 1e-15);
     assert!((multiplier(100.0, 100.0) / MU_FULL - 1.0).abs() < 1e-9);
-    // Half full: the geometric mean, sqrt(0.15 x 1.5e-7) = 1.5e-4.
-    assert!((multiplier(50.0, 100.0) / 1.5e-4 - 1.0).abs() < 1e-9);
+    // Half full: the geometric mean, sqrt(0.15 x 1e-4) = 3.873e-3.
+    assert!((multiplier(50.0, 100.0) / (0.15f64 * 1e-4).sqrt() - 1.0).abs() < 1e-9);
+    assert!((multiplier(50.0, 100.0) - 3.873e-3).abs() < 1e-6);
     assert!((multiplier(500.0, 100.0) / MU_FULL - 1.0).abs() < 1e-9);
 }
 
@@ -574,17 +575,17 @@ fn a_calm_full_window_saves_and_a_partial_one_does_not() {
     );
     assert!(close(empty.deadline_ms, 261.36), "{empty:?}");
     assert_eq!(empty.allocation.credit_ms, 0.0);
-    // Half the reserve: mu 1.5e-4 an aim. Past the longest (101 ms) the next interval's
+    // Half the reserve: mu 3.873e-3 an aim. Past the longest (101 ms) the next interval's
     // chance falls off as N(100, 50) does (the floor under the window's deviation of 1) from
     // one place in 129 at 101: P(Z > 3.227) / P(Z > 0.02) / 129 = 9.8e-6 at 261.36 ms, where
-    // the cost is 9.8e-6 + 0.88 mu = 1.418e-4. Of the other aims tried in [261.36, 1097]
+    // the cost is 9.8e-6 + 0.88 mu = 3.418e-3. Of the other aims tried in [261.36, 1097]
     // (hi: the aim and 8 periods), the nearest are 276 and 301 (the longest and steps of
-    // half the floor) and 313.6 (the grid's first): 3.4e-6 + 0.929 mu = 1.428e-4 at 276,
-    // 6.4e-7 + mu = 1.506e-4 at the aim. The deadline still saves all it may.
+    // half the floor) and 313.6 (the grid's first): 3.4e-6 + 0.929 mu = 3.601e-3 at 276,
+    // 6.4e-7 + mu = 3.874e-3 at the aim. The deadline still saves all it may.
     let half = at(reserve / 2.0, true);
     assert!(close(half.deadline_ms, 261.36), "{half:?}");
     // A full reserve has no room to save: the aim, or past it where the tail still has
-    // something for mu = 1.5e-7 an aim to buy (6.4e-7 at the aim). A partial window never
+    // something for mu = 1e-4 an aim to buy (6.4e-7 at the aim). A partial window never
     // saves.
     let full = at(reserve, true);
     assert!(
