@@ -430,7 +430,9 @@ impl GapOdds {
             }
             sum / weight
         };
-        // The mean rises with e; at e = 1 every position's chance is at least the first's.
+        // The mean rises with e (every chance rises, and the weight moves to the first
+        // positions, whose chances are the highest); at e = 1 the first position's chance is 1
+        // and no heartbeat reaches the next, so the mean is 1 and the root lies in [0, 1].
         let (mut lo, mut hi) = (0.0, 1.0);
         if mean(hi) <= self.p_bad {
             return self.p_bad.min(1.0);
