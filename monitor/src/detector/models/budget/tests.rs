@@ -543,27 +543,39 @@ fn calm_window() -> Vec<f64> {
     [99.0, 101.0].repeat(64)
 }
 
+/// The rule for window `x` at `budget_ms` allocated over time (the 50 ms floor and top level
+/// 8 of the tests here): `credit_ms` left from the heartbeat before, the counters' `gaps`, and
+/// whether the window is `full`.
+fn over_time(
+    x: &[f64],
+    budget_ms: f64,
+    credit_ms: f64,
+    gaps: Option<GapOdds>,
+    full: bool,
+) -> BudgetRule {
+    let allocation = Allocation {
+        credit_ms,
+        heartbeats: 1,
+    };
+    choose(
+        x,
+        budget_ms,
+        50.0,
+        8.0,
+        Some(&OverTime {
+            allocation,
+            gaps,
+            full,
+        }),
+    )
+}
+
 #[test]
 fn a_calm_full_window_saves_and_a_partial_one_does_not() {
     let aim = 300.0 * AIM;
     let reserve = RESERVE_BUDGETS * 300.0;
     let x = calm_window();
-    let at = |credit_ms: f64, full: bool| {
-        choose(
-            &x,
-            300.0,
-            50.0,
-            8.0,
-            Some(&OverTime {
-                allocation: Allocation {
-                    credit_ms,
-                    heartbeats: 1,
-                },
-                gaps: None,
-                full,
-            }),
-        )
-    };
+    let at = |credit_ms: f64, full: bool| over_time(&x, 300.0, credit_ms, None, full);
     // No rule comes near a mistake (the aim 196 ms past the longest): the timeout. With no
     // credit, a deadline at the aim costs mu = 0.15 an aim for nothing the window shows, so
     // it saves all it may: with no loss counted, MAX_SAVING (0.12) of the aim, to 261.36 ms.
@@ -607,19 +619,7 @@ fn with_loss_counted_a_calm_window_saves_more() {
     // (0.3) of the aim; without, MAX_SAVING (0.12).
     let aim = 300.0 * AIM;
     let x = calm_window();
-    let at = |gaps: Option<GapOdds>| {
-        choose(
-            &x,
-            300.0,
-            50.0,
-            8.0,
-            Some(&OverTime {
-                allocation: Allocation::default(),
-                gaps,
-                full: true,
-            }),
-        )
-    };
+    let at = |gaps: Option<GapOdds>| over_time(&x, 300.0, 0.0, gaps, true);
     let rare = GapOdds {
         p_good: 0.001,
         p_bad: 0.001,
@@ -645,17 +645,7 @@ fn a_saved_deadline_keeps_the_lower_levels_of_the_unsaved_curve() {
     // 8 at the saved deadline, where phi steps up to it.
     let x = calm_window();
     let per_window = choose(&x, 300.0, 50.0, 8.0, None);
-    let saved = choose(
-        &x,
-        300.0,
-        50.0,
-        8.0,
-        Some(&OverTime {
-            allocation: Allocation::default(),
-            gaps: None,
-            full: true,
-        }),
-    );
+    let saved = over_time(&x, 300.0, 0.0, None, true);
     assert!(close(saved.deadline_ms, 261.36), "{saved:?}");
     let scale = (297.0 - 100.0) / Z_PHI_8;
     for (level, z) in [(1.0, Z_PHI_1), (3.0, Z_PHI_3)] {
@@ -688,22 +678,7 @@ fn a_jittery_window_spends_what_the_calm_ones_saved() {
             _ => 100.0,
         });
     }
-    let with = |credit_ms: f64| {
-        choose(
-            &x,
-            150.0,
-            50.0,
-            8.0,
-            Some(&OverTime {
-                allocation: Allocation {
-                    credit_ms,
-                    heartbeats: 1,
-                },
-                gaps: None,
-                full: true,
-            }),
-        )
-    };
+    let with = |credit_ms: f64| over_time(&x, 150.0, credit_ms, None, true);
     let per_window = choose(&x, 150.0, 50.0, 8.0, None);
     // No credit: nothing to spend, and the window's mistakes make the aim dear: the
     // deadline stays within it.
