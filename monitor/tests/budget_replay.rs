@@ -1,7 +1,8 @@
 //! `monitor replay -d budget:ms=B` on every trace of the corpus: the generated kinds (3000
 //! heartbeats, seed 1) and the recorded traces under tests/traces/.
 //! At every budget the detector's own mean detection time (over crash times, exact) is within
-//! 0.9 B and B, the crash at the end is detected, and it is scored on the same clock as the
+//! 0.9 B and B (where the sender's own schedule allows it: `slowdown` below 250 ms is held to
+//! few false suspicions instead), the crash at the end is detected, and it is scored on the same clock as the
 //! fixed timeout of the same budget. How it compares with every family's frontier is
 //! docs/tuning.md's table ("A detection budget, met per peer"), not asserted here: that is a
 //! target with misses, and a test that asserts it would have to be weakened to pass.
@@ -11,6 +12,9 @@ use std::{path::PathBuf, process::Command};
 use serde_json::Value;
 
 const BUDGETS_MS: [f64; 6] = [150.0, 200.0, 300.0, 500.0, 1000.0, 1500.0];
+/// The interval `slowdown` moves to for good, halfway: a budget below it cannot be met
+/// (docs/tuning.md, "A budget the peer's schedule cannot meet").
+const SLOWDOWN_PERIOD_MS: f64 = 250.0;
 /// Every generated kind. `asymmetric-loss` was left out while its mean detection time went
 /// up to 1.29 B (the split of the aim made for the kernel counters' share of heartbeats inside
 /// bursts, which lags a loss that starts and stays); the split now waits for bursts and leaves
@@ -118,10 +122,30 @@ fn every_corpus_trace_meets_every_budget() {
                 "{ours}"
             );
             let mean = ours["mean_detection_ms"].as_f64().unwrap();
-            assert!(
-                (0.9 * budget..=budget).contains(&mean),
-                "{name}, budget {budget} ms: mean detection {mean} ms"
-            );
+            let false_suspicions = ours["false_suspicions"].as_u64().unwrap();
+            if name.starts_with("slowdown ") && budget < SLOWDOWN_PERIOD_MS {
+                // The sender's second half comes every 250 ms: no deadline meets a shorter
+                // budget without convicting the live sender at each of its 1500 slow
+                // heartbeats (1425 at 200 ms before the detector said so). It is convicted
+                // just past its schedule there instead: a handful of false suspicions (the
+                // first slow heartbeats, before most of the last 8 intervals are slow), and
+                // a mean of the budget over the first half and at most 1.1 periods over the
+                // second.
+                assert!(
+                    false_suspicions <= 30,
+                    "{name}, budget {budget} ms (unmet): {false_suspicions} false suspicions"
+                );
+                let most = (budget + 1.1 * SLOWDOWN_PERIOD_MS) / 2.0;
+                assert!(
+                    (0.9 * budget..=most).contains(&mean),
+                    "{name}, budget {budget} ms (unmet): mean detection {mean} ms"
+                );
+            } else {
+                assert!(
+                    (0.9 * budget..=budget).contains(&mean),
+                    "{name}, budget {budget} ms: mean detection {mean} ms"
+                );
+            }
             let p99 = ours["p99_detection_ms"].as_f64().unwrap();
             assert!(p99.is_finite() && p99 >= mean * 0.5, "{name}: p99 {p99}");
             let detected = ours["detection_ms"].as_f64();

@@ -63,6 +63,92 @@ fn a_budget_shorter_than_the_scan_is_met_between_scans() {
     );
 }
 
+/// A sender slower than its budget: every 150 ms under `--budget 100ms`. No deadline meets
+/// that budget without convicting the live sender at its heartbeats, and the detector used to
+/// do just that: levels 1, 3 and 8 after each heartbeat, a recovery at the next. Once most of
+/// its last 8 intervals are over the aim, the peer's view says `budget_unmet` and the deadline
+/// is past its own schedule, every level at it (docs/tuning.md, "A budget the peer's schedule
+/// cannot meet"): over the next 20 heartbeats the live sender is convicted at no more than one.
+#[test]
+fn a_sender_slower_than_its_budget_is_not_convicted_at_every_heartbeat() {
+    require_root();
+    let pair = NetnsPair::named(126, ["hbmbudgete", "hbmbudgetf"], ["hbvbudge", "hbvbudgf"]);
+    let dir = TempDir::new("hbmbudget");
+    let agent = AgentProcess::start(
+        &pair,
+        &[
+            "--peers",
+            &dir.peers_file([9]),
+            "--budget",
+            "100ms",
+            "--levels",
+            "1,3,8",
+        ],
+    );
+    let mut watcher = agent.subscribe();
+    let _send = spawn(realtime(sender(&pair, 9, "150ms", &["--incarnation", "1"])));
+    let peer = || agent.ask(json!({"op": "peer", "id": 9}))["peer"].clone();
+    let unmet = wait_for(
+        Duration::from_secs(15),
+        "peer 9 reported over its budget",
+        || {
+            let view = peer();
+            (view["budget_unmet"] == json!(true)).then_some(view)
+        },
+    );
+    // Before: the window's first 8 intervals, too few to read a schedule from, each
+    // heartbeat convicted at the aim (99 ms) and cleared by the next; the last of those
+    // recoveries is published once the next heartbeat is read, so the count starts one on.
+    let from = unmet["heartbeats"].as_u64().unwrap() + 1;
+    wait_for(
+        Duration::from_secs(5),
+        "one more heartbeat of peer 9",
+        || (peer()["heartbeats"].as_u64().unwrap() >= from).then_some(()),
+    );
+    let before = drain(&mut watcher);
+    wait_for(
+        Duration::from_secs(15),
+        "20 more heartbeats of peer 9",
+        || {
+            let view = peer();
+            assert_eq!(view["budget_unmet"], json!(true), "{view}");
+            (view["heartbeats"].as_u64().unwrap() >= from + 20).then_some(())
+        },
+    );
+    let after = drain(&mut watcher);
+    let recovered = after
+        .iter()
+        .filter(|e| e["event"] == "recover" && e["id"] == 9)
+        .count();
+    println!(
+        "--budget 100ms, a sender every 150ms: `budget_unmet` from heartbeat {}, {} events up to heartbeat {from}, {} in the 20 heartbeats after, {recovered} recoveries",
+        from - 1,
+        before.len(),
+        after.len()
+    );
+    assert!(
+        recovered <= 1,
+        "the live sender was convicted and cleared {recovered} times in 20 heartbeats: {after:#?}"
+    );
+    // Every level at the deadline: none crossed alone, below the top, while it lived.
+    let partial = after
+        .iter()
+        .filter(|e| e["event"] == "suspect" && e["id"] == 9 && e["level"] != json!(8.0));
+    assert!(partial.count() <= 2 * recovered, "{after:#?}");
+}
+
+/// The events a subscription has received so far, without waiting for more than a moment.
+fn drain(client: &mut monitor::serving::client::Client) -> Vec<Value> {
+    let mut events = Vec::new();
+    client
+        .set_read_timeout(Some(Duration::from_millis(20)))
+        .unwrap();
+    while let Ok(line) = client.read_line() {
+        events.push(serde_json::from_str(&line).unwrap());
+    }
+    events
+}
+
 /// When level 8 came for a stopped sender: the silence at which phi crossed it, and how long
 /// after that crossing the event was raised (the event's `at`, whole ms, less its
 /// `crossed_at`).

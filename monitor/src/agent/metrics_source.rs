@@ -23,11 +23,13 @@ impl Agent {
         let mut found: std::collections::HashMap<u64, (f64, u64, f64, u8)> =
             std::collections::HashMap::with_capacity(wanted.len());
         let mut all: Vec<(f64, u64, f64, u8)> = Vec::new();
+        let mut budget_unmet = 0u64;
         {
             let trackers = self.trackers.lock();
             for (t, watch) in trackers.peers.iter().zip(&trackers.watches) {
                 let Some(t) = t else { continue };
                 let crossed = t.crossed();
+                budget_unmet += t.estimate().budget_unmet() as u64;
                 peers_at[(crossed as usize).min(levels.len())] += 1;
                 // The estimate of the last refresh (at most a window of heartbeats old, see
                 // `PeerTracker::refloor`) against the last arrival: the scrape reads no slot.
@@ -93,6 +95,7 @@ impl Agent {
             phi_le,
             selected,
             socket_clients: self.clients.load(Ordering::Relaxed) as u64,
+            budget_unmet,
         }
     }
 }

@@ -35,6 +35,12 @@ pub struct PeerView {
     /// BFD: the Desired Min TX Interval it announces, ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bfd_tx_ms: Option<f64>,
+    /// Present (true) when the detector is `--budget` and this peer's own heartbeats come
+    /// slower than the budget allows (most of its last 8 intervals are longer): no deadline
+    /// meets the budget without convicting the live peer at most heartbeats, so it is
+    /// convicted just past its own schedule instead, later than the budget.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub budget_unmet: bool,
     /// BFD: the session's My Discriminator (with the address, its key).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub discriminator: Option<u32>,
@@ -173,6 +179,7 @@ impl PeerView {
             bfd_state: bfd.then(|| bfd_state_name(record.bfd_state).into()),
             bfd_diag: bfd.then_some(record.bfd_diag),
             bfd_tx_ms: bfd.then(|| record.bfd_desired_min_tx_us as f64 / 1000.0),
+            budget_unmet: estimate.budget_unmet(),
             bfd_detect_mult: bfd.then_some(record.bfd_detect_mult),
             incarnation: record.incarnation,
             heartbeats: record.heartbeats,
@@ -242,6 +249,7 @@ mod tests {
             bfd_diag: Some(1),
             bfd_state: Some("up".into()),
             bfd_tx_ms: Some(300.5),
+            budget_unmet: true,
             discriminator: Some(7),
             duplicates: 2,
             heartbeats: 10,
@@ -287,6 +295,7 @@ mod tests {
             bfd_diag: None,
             bfd_state: None,
             bfd_tx_ms: None,
+            budget_unmet: false,
             discriminator: None,
             held: false,
             qos: None,

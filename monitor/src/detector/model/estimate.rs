@@ -19,6 +19,15 @@ pub struct Estimate {
     pub shape: Shape,
 }
 
+impl Estimate {
+    /// Whether the model is `budget` and the peer's own schedule is slower than its budget's
+    /// aim (`BudgetRule::unmet`): no deadline meets that budget without convicting the live
+    /// peer at most heartbeats.
+    pub fn budget_unmet(&self) -> bool {
+        matches!(&self.shape, Shape::Budget(rule) if rule.unmet)
+    }
+}
+
 /// Model-specific parts of an estimate.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Shape {

@@ -117,6 +117,14 @@ impl<S: Source> Collector for AgentCollector<S> {
         )?;
         gauge(
             e,
+            "peers_budget_unmet",
+            "Peers whose own heartbeats come slower than the detection budget allows (--budget): \
+             convicted just past their schedule, later than the budget",
+            None,
+            scrape.budget_unmet as i64,
+        )?;
+        gauge(
+            e,
             "socket_clients",
             "Clients connected to the agent's socket",
             None,

@@ -164,6 +164,9 @@ pub struct Scrape {
     pub phi_le: Vec<u64>,
     pub selected: Vec<SelectedPeer>,
     pub socket_clients: u64,
+    /// Peers whose own schedule is slower than the `--budget` allows (`PeerView::budget_unmet`);
+    /// 0 under every other detector.
+    pub budget_unmet: u64,
 }
 
 /// One of the peers `--metrics-peer` and `--metrics-top` select, as a scrape shows it.

@@ -71,6 +71,7 @@ impl Source for Fake {
                 })
                 .collect(),
             socket_clients: 1,
+            budget_unmet: 2,
         }
     }
 
@@ -111,6 +112,7 @@ fn the_required_families_with_their_values() {
         "heartbeat_monitor_events_total{kind=\"suspect\"} 1",
         "heartbeat_monitor_build_info{version=\"",
         "heartbeat_monitor_peers_phi_at_most{phi=\"+Inf\"} 4",
+        "heartbeat_monitor_peers_budget_unmet 2",
         "heartbeat_monitor_xdp_run_seconds_total 0.002",
         "heartbeat_monitor_sweep_duration_seconds_count 1",
         "heartbeat_monitor_estimate_refreshes_total 40",

@@ -20,6 +20,9 @@ pub struct BudgetRule {
     top_phi: f64,
     /// What the peer carries to its next estimate: the budget allocated over time.
     pub allocation: super::Allocation,
+    /// The budget cannot be met: the peer's own schedule is slower than its aim
+    /// ([`super::schedule_outruns_aim`]), and the deadline is past the schedule instead.
+    pub unmet: bool,
 }
 
 impl BudgetRule {
@@ -136,6 +139,7 @@ impl BudgetRule {
             top,
             top_phi,
             allocation: super::Allocation::default(),
+            unmet: false,
         }
     }
 }

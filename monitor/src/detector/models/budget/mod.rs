@@ -40,6 +40,11 @@
 //! window has not seen, [`MAX_SAVING_WITH_LOSS`] (0.3), never below the window's longest
 //! anchored interval, and only while the reserve ([`RESERVE_BUDGETS`] budgets) has room.
 //!
+//! A peer whose own schedule is slower than the aim (most of its last 8 intervals longer:
+//! [`schedule_outruns_aim`]) cannot meet the budget without being convicted at most of its
+//! heartbeats. It gets the timeout, a deadline past its schedule whatever the credit, every
+//! level at that deadline, and the rule says so ([`BudgetRule::unmet`]).
+//!
 //! The window is the peer's own intervals: the first-interval estimate's two samples, which
 //! every model's window starts with, are not arrivals, and only a peer heard once is judged
 //! by them ([`choose_unheard`]).
@@ -156,10 +161,14 @@ pub fn choose(
     } else {
         intervals_ms.iter().sum::<f64>() / n as f64
     };
+    // A schedule slower than the aim is most often one that changed (a sender slowed down):
+    // the line through a window of both periods says nothing of the new one, and anchored on
+    // it a deadline fell to 0. The timeout alone is judged then.
+    let unmet = schedule_outruns_aim(intervals_ms, aim);
     // (mistakes, deviation for ties, std, anchor, mean)
     let mut best: Option<(u32, f64, f64, f64, f64)> = None;
     for &anchor in &ANCHORS {
-        if anchor > 0.0 && offsets.is_none() {
+        if anchor > 0.0 && (offsets.is_none() || unmet) {
             break;
         }
         let s = |j: usize| intervals_ms[j] + offsets.as_ref().map_or(0.0, |o| anchor * o[j]);
@@ -186,37 +195,73 @@ pub fn choose(
     let (mistakes, _, std, anchor, mean) = best.expect("the timeout is always a candidate");
     // The last arrival's offset (o_n), by which the rule moves the deadline.
     let shift = offsets.as_ref().map_or(0.0, |o| anchor * o[n]);
+    let anchored = || Anchored {
+        intervals: (0..n)
+            .map(|j| intervals_ms[j] + offsets.as_ref().map_or(0.0, |o| anchor * o[j]))
+            .collect(),
+        mean,
+        tail_std: std.max(min_std_ms),
+        period,
+    };
     let (deadline_ms, allocation) = match over_time {
-        Some(time) => {
-            let anchored: Vec<f64> = (0..n)
-                .map(|j| intervals_ms[j] + offsets.as_ref().map_or(0.0, |o| anchor * o[j]))
-                .collect();
-            let window = Anchored {
-                intervals: anchored,
-                mean,
-                tail_std: std.max(min_std_ms),
-                period,
-            };
-            window.deadline(budget_ms, shift, time)
-        }
+        Some(time) if unmet => (anchored().past_schedule(budget_ms, shift), time.allocation),
+        Some(time) => anchored().deadline(budget_ms, shift, time),
+        None if unmet => (
+            anchored().past_schedule(budget_ms, shift),
+            Allocation::default(),
+        ),
         None => ((aim - shift).max(0.0), Allocation::default()),
     };
     // The curve is drawn for the deadline of a budget met per window, or a later one the
     // allocation spends; a deadline it saves on comes sooner on the same curve
     // ([`BudgetRule::saving`]).
+    //
+    // Past a schedule that outruns the aim, the deadline is a few ms past the peer's own
+    // intervals: a curve graded before it would put the lower levels inside their spread
+    // (scaled to fit, level 1 came 1.2 ms past the mean interval of a 150 ms sender under a
+    // 100 ms budget: at most heartbeats). Every level comes at the deadline instead, a
+    // timeout: the silence says nothing before it that the schedule does not.
     let unsaved_ms = (aim - shift).max(0.0);
-    let mut rule = BudgetRule::around(
-        anchor,
-        mistakes,
-        deadline_ms.max(unsaved_ms),
-        mean - shift,
-        std,
-        min_std_ms,
-        top,
-    )
-    .saving(deadline_ms);
+    let mut rule = if unmet {
+        BudgetRule::around(anchor, mistakes, deadline_ms, deadline_ms, 0.0, 0.0, top)
+    } else {
+        BudgetRule::around(
+            anchor,
+            mistakes,
+            deadline_ms.max(unsaved_ms),
+            mean - shift,
+            std,
+            min_std_ms,
+            top,
+        )
+        .saving(deadline_ms)
+    };
     rule.allocation = allocation;
+    rule.unmet = unmet;
     rule
+}
+
+/// Heartbeats whose intervals [`schedule_outruns_aim`] reads: the last few, so that a sender
+/// that slowed down is seen within a few heartbeats rather than half a window.
+pub const RECENT_INTERVALS: usize = MIN_INTERVALS;
+
+/// Whether the peer's own schedule is slower than the aim: most of its last
+/// [`RECENT_INTERVALS`] intervals (between heartbeats it sent, none spanning a loss) are
+/// longer than the aim. A deadline at the aim would then convict the live peer at most of
+/// its heartbeats and clear it at the next: a sender that slowed to 250 ms under a 200 ms
+/// budget was convicted 1425 times in its 1500 slow heartbeats (`slowdown`, seed 1). No
+/// deadline meets such a budget without that; the detector says so ([`BudgetRule::unmet`])
+/// and sets the deadline past the schedule instead ([`Anchored::past_schedule`]). A window
+/// too short for a rule (fewer than [`MIN_INTERVALS`]) is not judged. Loss, jitter and
+/// queues are not this: their long intervals are a minority of the recent ones, and there
+/// the budget is a trade of mistakes for detection time that the allocation makes.
+pub fn schedule_outruns_aim(intervals_ms: &[f64], aim: f64) -> bool {
+    let n = intervals_ms.len();
+    if n < MIN_INTERVALS {
+        return false;
+    }
+    let recent = &intervals_ms[n - RECENT_INTERVALS..];
+    2 * recent.iter().filter(|&&x| x > aim).count() > RECENT_INTERVALS
 }
 
 /// A window's anchored intervals under the chosen rule, their mean, the deviation of the tail
@@ -300,6 +345,42 @@ impl Anchored {
             (lo, hi),
         );
         ((a - shift).clamp(0.0, aim + credit), allocation)
+    }
+}
+
+impl Anchored {
+    /// The deadline of a peer whose schedule outruns the aim ([`schedule_outruns_aim`]): the
+    /// aim past it with the fewest expected mistakes plus the price of a millisecond with no
+    /// credit ([`alloc::MU_EMPTY`]), up to [`MAX_BURST_PERIODS`] periods past the aim, spending
+    /// no credit it does not have: the peer is over its budget whatever the deadline, and the
+    /// least deadline its own intervals do not reach is the soonest a crash can be told from
+    /// its schedule. The credit drains as these deadlines count against the aim.
+    fn past_schedule(mut self, budget_ms: f64, shift: f64) -> f64 {
+        let aim = budget_ms * AIM;
+        self.intervals.sort_by(f64::total_cmp);
+        let n = self.intervals.len();
+        let longest = self.intervals[n - 1];
+        let window = predict::Window {
+            sorted: &self.intervals,
+            mean: self.mean,
+            tail_std: self.tail_std,
+        };
+        let lo = aim;
+        let hi = (aim + MAX_BURST_PERIODS * self.period).max(lo);
+        let step = self.tail_std.max(1e-3) / 2.0;
+        let tail = self.intervals[n.saturating_sub(TAIL_CANDIDATES)..]
+            .iter()
+            .copied()
+            .chain((1..=TAIL_CANDIDATES).map(|j| longest + j as f64 * step));
+        let grid = (1..GRID_CANDIDATES).map(|i| lo + (hi - lo) * i as f64 / GRID_CANDIDATES as f64);
+        let a = alloc::allocate(
+            |a| window.misses(a, None),
+            tail.chain(grid),
+            alloc::MU_EMPTY,
+            aim,
+            (lo, hi),
+        );
+        (a - shift).max(0.0)
     }
 }
 

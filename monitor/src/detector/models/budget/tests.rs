@@ -719,3 +719,67 @@ fn over_a_trace_the_deadlines_average_the_aim_or_less() {
         assert!(mean >= 0.9 * budget, "{budget}: {mean}");
     }
 }
+
+#[test]
+fn a_schedule_slower_than_the_aim_is_convicted_past_it_not_at_every_heartbeat() {
+    // A sender that slowed from 100 to 250 ms: 120 intervals of 100, then 8 of 250. Under a
+    // 200 ms budget (aim 198) every deadline at the aim convicts the live peer at each of its
+    // heartbeats. Most of the last 8 intervals are over the aim: unmet.
+    let mut x = vec![100.0; 120];
+    x.extend([250.0; 8]);
+    assert!(schedule_outruns_aim(&x, 198.0));
+    let time = OverTime {
+        allocation: Allocation {
+            credit_ms: 0.0,
+            heartbeats: 500,
+        },
+        gaps: None,
+        full: true,
+    };
+    for over_time in [None, Some(&time)] {
+        let rule = choose(&x, 200.0, 0.0, 8.0, over_time);
+        assert!(rule.unmet, "{rule:?}");
+        // The line through both periods says nothing of the new one: the timeout alone.
+        assert_eq!(rule.anchor, 0.0, "{rule:?}");
+        // Past the slow intervals (no credit spent on it: there is none), and at most a
+        // step of the tail's half deviation past them. The window's mean is 109.375 ms and
+        // its deviation 36.31, so a step is 18.2 ms: at 250 the next interval is beyond the
+        // deadline one time in 129, and the price of the 250th ms is 0.15 250 / 198.
+        assert!(
+            (250.0..250.0 + 18.2).contains(&rule.deadline_ms),
+            "{rule:?}"
+        );
+        assert_eq!(rule.phi(rule.deadline_ms), 8.0);
+        assert!(rule.phi(rule.deadline_ms.next_down()) < 8.0);
+        // Every level at the deadline, within the curve's least scale (1 us): the lower
+        // levels graded before it would fall among the slow intervals themselves.
+        for level in [1.0, 3.0] {
+            let at = rule.crossing_ms(level);
+            assert!(
+                (rule.deadline_ms - 0.01..=rule.deadline_ms).contains(&at),
+                "level {level} at {at}: {rule:?}"
+            );
+        }
+        assert!(rule.phi(250.0) < 1.0, "{rule:?}");
+    }
+    // Four of the last eight are not most: a burst of delay, the budget's trade to make.
+    let mut half = vec![100.0; 124];
+    half.extend([250.0, 100.0, 250.0, 100.0, 250.0, 100.0, 250.0, 100.0]);
+    assert!(!schedule_outruns_aim(&half, 198.0));
+    let rule = choose(&half, 200.0, 0.0, 8.0, Some(&time));
+    assert!(!rule.unmet, "{rule:?}");
+    assert!(
+        rule.deadline_ms <= 198.0 + 1e-9,
+        "no credit to spend: {rule:?}"
+    );
+    // A window of fewer than 8 intervals is not judged.
+    assert!(!schedule_outruns_aim(&[250.0; 7], 198.0));
+    // The estimate says so, for the agent's view and metrics.
+    let estimate = Estimate {
+        mean_ms: 109.375,
+        std_ms: 36.31,
+        pause_ms: 0.0,
+        shape: Shape::Budget(choose(&x, 200.0, 0.0, 8.0, Some(&time))),
+    };
+    assert!(estimate.budget_unmet());
+}
