@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 #[test]
 fn a_stopped_sender_is_convicted_at_its_deadline() {
     require_root();
-    let pair = NetnsPair::named(124, ["hbmbudgeta", "hbmbudgetb"], ["hbvbudga", "hbvbudgb"]);
+    let pair = NetnsPair::named(124, ["hbmbudgeta", "hbmbudgetb"], ["hbvbua", "hbvbub"]);
     let budget_ms = 300.0;
     let deadline = convicted_after(&pair, budget_ms, "20ms", &["--sweep-interval", "10ms"]);
     // Level 8 at the deadline: the aim (0.99 of the budget) moved by the last heartbeat's
@@ -46,7 +46,7 @@ fn a_stopped_sender_is_convicted_at_its_deadline() {
 #[test]
 fn a_budget_shorter_than_the_scan_is_met_between_scans() {
     require_root();
-    let pair = NetnsPair::named(125, ["hbmbudgetc", "hbmbudgetd"], ["hbvbudgc", "hbvbudgd"]);
+    let pair = NetnsPair::named(125, ["hbmbudgetc", "hbmbudgetd"], ["hbvbuc", "hbvbud"]);
     let budget_ms = 40.0;
     let deadline = convicted_after(&pair, budget_ms, "5ms", &[]);
     assert!(
@@ -66,13 +66,14 @@ fn a_budget_shorter_than_the_scan_is_met_between_scans() {
 /// A sender slower than its budget: every 150 ms under `--budget 100ms`. No deadline meets
 /// that budget without convicting the live sender at its heartbeats, and the detector used to
 /// do just that: levels 1, 3 and 8 after each heartbeat, a recovery at the next. Once most of
-/// its last 8 intervals are over the aim, the peer's view says `budget_unmet` and the deadline
-/// is past its own schedule, every level at it (docs/tuning.md, "A budget the peer's schedule
-/// cannot meet"): over the next 20 heartbeats the live sender is convicted at no more than one.
+/// its last 8 intervals are over the aim (two of its first three: its 4th heartbeat), the
+/// peer's view says `budget_unmet` and the deadline is past its own schedule, every level at
+/// it (docs/tuning.md, "A budget the peer's schedule cannot meet"): over the next 20
+/// heartbeats the live sender is convicted at no more than one.
 #[test]
 fn a_sender_slower_than_its_budget_is_not_convicted_at_every_heartbeat() {
     require_root();
-    let pair = NetnsPair::named(126, ["hbmbudgete", "hbmbudgetf"], ["hbvbudge", "hbvbudgf"]);
+    let pair = NetnsPair::named(126, ["hbmbudgete", "hbmbudgetf"], ["hbvbue", "hbvbuf"]);
     let dir = TempDir::new("hbmbudget");
     let agent = AgentProcess::start(
         &pair,
@@ -96,10 +97,13 @@ fn a_sender_slower_than_its_budget_is_not_convicted_at_every_heartbeat() {
             (view["budget_unmet"] == json!(true)).then_some(view)
         },
     );
-    // Before: the window's first 8 intervals, too few to read a schedule from, each
-    // heartbeat convicted at the aim (99 ms) and cleared by the next; the last of those
-    // recoveries is published once the next heartbeat is read, so the count starts one on.
-    let from = unmet["heartbeats"].as_u64().unwrap() + 1;
+    // Its 4th heartbeat, read by a poll every 20 ms (one heartbeat late on a loaded machine).
+    let said_at = unmet["heartbeats"].as_u64().unwrap();
+    assert!(said_at <= 5, "`budget_unmet` only at heartbeat {said_at}");
+    // Before: its first intervals, each heartbeat convicted at the aim (99 ms) and cleared by
+    // the next; the last of those recoveries is published once the next heartbeat is read,
+    // so the count starts one on.
+    let from = said_at + 1;
     wait_for(
         Duration::from_secs(5),
         "one more heartbeat of peer 9",

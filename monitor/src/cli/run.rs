@@ -170,7 +170,8 @@ pub struct RunArgs {
     /// the budget (a timeout, or one anchored on the sender's schedule), re-chosen whenever its
     /// estimate is refreshed. phi reaches the highest of --levels at the deadline and the
     /// lower levels before it (docs/tuning.md, "A detection budget"). A peer whose own
-    /// heartbeats come slower than the budget (most of its last 8 intervals) cannot meet it
+    /// heartbeats come slower than the budget (most of its last 8 intervals, from its third)
+    /// cannot meet it
     /// without being convicted at every heartbeat: it is convicted just past its schedule
     /// instead, and its `peer` view says `budget_unmet`. Replaces --model.
     #[arg(long, value_parser = parse_budget, value_name = "DURATION", help_heading = "Detector",

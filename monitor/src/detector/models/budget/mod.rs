@@ -241,27 +241,33 @@ pub fn choose(
     rule
 }
 
-/// Heartbeats whose intervals [`schedule_outruns_aim`] reads: the last few, so that a sender
-/// that slowed down is seen within a few heartbeats rather than half a window.
+/// Intervals [`schedule_outruns_aim`] reads: the last few, so that a sender that slowed down
+/// is seen within a few heartbeats rather than half a window.
 pub const RECENT_INTERVALS: usize = MIN_INTERVALS;
 
+/// The fewest intervals [`schedule_outruns_aim`] judges: two of a new peer's first three over
+/// the aim say so at its fourth heartbeat, where waiting for a window a rule can be read from
+/// (8) let a 150 ms sender under a 100 ms budget be convicted and cleared at each of its first
+/// nine. Told wrongly, a peer gets a later deadline for a few heartbeats, not a conviction.
+pub const MIN_JUDGED_INTERVALS: usize = 3;
+
 /// Whether the peer's own schedule is slower than the aim: most of its last
-/// [`RECENT_INTERVALS`] intervals (between heartbeats it sent, none spanning a loss) are
-/// longer than the aim. A deadline at the aim would then convict the live peer at most of
-/// its heartbeats and clear it at the next: a sender that slowed to 250 ms under a 200 ms
-/// budget was convicted 1425 times in its 1500 slow heartbeats (`slowdown`, seed 1). No
-/// deadline meets such a budget without that; the detector says so ([`BudgetRule::unmet`])
-/// and sets the deadline past the schedule instead ([`Anchored::past_schedule`]). A window
-/// too short for a rule (fewer than [`MIN_INTERVALS`]) is not judged. Loss, jitter and
-/// queues are not this: their long intervals are a minority of the recent ones, and there
-/// the budget is a trade of mistakes for detection time that the allocation makes.
+/// [`RECENT_INTERVALS`] intervals (of at least [`MIN_JUDGED_INTERVALS`]; between heartbeats
+/// it sent, none spanning a loss) are longer than the aim. A deadline at the aim would then
+/// convict the live peer at most of its heartbeats and clear it at the next: a sender that
+/// slowed to 250 ms under a 200 ms budget was convicted 1425 times in its 1500 slow
+/// heartbeats (`slowdown`, seed 1). No deadline meets such a budget without that; the
+/// detector says so ([`BudgetRule::unmet`]) and sets the deadline past the schedule instead
+/// ([`Anchored::past_schedule`]). Loss, jitter and queues are not this: their long intervals
+/// are a minority of the recent ones, and there the budget is a trade of mistakes for
+/// detection time that the allocation makes.
 pub fn schedule_outruns_aim(intervals_ms: &[f64], aim: f64) -> bool {
     let n = intervals_ms.len();
-    if n < MIN_INTERVALS {
+    if n < MIN_JUDGED_INTERVALS {
         return false;
     }
-    let recent = &intervals_ms[n - RECENT_INTERVALS..];
-    2 * recent.iter().filter(|&&x| x > aim).count() > RECENT_INTERVALS
+    let recent = &intervals_ms[n - n.min(RECENT_INTERVALS)..];
+    2 * recent.iter().filter(|&&x| x > aim).count() > recent.len()
 }
 
 /// A window's anchored intervals under the chosen rule, their mean, the deviation of the tail

@@ -772,8 +772,12 @@ fn a_schedule_slower_than_the_aim_is_convicted_past_it_not_at_every_heartbeat() 
         rule.deadline_ms <= 198.0 + 1e-9,
         "no credit to spend: {rule:?}"
     );
-    // A window of fewer than 8 intervals is not judged.
-    assert!(!schedule_outruns_aim(&[250.0; 7], 198.0));
+    // A new peer's first intervals are judged from the third: two of three over the aim.
+    assert!(!schedule_outruns_aim(&[250.0; 2], 198.0));
+    assert!(schedule_outruns_aim(&[250.0, 100.0, 250.0], 198.0));
+    assert!(!schedule_outruns_aim(&[250.0, 100.0, 100.0], 198.0));
+    let first = choose(&[250.0; 3], 200.0, 50.0, 8.0, Some(&time));
+    assert!(first.unmet && first.deadline_ms > 250.0, "{first:?}");
     // The estimate says so, for the agent's view and metrics.
     let estimate = Estimate {
         mean_ms: 109.375,
