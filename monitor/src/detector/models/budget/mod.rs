@@ -40,8 +40,8 @@
 //! window has not seen, [`MAX_SAVING_WITH_LOSS`] (0.3), never below the window's longest
 //! anchored interval, and only while the reserve ([`RESERVE_BUDGETS`] budgets) has room.
 //!
-//! A peer whose own schedule is slower than the aim (most of its last 8 intervals longer:
-//! [`schedule_outruns_aim`]) cannot meet the budget without being convicted at most of its
+//! A peer whose own schedule is slower than the aim (most of its last 8 intervals longer,
+//! judged from its third: [`schedule_outruns_aim`]) cannot meet the budget without being convicted at most of its
 //! heartbeats. It gets the timeout, a deadline past its schedule whatever the credit, every
 //! level at that deadline, and the rule says so ([`BudgetRule::unmet`]).
 //!
