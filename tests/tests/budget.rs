@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use integration_tests::{
     agent_process::{AgentProcess, TempDir, events_until, realtime, sender, spawn},
+    http::get_in,
     netns::NetnsPair,
     require_root,
     soak::unix_ms,
@@ -84,6 +85,8 @@ fn a_sender_slower_than_its_budget_is_not_convicted_at_every_heartbeat() {
             "100ms",
             "--levels",
             "1,3,8",
+            "--metrics-addr",
+            "127.0.0.1:9464",
         ],
     );
     let mut watcher = agent.subscribe();
@@ -120,6 +123,15 @@ fn a_sender_slower_than_its_budget_is_not_convicted_at_every_heartbeat() {
         },
     );
     let after = drain(&mut watcher);
+    // The gauge an operator alerts on counts it.
+    let (status, metrics) = get_in(&pair.ns_a, "127.0.0.1:9464", "/metrics", &[]).unwrap();
+    assert_eq!(status, 200, "{metrics}");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "heartbeat_monitor_peers_budget_unmet 1"),
+        "{metrics}"
+    );
     let recovered = after
         .iter()
         .filter(|e| e["event"] == "recover" && e["id"] == 9)
