@@ -310,11 +310,7 @@ impl Anchored {
         }
         self.intervals.sort_by(f64::total_cmp);
         let longest = self.intervals[n - 1];
-        let window = predict::Window {
-            sorted: &self.intervals,
-            mean: self.mean,
-            tail_std: self.tail_std,
-        };
+        let window = self.window();
         let gap = time.gaps.map(|g| Gap {
             p: g.p_next(),
             q: g.q,
@@ -336,16 +332,9 @@ impl Anchored {
         };
         let hi = (aim + credit).min(aim + MAX_BURST_PERIODS * self.period);
         let lost = if gap.is_some_and(|g| g.p > 0.0) { 2 } else { 0 };
-        let step = self.tail_std.max(1e-3) / 2.0;
-        let tail = self.intervals[n.saturating_sub(TAIL_CANDIDATES)..]
-            .iter()
-            .copied()
-            .chain((1..=TAIL_CANDIDATES).map(|j| longest + j as f64 * step));
-        let shifted = tail.flat_map(|a| (0..=lost).map(move |k| a + k as f64 * self.period));
-        let grid = (1..GRID_CANDIDATES).map(|i| lo + (hi - lo) * i as f64 / GRID_CANDIDATES as f64);
         let a = alloc::allocate(
             |a| window.misses(a, gap.as_ref()),
-            shifted.chain(grid),
+            self.aims_tried(lo, hi, lost),
             alloc::multiplier(credit, reserve),
             aim,
             (lo, hi),
@@ -355,6 +344,34 @@ impl Anchored {
 }
 
 impl Anchored {
+    /// The window the expected mistakes are read from (the intervals sorted).
+    fn window(&self) -> predict::Window<'_> {
+        predict::Window {
+            sorted: &self.intervals,
+            mean: self.mean,
+            tail_std: self.tail_std,
+        }
+    }
+
+    /// The aims tried in `[lo, hi]` (the intervals sorted): the window's longest
+    /// [`TAIL_CANDIDATES`] and as many steps of half the tail's deviation past its longest,
+    /// each also 1 to `lost` periods later, and an even grid between the bounds.
+    fn aims_tried(&self, lo: f64, hi: f64, lost: usize) -> impl Iterator<Item = f64> + '_ {
+        let n = self.intervals.len();
+        let longest = self.intervals[n - 1];
+        let step = self.tail_std.max(1e-3) / 2.0;
+        let period = self.period;
+        self.intervals[n.saturating_sub(TAIL_CANDIDATES)..]
+            .iter()
+            .copied()
+            .chain((1..=TAIL_CANDIDATES).map(move |j| longest + j as f64 * step))
+            .flat_map(move |a| (0..=lost).map(move |k| a + k as f64 * period))
+            .chain(
+                (1..GRID_CANDIDATES)
+                    .map(move |i| lo + (hi - lo) * i as f64 / GRID_CANDIDATES as f64),
+            )
+    }
+
     /// The deadline of a peer whose schedule outruns the aim ([`schedule_outruns_aim`]): the
     /// aim past it with the fewest expected mistakes plus the price of a millisecond with no
     /// credit ([`alloc::MU_EMPTY`]), up to [`MAX_BURST_PERIODS`] periods past the aim, spending
@@ -364,24 +381,10 @@ impl Anchored {
     fn past_schedule(mut self, budget_ms: f64, shift: f64) -> f64 {
         let aim = budget_ms * AIM;
         self.intervals.sort_by(f64::total_cmp);
-        let n = self.intervals.len();
-        let longest = self.intervals[n - 1];
-        let window = predict::Window {
-            sorted: &self.intervals,
-            mean: self.mean,
-            tail_std: self.tail_std,
-        };
-        let lo = aim;
-        let hi = (aim + MAX_BURST_PERIODS * self.period).max(lo);
-        let step = self.tail_std.max(1e-3) / 2.0;
-        let tail = self.intervals[n.saturating_sub(TAIL_CANDIDATES)..]
-            .iter()
-            .copied()
-            .chain((1..=TAIL_CANDIDATES).map(|j| longest + j as f64 * step));
-        let grid = (1..GRID_CANDIDATES).map(|i| lo + (hi - lo) * i as f64 / GRID_CANDIDATES as f64);
+        let (lo, hi) = (aim, aim + MAX_BURST_PERIODS * self.period);
         let a = alloc::allocate(
-            |a| window.misses(a, None),
-            tail.chain(grid),
+            |a| self.window().misses(a, None),
+            self.aims_tried(lo, hi.max(lo), 0),
             alloc::MU_EMPTY,
             aim,
             (lo, hi),
