@@ -338,6 +338,12 @@ fn detail_lines(app: &App, p: &PeerView) -> Vec<Line<'static>> {
             p.auth_failures, p.outages, p.restarts
         )),
     ];
+    if p.budget_unmet {
+        lines.push(Line::styled(
+            "budget         unmet: sends too slowly",
+            Style::default().fg(Color::Yellow),
+        ));
+    }
     match &p.qos {
         None => lines.push(Line::from("QoS            not swept yet")),
         Some(q) => {
@@ -491,6 +497,26 @@ mod tests {
             let first = l.trim_start_matches(['│', ' ']).split_whitespace().next();
             (first == Some(word)).then(|| (y, l.clone()))
         })
+    }
+
+    /// A peer over its `--budget` says so in the detail panel; one within it does not.
+    #[test]
+    fn the_detail_says_when_a_peer_cannot_meet_its_budget() {
+        for unmet in [true, false] {
+            let mut app = app();
+            app.follow = Some(4);
+            let mut s = app.snapshot.clone().unwrap();
+            let mut view = peer(4, 0.2, None, 120.0, 0);
+            view.budget_unmet = unmet;
+            s.detail = Some((4, Ok(view)));
+            app.apply(Ok(s));
+            let screen = lines(&render(&app, 160, 40)).join("\n");
+            assert_eq!(
+                screen.contains("budget         unmet: sends too slowly"),
+                unmet,
+                "{screen}"
+            );
+        }
     }
 
     #[test]
