@@ -170,7 +170,7 @@ pub struct RunArgs {
     /// the budget (a timeout, or one anchored on the sender's schedule), re-chosen whenever its
     /// estimate is refreshed. phi reaches the highest of --levels at the deadline and the
     /// lower levels before it (docs/tuning.md, "A detection budget"). A peer whose own
-    /// heartbeats come slower than the budget (most of its last 8 intervals, from its third)
+    /// heartbeats come slower than the budget (most of its last 8 intervals, from its first)
     /// cannot meet it
     /// without being convicted at every heartbeat: it is convicted just past its schedule
     /// instead, and its `peer` view says `budget_unmet`. Replaces --model.

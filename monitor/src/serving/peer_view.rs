@@ -36,7 +36,7 @@ pub struct PeerView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bfd_tx_ms: Option<f64>,
     /// Present (true) when the detector is `--budget` and this peer's own heartbeats come
-    /// slower than the budget allows (most of its last 8 intervals are longer, from its third): no
+    /// slower than the budget allows (most of its last 8 intervals are longer, from its first): no
     /// deadline
     /// meets the budget without convicting the live peer at most heartbeats, so it is
     /// convicted just past its own schedule instead, later than the budget.

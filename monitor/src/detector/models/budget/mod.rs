@@ -41,7 +41,7 @@
 //! anchored interval, and only while the reserve ([`RESERVE_BUDGETS`] budgets) has room.
 //!
 //! A peer whose own schedule is slower than the aim (most of its last 8 intervals longer,
-//! judged from its third: [`schedule_outruns_aim`]) cannot meet the budget without being convicted at most of its
+//! judged from its first: [`schedule_outruns_aim`]) cannot meet the budget without being convicted at most of its
 //! heartbeats. It gets the timeout, a deadline past its schedule whatever the credit, every
 //! level at that deadline, and the rule says so ([`BudgetRule::unmet`]).
 //!
@@ -245,11 +245,13 @@ pub fn choose(
 /// is seen within a few heartbeats rather than half a window.
 pub const RECENT_INTERVALS: usize = MIN_INTERVALS;
 
-/// The fewest intervals [`schedule_outruns_aim`] judges: two of a new peer's first three over
-/// the aim say so at its fourth heartbeat, where waiting for a window a rule can be read from
-/// (8) let a 150 ms sender under a 100 ms budget be convicted and cleared at each of its first
-/// nine. Told wrongly, a peer gets a later deadline for a few heartbeats, not a conviction.
-pub const MIN_JUDGED_INTERVALS: usize = 3;
+/// The fewest intervals [`schedule_outruns_aim`] judges: a new peer's first interval over the
+/// aim says so at its second heartbeat (and its first two, both over it, at its third), where
+/// waiting for a window a rule can be read from (8) let a 150 ms sender under a 100 ms budget
+/// be convicted and cleared at each of its first nine heartbeats, and waiting for three
+/// intervals at each of its first three. Told wrongly (a first interval a delay stretched), a
+/// peer gets a later deadline for a heartbeat or two, not a conviction.
+pub const MIN_JUDGED_INTERVALS: usize = 1;
 
 /// Whether the peer's own schedule is slower than the aim: most of its last
 /// [`RECENT_INTERVALS`] intervals (of at least [`MIN_JUDGED_INTERVALS`]; between heartbeats

@@ -410,13 +410,20 @@ fn a_peer_heard_once_under_a_budget_shorter_than_the_estimate_gets_a_timeout() {
     // floor puts the aim (495 - 100) / 50 = 7.9 scales past its mean, more than z_top.
     let wide = choose_unheard(&[75.0, 125.0], 500.0, 50.0, 8.0);
     assert_eq!((wide.center_ms, wide.scale_ms), (100.0, 50.0));
-    // The peer's own intervals of 75 and 125 ms are a spread, not an assumption: it does not
-    // yield, and the curve ends a deviation (25 ms) before the deadline, as before.
-    let own = choose(&[75.0, 125.0], 40.0, 50.0, 8.0, None);
+    // The peer's own intervals of 30 and 50 ms (one of two over the aim: a budget it can
+    // meet) are a spread, not an assumption: it does not yield, and the curve ends a
+    // deviation (10 ms) before the deadline, as before.
+    let own = choose(&[30.0, 50.0], 40.0, 50.0, 8.0, None);
+    assert!(!own.unmet, "{own:?}");
     assert!(
-        close(own.scale_ms, 25.0) && close(own.center_ms, 39.6 - 25.0),
+        close(own.scale_ms, 10.0) && close(own.center_ms, 39.6 - 10.0),
         "{own:?}"
     );
+    // Own intervals of 75 and 125 ms, both over the aim: a budget it cannot meet, every level
+    // at a deadline past them.
+    let slow = choose(&[75.0, 125.0], 40.0, 50.0, 8.0, None);
+    assert!(slow.unmet && slow.deadline_ms > 125.0, "{slow:?}");
+    assert!(slow.crossing_ms(1.0) > slow.deadline_ms - 0.01, "{slow:?}");
 }
 
 #[test]
@@ -772,12 +779,16 @@ fn a_schedule_slower_than_the_aim_is_convicted_past_it_not_at_every_heartbeat() 
         rule.deadline_ms <= 198.0 + 1e-9,
         "no credit to spend: {rule:?}"
     );
-    // A new peer's first intervals are judged from the third: two of three over the aim.
-    assert!(!schedule_outruns_aim(&[250.0; 2], 198.0));
+    // A new peer's intervals are judged from its first: most of those it has.
+    assert!(!schedule_outruns_aim(&[], 198.0));
+    assert!(schedule_outruns_aim(&[250.0], 198.0));
+    assert!(!schedule_outruns_aim(&[250.0, 100.0], 198.0));
     assert!(schedule_outruns_aim(&[250.0, 100.0, 250.0], 198.0));
     assert!(!schedule_outruns_aim(&[250.0, 100.0, 100.0], 198.0));
-    let first = choose(&[250.0; 3], 200.0, 50.0, 8.0, Some(&time));
-    assert!(first.unmet && first.deadline_ms > 250.0, "{first:?}");
+    for first in [&[250.0][..], &[250.0; 3]] {
+        let rule = choose(first, 200.0, 50.0, 8.0, Some(&time));
+        assert!(rule.unmet && rule.deadline_ms > 250.0, "{rule:?}");
+    }
     // The estimate says so, for the agent's view and metrics.
     let estimate = Estimate {
         mean_ms: 109.375,
