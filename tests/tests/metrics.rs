@@ -202,6 +202,7 @@ fn prometheus_scrapes_the_agent_and_promtool_accepts_it() {
         "HeartbeatMonitorStalled",
         "HeartbeatMonitorDown",
         "HeartbeatAuthFailures",
+        "HeartbeatBudgetUnmet",
     ] {
         assert!(rules.contains(alert), "{alert} not loaded: {rules}");
     }
