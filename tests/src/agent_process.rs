@@ -360,6 +360,20 @@ pub fn spawn(mut cmd: Command) -> ChildGuard {
     ChildGuard(cmd.spawn().expect("spawn"))
 }
 
+/// The events a subscribed `client` has received so far: read until nothing more comes
+/// within `quiet` (which only ends the read; it waits for nothing to happen).
+pub fn events_so_far(
+    client: &mut monitor::serving::client::Client,
+    quiet: std::time::Duration,
+) -> Vec<serde_json::Value> {
+    client.set_read_timeout(Some(quiet)).unwrap();
+    let mut events = Vec::new();
+    while let Ok(line) = client.read_line() {
+        events.push(serde_json::from_str(&line).expect("event JSON"));
+    }
+    events
+}
+
 /// Reads events from a subscribed `client` until `done` says so, or fails after `within`.
 pub fn events_until(
     client: &mut monitor::serving::client::Client,

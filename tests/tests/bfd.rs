@@ -239,7 +239,7 @@ fn the_agent_watches_a_real_bfd_session_passively_and_detects_its_peers_crash() 
 
 #[test]
 fn a_session_that_reports_down_raises_bfd_down_with_its_diagnostic() {
-    use integration_tests::agent_process::AgentProcess;
+    use integration_tests::agent_process::{AgentProcess, events_so_far};
     require_root();
     let net = NetnsPair::named(92, ["hbfda", "hbfdb"], ["hbfxa", "hbfxb"]);
     let agent = AgentProcess::start(&net, &["--bfd"]);
@@ -288,13 +288,8 @@ fn a_session_that_reports_down_raises_bfd_down_with_its_diagnostic() {
     });
     assert!(view["phi"].as_f64().unwrap() < 1.0, "{view}");
     assert!(view["mean_ms"].as_f64().unwrap() > 700.0, "{view}");
-    // Every event up to now is in the stream: drain it (the short timeout only ends the
-    // drain once nothing more is there).
-    events
-        .set_read_timeout(Some(Duration::from_millis(300)))
-        .expect("read timeout");
-    while let Ok(line) = events.read_line() {
-        let e: serde_json::Value = serde_json::from_str(&line).expect("event JSON");
+    // Every event up to now is in the stream.
+    for e in events_so_far(&mut events, Duration::from_millis(300)) {
         assert!(
             !(e["event"] == "suspect" && e["id"] == id),
             "a live session that reports Down was suspected: {e}"

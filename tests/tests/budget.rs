@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use integration_tests::{
-    agent_process::{AgentProcess, TempDir, events_until, realtime, sender, spawn},
+    agent_process::{AgentProcess, TempDir, events_so_far, events_until, realtime, sender, spawn},
     http::get_in,
     netns::NetnsPair,
     require_root,
@@ -112,7 +112,7 @@ fn a_sender_slower_than_its_budget_is_not_convicted_at_every_heartbeat() {
         "one more heartbeat of peer 9",
         || (peer()["heartbeats"].as_u64().unwrap() >= from).then_some(()),
     );
-    let before = drain(&mut watcher);
+    let before = events_so_far(&mut watcher, Duration::from_millis(20));
     wait_for(
         Duration::from_secs(15),
         "20 more heartbeats of peer 9",
@@ -122,7 +122,7 @@ fn a_sender_slower_than_its_budget_is_not_convicted_at_every_heartbeat() {
             (view["heartbeats"].as_u64().unwrap() >= from + 20).then_some(())
         },
     );
-    let after = drain(&mut watcher);
+    let after = events_so_far(&mut watcher, Duration::from_millis(20));
     // The gauge an operator alerts on counts it.
     let (status, metrics) = get_in(&pair.ns_a, "127.0.0.1:9464", "/metrics", &[]).unwrap();
     assert_eq!(status, 200, "{metrics}");
@@ -151,18 +151,6 @@ fn a_sender_slower_than_its_budget_is_not_convicted_at_every_heartbeat() {
         .iter()
         .filter(|e| e["event"] == "suspect" && e["id"] == 9 && e["level"] != json!(8.0));
     assert!(partial.count() <= 2 * recovered, "{after:#?}");
-}
-
-/// The events a subscription has received so far, without waiting for more than a moment.
-fn drain(client: &mut monitor::serving::client::Client) -> Vec<Value> {
-    let mut events = Vec::new();
-    client
-        .set_read_timeout(Some(Duration::from_millis(20)))
-        .unwrap();
-    while let Ok(line) = client.read_line() {
-        events.push(serde_json::from_str(&line).unwrap());
-    }
-    events
 }
 
 /// When level 8 came for a stopped sender: the silence at which phi crossed it, and how long

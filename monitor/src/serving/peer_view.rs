@@ -36,10 +36,9 @@ pub struct PeerView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bfd_tx_ms: Option<f64>,
     /// Present (true) when the detector is `--budget` and this peer's own heartbeats come
-    /// slower than the budget allows (most of its last 8 intervals are longer, from its first): no
-    /// deadline
-    /// meets the budget without convicting the live peer at most heartbeats, so it is
-    /// convicted just past its own schedule instead, later than the budget.
+    /// slower than the budget allows (most of its last 8 intervals are longer, from its
+    /// first): no deadline meets the budget without convicting the live peer at most
+    /// heartbeats, so it is convicted just past its own schedule instead, later than the budget.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub budget_unmet: bool,
     /// BFD: the session's My Discriminator (with the address, its key).
@@ -180,8 +179,8 @@ impl PeerView {
             bfd_state: bfd.then(|| bfd_state_name(record.bfd_state).into()),
             bfd_diag: bfd.then_some(record.bfd_diag),
             bfd_tx_ms: bfd.then(|| record.bfd_desired_min_tx_us as f64 / 1000.0),
-            budget_unmet: estimate.budget_unmet(),
             bfd_detect_mult: bfd.then_some(record.bfd_detect_mult),
+            budget_unmet: estimate.budget_unmet(),
             incarnation: record.incarnation,
             heartbeats: record.heartbeats,
             samples: record.samples,

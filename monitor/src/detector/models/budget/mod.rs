@@ -204,12 +204,12 @@ pub fn choose(
         period,
     };
     let (deadline_ms, allocation) = match over_time {
-        Some(time) if unmet => (anchored().past_schedule(budget_ms, shift), time.allocation),
-        Some(time) => anchored().deadline(budget_ms, shift, time),
-        None if unmet => (
-            anchored().past_schedule(budget_ms, shift),
-            Allocation::default(),
+        // The timeout alone (above), so no shift: the credit passes on as it stood.
+        _ if unmet => (
+            anchored().past_schedule(budget_ms),
+            over_time.map_or_else(Allocation::default, |time| time.allocation),
         ),
+        Some(time) => anchored().deadline(budget_ms, shift, time),
         None => ((aim - shift).max(0.0), Allocation::default()),
     };
     // The curve is drawn for the deadline of a budget met per window, or a later one the
@@ -380,18 +380,17 @@ impl Anchored {
     /// no credit it does not have: the peer is over its budget whatever the deadline, and the
     /// least deadline its own intervals do not reach is the soonest a crash can be told from
     /// its schedule. The credit drains as these deadlines count against the aim.
-    fn past_schedule(mut self, budget_ms: f64, shift: f64) -> f64 {
+    fn past_schedule(mut self, budget_ms: f64) -> f64 {
         let aim = budget_ms * AIM;
         self.intervals.sort_by(f64::total_cmp);
         let (lo, hi) = (aim, aim + MAX_BURST_PERIODS * self.period);
-        let a = alloc::allocate(
+        alloc::allocate(
             |a| self.window().misses(a, None),
-            self.aims_tried(lo, hi.max(lo), 0),
+            self.aims_tried(lo, hi, 0),
             alloc::MU_EMPTY,
             aim,
             (lo, hi),
-        );
-        (a - shift).max(0.0)
+        )
     }
 }
 
