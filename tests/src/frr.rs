@@ -636,12 +636,23 @@ impl BfdPair {
         )
     }
 
-    /// Waits until both sides report the session Up, and returns (local, remote) sessions.
+    /// Waits until both sides report the session Up and have learned each other's configured
+    /// timers, and returns (local, remote) sessions.
+    ///
+    /// Up alone is not enough: a session comes Up at the slow pre-Up rate (1 s, RFC 5880
+    /// 6.8.3) and only the Poll sequence that follows moves it to the configured one, so a
+    /// side read at Up may still show its peer's 1000 ms.
     pub fn wait_up(&self, limit: Duration) -> (BfdSession, BfdSession) {
+        let timers = self.timers;
+        let settled = |s: &BfdSession| {
+            s.state == BfdState::Up
+                && s.remote_receive_interval_ms == timers.receive_interval_ms
+                && s.remote_transmit_interval_ms == timers.transmit_interval_ms
+        };
         let result = poll(limit, || {
             let local = self.local.session()?;
             let remote = self.remote.session()?;
-            if local.state == BfdState::Up && remote.state == BfdState::Up {
+            if settled(&local) && settled(&remote) {
                 Ok((local, remote))
             } else {
                 Err(format!("local {local:?}\nremote {remote:?}"))
@@ -649,7 +660,8 @@ impl BfdPair {
         });
         result.unwrap_or_else(|reason| {
             panic!(
-                "timed out after {limit:?} waiting for the BFD session to be Up on both sides: \
+                "timed out after {limit:?} waiting for the BFD session to be Up on both sides at \
+                 its configured timers: \
                  {reason}\n{}",
                 self.logs()
             )
