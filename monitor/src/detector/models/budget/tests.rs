@@ -798,3 +798,37 @@ fn a_schedule_slower_than_the_aim_is_convicted_past_it_not_at_every_heartbeat() 
     };
     assert!(estimate.budget_unmet());
 }
+
+#[test]
+fn a_saved_deadline_outlasts_the_losses_the_aim_outlasts() {
+    // The calm window (longest 101 ms, period 100) with rare single losses counted, no
+    // credit: the deadline saves all it may. At 400 ms (aim 396) MAX_SAVING_WITH_LOSS alone
+    // would put it at 0.7 x 396 = 277.2 ms, inside two losses in a row, which the aim
+    // outlasts (396 > 101 + 2 x 100): it stops at 301 ms instead. At 300 ms (aim 297, one
+    // loss outlasted: 201 ms) the share binds first, at 207.9 ms, as before; at 200 ms (aim
+    // 198, no loss outlasted) only the longest interval and the share do, at 138.6 ms, less
+    // the shift of the rule chosen there (the aim within a period of the longest, the
+    // anchored rules are told apart by deviation: see `tie_deviation`).
+    let x = calm_window();
+    let rare = GapOdds {
+        p_good: 0.001,
+        p_bad: 0.001,
+        q: 0.0,
+        in_burst: false,
+        since_gap: 0,
+    };
+    let at = |budget: f64| over_time(&x, budget, 0.0, Some(rare), true).deadline_ms;
+    assert!(close(at(400.0), 301.0), "{}", at(400.0));
+    assert!(close(at(300.0), 207.9), "{}", at(300.0));
+    let short = over_time(&x, 200.0, 0.0, Some(rare), true);
+    let o = schedule_offsets(&x);
+    assert!(
+        close(short.deadline_ms, 138.6 - short.anchor * o[x.len()]),
+        "{short:?}"
+    );
+    // The bound itself: none without loss counted, none for an aim inside the longest.
+    assert!(close(losses_outlasted(396.0, 101.0, 100.0, true), 301.0));
+    assert!(close(losses_outlasted(396.0, 101.0, 100.0, false), 0.0));
+    assert!(close(losses_outlasted(90.0, 101.0, 100.0, true), 0.0));
+    assert!(close(losses_outlasted(198.0, 101.0, 100.0, true), 101.0));
+}
