@@ -116,8 +116,8 @@ pub struct PeerTracker {
     /// in `RefreshState`: a renewal (one a peer every 32 heartbeats) read it behind the box,
     /// a second miss that waited for the first (the box's address is in the tracker); beside
     /// the tracker's other fields its lines' misses overlap theirs. At 50,000 peers x 10 Hz
-    /// that took the sweep's mean scan from 665 to 524 us (docs/tuning.md, "Where a scan's
-    /// time goes"), for 88 bytes more a slot of capacity left empty.
+    /// that took the sweep's mean scan from 665 to 524 us (docs/tuning.md, "The renewal's
+    /// basis beside the tracker"), for 88 bytes more a slot of capacity left empty.
     basis: Option<RefloorBasis>,
     refresh: Box<RefreshState>,
 }
