@@ -42,9 +42,10 @@
 //! [`losses_outlasted`]), and only while the reserve ([`RESERVE_BUDGETS`] budgets) has room.
 //!
 //! A peer whose own schedule is slower than the aim (most of its last 8 intervals longer,
-//! judged from its first: [`schedule_outruns_aim`]) cannot meet the budget without being convicted at most of its
-//! heartbeats. It gets the timeout, a deadline past its schedule whatever the credit, every
-//! level at that deadline, and the rule says so ([`BudgetRule::unmet`]).
+//! judged from its first: [`schedule_outruns_aim`]) cannot meet the budget without being
+//! convicted at most of its heartbeats. It gets the timeout, a deadline past its schedule
+//! whatever the credit, every level at that deadline, and the rule says so
+//! ([`BudgetRule::unmet`]).
 //!
 //! The window is the peer's own intervals: the first-interval estimate's two samples, which
 //! every model's window starts with, are not arrivals, and only a peer heard once is judged

@@ -615,6 +615,18 @@ fn a_calm_full_window_saves_and_a_partial_one_does_not() {
     assert!(close(at(reserve / 2.0, false).deadline_ms, aim));
 }
 
+/// The counters' picture of a rare loss: one heartbeat in a thousand after a gap, never two
+/// in a row.
+fn rare_single_losses() -> GapOdds {
+    GapOdds {
+        p_good: 0.001,
+        p_bad: 0.001,
+        q: 0.0,
+        in_burst: false,
+        since_gap: 0,
+    }
+}
+
 #[test]
 fn with_loss_counted_a_calm_window_saves_more() {
     // The calm window with the counters' picture of a rare loss (one heartbeat in a thousand
@@ -627,13 +639,7 @@ fn with_loss_counted_a_calm_window_saves_more() {
     let aim = 300.0 * AIM;
     let x = calm_window();
     let at = |gaps: Option<GapOdds>| over_time(&x, 300.0, 0.0, gaps, true);
-    let rare = GapOdds {
-        p_good: 0.001,
-        p_bad: 0.001,
-        q: 0.0,
-        in_burst: false,
-        since_gap: 0,
-    };
+    let rare = rare_single_losses();
     let lossy = at(Some(rare));
     assert!(
         close(lossy.deadline_ms, aim * (1.0 - MAX_SAVING_WITH_LOSS)),
@@ -810,13 +816,7 @@ fn a_saved_deadline_outlasts_the_losses_the_aim_outlasts() {
     // the shift of the rule chosen there (the aim within a period of the longest, the
     // anchored rules are told apart by deviation: see `tie_deviation`).
     let x = calm_window();
-    let rare = GapOdds {
-        p_good: 0.001,
-        p_bad: 0.001,
-        q: 0.0,
-        in_burst: false,
-        since_gap: 0,
-    };
+    let rare = rare_single_losses();
     let at = |budget: f64| over_time(&x, budget, 0.0, Some(rare), true).deadline_ms;
     assert!(close(at(400.0), 301.0), "{}", at(400.0));
     assert!(close(at(300.0), 207.9), "{}", at(300.0));
