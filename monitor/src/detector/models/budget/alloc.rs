@@ -66,10 +66,12 @@ impl Allocation {
     }
 }
 
-/// mu for a credit out of a reserve: ln mu linear in their ratio.
-pub fn multiplier(credit_ms: f64, reserve_ms: f64) -> f64 {
-    let full = if reserve_ms > 0.0 {
-        (credit_ms / reserve_ms).clamp(0.0, 1.0)
+/// mu for a credit: ln mu linear in the credit, from [`MU_EMPTY`] at none to [`MU_FULL`] at
+/// `span_ms` (the reserve, or longer where the reserve is short against the period:
+/// [`super::PRICE_SPAN_PERIODS`]), and [`MU_FULL`] past it.
+pub fn multiplier(credit_ms: f64, span_ms: f64) -> f64 {
+    let full = if span_ms > 0.0 {
+        (credit_ms / span_ms).clamp(0.0, 1.0)
     } else {
         0.0
     };

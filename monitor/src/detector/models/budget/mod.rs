@@ -203,6 +203,7 @@ pub fn choose(
             .collect(),
         mean,
         tail_std: std.max(min_std_ms),
+        std,
         period,
     };
     let (deadline_ms, allocation) = match over_time {
@@ -280,6 +281,8 @@ struct Anchored {
     intervals: Vec<f64>,
     mean: f64,
     tail_std: f64,
+    /// The anchored intervals' own deviation, not floored.
+    std: f64,
     period: f64,
 }
 
@@ -322,16 +325,17 @@ impl Anchored {
             period: self.period,
         });
         // What comes rarer than once in the window is priced by the kernel's loss counters
-        // where they have counted loss, by nothing where not.
-        let max_saving = if time.gaps.is_some() {
-            MAX_SAVING_WITH_LOSS
+        // where they have counted loss, by nothing where not. Where they have, the share
+        // gives way to a margin past the longest interval the window shows.
+        let share_floor = if time.gaps.is_some() {
+            (aim * (1.0 - MAX_SAVING_WITH_LOSS)).min(past_longest(longest, self.std))
         } else {
-            MAX_SAVING
+            aim * (1.0 - MAX_SAVING)
         };
         let lo = if time.full {
             (aim - (reserve - credit))
                 .max(longest.min(aim))
-                .max(aim * (1.0 - max_saving))
+                .max(share_floor)
                 .max(losses_outlasted(
                     aim,
                     longest,
@@ -346,7 +350,7 @@ impl Anchored {
         let a = alloc::allocate(
             |a| window.misses(a, gap.as_ref()),
             self.aims_tried(lo, hi, lost),
-            alloc::multiplier(credit, reserve),
+            alloc::multiplier(credit, price_span_ms(reserve, self.period)),
             aim,
             (lo, hi),
         );
@@ -593,6 +597,56 @@ pub fn losses_outlasted(aim: f64, longest: f64, period: f64, loss_counted: bool)
         return 0.0;
     }
     (longest + ((aim - longest) / period).floor() * period).min(aim)
+}
+
+/// Where loss is counted, the least a deadline may save down to by the share
+/// ([`MAX_SAVING_WITH_LOSS`]) where that share would keep it further from the window's longest
+/// anchored interval: [`SAVING_MARGIN_STDS`] of the window's own deviation past it, that
+/// deviation taken as at least [`MIN_MARGIN_STD_MS`].
+///
+/// The share prices what the window cannot see. Under a budget of two periods, where the aim
+/// outlasts no loss ([`losses_outlasted`] gives only the longest), 0.3 of a 198 ms aim left a
+/// calm deadline at 138.6 ms, 30 ms past anything a 100 ms schedule with 2 ms of jitter
+/// delivers, where the bound's allocation gives such heartbeats 108 ms and spends the rest
+/// inside bursts (docs/tuning.md, "Loss-aware suspicion"). Two deviations past the longest
+/// (about 4.6 from the mean of a full window) is past what the window's own jitter reaches;
+/// what lies beyond it, the loss counters price. A larger share instead fell off a cliff
+/// (0.5 put the deadline at the longest itself, and the path's jitter reached past it); one
+/// and three deviations measured within 1% of two.
+pub fn past_longest(longest: f64, std: f64) -> f64 {
+    longest + SAVING_MARGIN_STDS * std.max(MIN_MARGIN_STD_MS)
+}
+
+/// Deviations past the window's longest anchored interval that a saved deadline keeps where
+/// loss is counted ([`past_longest`]).
+pub const SAVING_MARGIN_STDS: f64 = 2.0;
+
+/// The least deviation [`past_longest`] takes: a path whose window shows almost none (a
+/// veth, a quiet LAN) still keeps 2 ms past its longest interval, about what the agent's
+/// millisecond clock and a scheduler's wake-up resolve.
+pub const MIN_MARGIN_STD_MS: f64 = 1.0;
+
+/// The least credit, in periods (the window's mean interval), over which ln mu moves from
+/// [`alloc::MU_EMPTY`] to [`alloc::MU_FULL`]: the reserve's [`RESERVE_BUDGETS`] budgets or
+/// this many periods, whichever is longer.
+///
+/// A burst spends in periods (each loss it outlasts is one more), and the reserve is counted
+/// in budgets: under a budget of two periods the reserve is 128 periods, so a burst of ten
+/// heartbeats given 600 ms more each spent half of it and raised mu 30-fold within the burst,
+/// where the bound's allocation keeps one price. Spread over 192 periods, the same burst
+/// moves it 12-fold. Budgets of three periods and more (64 budgets, at least 192 periods) are
+/// unchanged. On the Gilbert bound's traces that took 200 ms from 1.26 to 1.22x the bound
+/// (with [`past_longest`]); over 20 seeds `jitter-change` at 150 ms went from 1114 to 884
+/// mistakes, `bursty` from 774 to 722, `asymmetric-loss` at 200 ms from 1274 to 1225, and
+/// `wan` and `pareto`, whose rare long delays a cheap full reserve bought, from 491 and 263
+/// to 511 and 277 at 200 ms. 256 periods did more for the losses (1.19x) and cost those two
+/// more (528 and 295) and a corpus cell; 384 cost `bursty` at 400 ms.
+pub const PRICE_SPAN_PERIODS: f64 = 192.0;
+
+/// The credit over which ln mu moves its range ([`alloc::multiplier`]): the reserve, or
+/// [`PRICE_SPAN_PERIODS`] periods where that is longer.
+pub fn price_span_ms(reserve_ms: f64, period_ms: f64) -> f64 {
+    reserve_ms.max(PRICE_SPAN_PERIODS * period_ms)
 }
 
 /// Most periods a deadline may go past the aim: the allocation buys fewer mistakes with

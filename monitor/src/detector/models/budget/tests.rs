@@ -630,22 +630,20 @@ fn rare_single_losses() -> GapOdds {
 #[test]
 fn with_loss_counted_a_calm_window_saves_more() {
     // The calm window with the counters' picture of a rare loss (one heartbeat in a thousand
-    // after a gap, never two in a row), no credit: a deadline of 0.7 of the aim (207.9 ms)
-    // misses the next heartbeat only after a loss, whose interval past one period (107.9 ms
-    // less 100) is beyond the window's longest: 0.001 x P(Z > 0.158) / P(Z > 0.02) / 129 =
-    // 6.9e-6, and with the window's own chance (1.9e-10 there) far less than the 0.045 of mu
-    // it saves against the aim. With loss counted a deadline saves MAX_SAVING_WITH_LOSS
-    // (0.3) of the aim; without, MAX_SAVING (0.12).
-    let aim = 300.0 * AIM;
+    // after a gap, never two in a row), no credit. Without loss counted a deadline saves
+    // MAX_SAVING (0.12) of the aim, to 261.36 ms. With it, MAX_SAVING_WITH_LOSS (0.3) would
+    // leave 207.9 ms, and gives way to two of the window's deviations past its longest
+    // interval (101 + 2 x 1 = 103 ms); but the aim (297 ms) outlasts one loss, and the
+    // deadline stops past it, at the longest and one period: 201 ms. There it misses the
+    // next heartbeat after a loss only if that one's interval past the period (101 ms) is
+    // beyond the window's longest: 0.001 x P(Z > 0.02) / P(Z > 0.02) / 129 = 7.8e-6, with
+    // the window's own chance (P(Z > 2.02) / P(Z > 0.02) / 129 = 3.4e-4 under the 50 ms
+    // floor) less than the 0.048 of mu it saves against the aim.
     let x = calm_window();
     let at = |gaps: Option<GapOdds>| over_time(&x, 300.0, 0.0, gaps, true);
     let rare = rare_single_losses();
     let lossy = at(Some(rare));
-    assert!(
-        close(lossy.deadline_ms, aim * (1.0 - MAX_SAVING_WITH_LOSS)),
-        "{lossy:?}"
-    );
-    assert!(close(lossy.deadline_ms, 207.9), "{lossy:?}");
+    assert!(close(lossy.deadline_ms, 201.0), "{lossy:?}");
     assert!(close(at(None).deadline_ms, 261.36));
 }
 
@@ -811,24 +809,59 @@ fn a_saved_deadline_outlasts_the_losses_the_aim_outlasts() {
     // credit: the deadline saves all it may. At 400 ms (aim 396) MAX_SAVING_WITH_LOSS alone
     // would put it at 0.7 x 396 = 277.2 ms, inside two losses in a row, which the aim
     // outlasts (396 > 101 + 2 x 100): it stops at 301 ms instead. At 300 ms (aim 297, one
-    // loss outlasted: 201 ms) the share binds first, at 207.9 ms, as before; at 200 ms (aim
-    // 198, no loss outlasted) only the longest interval and the share do, at 138.6 ms, less
-    // the shift of the rule chosen there (the aim within a period of the longest, the
-    // anchored rules are told apart by deviation: see `tie_deviation`).
+    // loss outlasted) at 201 ms. At 200 ms (aim 198) no loss is outlasted, and the share
+    // (138.6 ms) gives way to the margin past the longest anchored interval. The aim is
+    // within a period of the longest, so the anchored rules are told apart by deviation
+    // (`tie_deviation`): the schedule anchor's is least (0.5 ms; its longest 100.496 ms, the
+    // last arrival 0.496 ms late on the line). Its deviation is floored to 1 ms, so the
+    // deadline stops at 100.496 + 2 = 102.496 ms, less the shift: 102.0 ms after the last
+    // heartbeat.
     let x = calm_window();
     let rare = rare_single_losses();
     let at = |budget: f64| over_time(&x, budget, 0.0, Some(rare), true).deadline_ms;
     assert!(close(at(400.0), 301.0), "{}", at(400.0));
-    assert!(close(at(300.0), 207.9), "{}", at(300.0));
+    assert!(close(at(300.0), 201.0), "{}", at(300.0));
     let short = over_time(&x, 200.0, 0.0, Some(rare), true);
     let o = schedule_offsets(&x);
+    assert_eq!(short.anchor, 1.0, "{short:?}");
+    assert!((o[x.len()] - 0.496).abs() < 1e-3, "{}", o[x.len()]);
+    assert!(close(short.deadline_ms, 102.0), "{short:?}");
+    // Without loss counted the share stays, less the same shift.
+    let calm = over_time(&x, 200.0, 0.0, None, true);
     assert!(
-        close(short.deadline_ms, 138.6 - short.anchor * o[x.len()]),
-        "{short:?}"
+        close(
+            calm.deadline_ms,
+            198.0 * (1.0 - MAX_SAVING) - calm.anchor * o[x.len()]
+        ),
+        "{calm:?}"
     );
     // The bound itself: none without loss counted, none for an aim inside the longest.
     assert!(close(losses_outlasted(396.0, 101.0, 100.0, true), 301.0));
     assert!(close(losses_outlasted(396.0, 101.0, 100.0, false), 0.0));
     assert!(close(losses_outlasted(90.0, 101.0, 100.0, true), 0.0));
     assert!(close(losses_outlasted(198.0, 101.0, 100.0, true), 101.0));
+}
+
+#[test]
+fn the_margin_past_the_longest_and_the_price_span_by_hand() {
+    // Two deviations past the longest, the deviation at least 1 ms.
+    assert!(close(past_longest(105.0, 2.5), 110.0));
+    assert!(close(past_longest(100.0, 0.2), 102.0));
+    // The price's span: 64 budgets, or 192 periods where longer. A 200 ms budget on a
+    // 100 ms schedule: a reserve of 12,800 ms, a span of 19,200; half the reserve then
+    // prices mu at 0.15 x (1e-4 / 0.15)^(1/3) = 0.15 / 11.447 = 0.013104 an aim, where over
+    // the reserve alone it was sqrt(0.15 x 1e-4) = 3.873e-3. At 300 ms and up the reserve
+    // is the span.
+    let reserve = RESERVE_BUDGETS * 200.0;
+    assert!(close(price_span_ms(reserve, 100.0), 19_200.0));
+    assert!(close(
+        price_span_ms(RESERVE_BUDGETS * 400.0, 100.0),
+        25_600.0
+    ));
+    let mu = multiplier(reserve / 2.0, price_span_ms(reserve, 100.0));
+    assert!((mu - 0.013104).abs() < 1e-6, "{mu}");
+    assert!((multiplier(reserve / 2.0, reserve) - 3.873e-3).abs() < 1e-6);
+    // A full reserve under a short budget does not reach MU_FULL: 0.15 x 1500^(-2/3).
+    let full = multiplier(reserve, price_span_ms(reserve, 100.0));
+    assert!((full - 1.1447e-3).abs() < 1e-7, "{full}");
 }
