@@ -37,7 +37,11 @@ pub const MU_EMPTY: f64 = 0.15;
 /// 30-fold now (7.3), closer to the one price of a millisecond the bound's allocation keeps.
 /// On the Gilbert bound's traces (docs/tuning.md, "Loss-aware suspicion") that took the budget
 /// detector from 1.47 / 1.31 / 1.27x the bound at 200 / 250 / 300 ms to 1.34 / 1.20 / 1.16x;
-/// 1e-2 left too little room to spend at 350 ms and up (1.48 to 2.10x there).
+/// 1e-2 left too little room to spend at 350 ms and up (1.48 to 2.10x there). Under budgets
+/// of less than three periods the range is spread over more credit than the reserve holds
+/// ([`super::PRICE_SPAN_PERIODS`]), so there a full reserve prices above this. 3e-4 with the
+/// margin of [`super::past_longest`] measured 1.24x at 200 ms, but made more of `bursty`'s
+/// first bursts mistakes (54 and 20 to 63 and 24 at 400 and 500 ms over 20 seeds).
 pub const MU_FULL: f64 = 1e-4;
 
 /// What a peer carries from one estimate to the next.

@@ -37,9 +37,12 @@
 //! 0.99 B or less from a peer's first heartbeat; a deadline saves only once the window is
 //! full, at most [`MAX_SAVING`] of the aim (0.12: a calm peer's crash is convicted after
 //! 0.87 B or more) or, where the kernel's counters have counted loss and price what the
-//! window has not seen, [`MAX_SAVING_WITH_LOSS`] (0.3), never below the window's longest
-//! anchored interval (with loss counted, nor below the runs of losses the aim outlasts:
-//! [`losses_outlasted`]), and only while the reserve ([`RESERVE_BUDGETS`] budgets) has room.
+//! window has not seen, [`MAX_SAVING_WITH_LOSS`] (0.3) or down to two of the window's
+//! deviations past its longest anchored interval, whichever saves more ([`past_longest`]);
+//! never below the window's longest anchored interval (with loss counted, nor below the runs
+//! of losses the aim outlasts: [`losses_outlasted`]), and only while the reserve
+//! ([`RESERVE_BUDGETS`] budgets) has room. mu moves its range over the reserve, or over
+//! [`PRICE_SPAN_PERIODS`] periods where the reserve is shorter ([`price_span_ms`]).
 //!
 //! A peer whose own schedule is slower than the aim (most of its last 8 intervals longer,
 //! judged from its first: [`schedule_outruns_aim`]) cannot meet the budget without being
@@ -296,14 +299,14 @@ impl Anchored {
     /// to the next estimate: the aim that minimises the window's expected mistakes plus mu
     /// times the aim ([`alloc::allocate`]), moved by the rule's shift. It spends at most the
     /// credit (and [`MAX_BURST_PERIODS`] periods) over the aim, and saves at most what the
-    /// reserve has room for and [`MAX_SAVING`] of the aim ([`MAX_SAVING_WITH_LOSS`] with
-    /// loss counted), never below the window's longest
-    /// anchored interval (a deadline the window itself shows missed) or, with loss counted,
-    /// inside a run of losses the aim outlasts ([`losses_outlasted`]), and only once the
-    /// window is full: a partial window
-    /// is the peer's first heartbeats, which say little of the path (on `bursty` most
-    /// mistakes of the allocation came before the first burst, from deadlines saved on calm
-    /// first windows).
+    /// reserve has room for and [`MAX_SAVING`] of the aim (with loss counted,
+    /// [`MAX_SAVING_WITH_LOSS`] or down to [`past_longest`], whichever is more), never below
+    /// the window's longest anchored interval (a deadline the window itself shows missed) or,
+    /// with loss counted, inside a run of losses the aim outlasts ([`losses_outlasted`]), and
+    /// only once the window is full: a partial window is the peer's first heartbeats, which
+    /// say little of the path (on `bursty` most mistakes of the allocation came before the
+    /// first burst, from deadlines saved on calm first windows). mu is read from the credit
+    /// over [`price_span_ms`].
     fn deadline(mut self, budget_ms: f64, shift: f64, time: &OverTime) -> (f64, Allocation) {
         let aim = budget_ms * AIM;
         let reserve = RESERVE_BUDGETS * budget_ms;
