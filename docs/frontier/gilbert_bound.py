@@ -337,6 +337,69 @@ def fewest(points, budget):
     return min(within, key=lambda x: (x[0], x[2])) if within else None
 
 
+def plot(result, seeds, count, accepted):
+    """An SVG of every detector's mistakes over the bound's at the same mean detection time,
+    against the budget: the bound is the line at 1, the target the dashed line at 1.25."""
+    series = []  # (name, colour, [(budget, ratio)])
+    def ratios(get):
+        return [(r["budget_ms"], v) for r in result for v in [get(r)] if v is not None]
+    series.append(("budget detector (-d budget:ms=B), at its own mean", "#1f77b4", ratios(
+        lambda r: r.get("budget_detector") and r["budget_detector"]["false_suspicions"]
+        / r["budget_detector"]["bound_at_mean"])))
+    series.append(("best threshold on phi, knowing the chain (expected)", "#d62728", ratios(
+        lambda r: r.get("threshold_anchored") and r["bound"] > 0
+        and r["threshold_anchored"]["expected"] / r["bound"])))
+    families = sorted({fam for r in result for fam in r["families"]})
+    palette = ["#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+               "#ff7f0e", "#aec7e8"]
+    for fam, colour in zip(families, palette):
+        series.append((fam, colour, ratios(
+            lambda r, fam=fam: r["families"].get(fam) and r["bound"] > 0
+            and r["families"][fam]["false_suspicions"] / r["bound"])))
+    series = [s for s in series if s[2]]
+    budgets = [r["budget_ms"] for r in result]
+    x0, x1 = min(budgets), max(budgets)
+    if x1 == x0:
+        x1 = x0 + 1
+    top = max([1.3] + [v for _, _, pts in series for _, v in pts])
+    y0, y1 = 0.9, math.ceil(top * 10) / 10
+    w, h, left, right, up, down = 720, 420, 60, 20, 30, 50 + 16 * len(series)
+    X = lambda b: left + (b - x0) / (x1 - x0) * (w - left - right)
+    Y = lambda v: up + (y1 - min(max(v, y0), y1)) / (y1 - y0) * (h - up - down)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
+           f'font-family="sans-serif" font-size="12">',
+           f'<rect width="{w}" height="{h}" fill="white"/>',
+           f'<text x="{left}" y="18">Gilbert-Elliott traces, seeds {seeds[0]}-{seeds[-1]}, '
+           f'{count} heartbeats each ({accepted} accepted): mistakes / the bound\'s</text>']
+    step = 0.1 if y1 - y0 <= 1.2 else 0.25
+    v = y0
+    while v <= y1 + 1e-9:
+        out.append(f'<line x1="{left}" x2="{w - right}" y1="{Y(v):.1f}" y2="{Y(v):.1f}" '
+                   f'stroke="#eee"/><text x="{left - 6}" y="{Y(v) + 4:.1f}" '
+                   f'text-anchor="end">{v:.2f}x</text>')
+        v += step
+    for b in budgets:
+        out.append(f'<text x="{X(b):.1f}" y="{h - down + 16}" text-anchor="middle">'
+                   f'{b:g}</text>')
+    out.append(f'<text x="{(left + w - right) / 2:.0f}" y="{h - down + 32}" '
+               f'text-anchor="middle">mean detection budget, ms</text>')
+    for v, dash, label in [(1.0, "", "the bound"), (1.25, "6,4", "target 1.25x")]:
+        out.append(f'<line x1="{left}" x2="{w - right}" y1="{Y(v):.1f}" y2="{Y(v):.1f}" '
+                   f'stroke="black" stroke-dasharray="{dash}"/>'
+                   f'<text x="{w - right - 4}" y="{Y(v) - 4:.1f}" text-anchor="end">{label}</text>')
+    for i, (name, colour, pts) in enumerate(series):
+        path = " ".join(f"{X(b):.1f},{Y(v):.1f}" for b, v in pts)
+        out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        out += [f'<circle cx="{X(b):.1f}" cy="{Y(v):.1f}" r="3" fill="{colour}"/>'
+                for b, v in pts]
+        ly = h - down + 48 + 16 * i
+        out.append(f'<line x1="{left}" x2="{left + 24}" y1="{ly - 4}" y2="{ly - 4}" '
+                   f'stroke="{colour}" stroke-width="2"/><text x="{left + 30}" y="{ly}">'
+                   f'{name}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
 def seeds_of(text):
     out = []
     for part in text.split(","):
@@ -359,6 +422,9 @@ def main():
     ap.add_argument("--budget-detector", action="store_true",
                     help="also `-d budget:ms=B` at every budget B, against the bound at B and "
                          "at the detector's own mean")
+    ap.add_argument("--svg", metavar="FILE",
+                    help="also draw each detector's mistakes as a multiple of the bound against "
+                         "the budget, with the 1.25x target, into FILE")
     ap.add_argument("--threshold", action="store_true",
                     help="also the best threshold on phi knowing the chain (Threshold), "
                          "anchored on the schedule and not; continuous time only")
@@ -417,6 +483,9 @@ def main():
                 "false_suspicions": best[0], "p99_detection_ms": best[1], "detection_ms": best[2]}
         result.append(row)
 
+    if args.svg:
+        with open(args.svg, "w") as f:
+            f.write(plot(result, seeds, args.count, accepted))
     wrong = [(r["budget_ms"], fam, v["false_suspicions"]) for r in result
              for fam, v in r["families"].items()
              if v and v["false_suspicions"] < r["bound"] - 2.0 * math.sqrt(max(r["bound"], 1.0))]

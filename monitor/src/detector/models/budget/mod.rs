@@ -602,9 +602,9 @@ pub fn losses_outlasted(aim: f64, longest: f64, period: f64, loss_counted: bool)
     (longest + ((aim - longest) / period).floor() * period).min(aim)
 }
 
-/// Where loss is counted, the least a deadline may save down to by the share
-/// ([`MAX_SAVING_WITH_LOSS`]) where that share would keep it further from the window's longest
-/// anchored interval: [`SAVING_MARGIN_STDS`] of the window's own deviation past it, that
+/// Where loss is counted, how far down a deadline may save where the share
+/// ([`MAX_SAVING_WITH_LOSS`]) would stop it further from the window's longest anchored
+/// interval: [`SAVING_MARGIN_STDS`] of the window's own deviation past that interval, the
 /// deviation taken as at least [`MIN_MARGIN_STD_MS`].
 ///
 /// The share prices what the window cannot see. Under a budget of two periods, where the aim
@@ -637,7 +637,7 @@ pub const MIN_MARGIN_STD_MS: f64 = 1.0;
 /// in budgets: under a budget of two periods the reserve is 128 periods, so a burst of ten
 /// heartbeats given 600 ms more each spent half of it and raised mu 30-fold within the burst,
 /// where the bound's allocation keeps one price. Spread over 192 periods, the same burst
-/// moves it 12-fold. Budgets of three periods and more (64 budgets, at least 192 periods) are
+/// moves it 10-fold. Budgets of three periods and more (64 budgets, at least 192 periods) are
 /// unchanged. On the Gilbert bound's traces that took 200 ms from 1.26 to 1.22x the bound
 /// (with [`past_longest`]); over 20 seeds `jitter-change` at 150 ms went from 1114 to 884
 /// mistakes, `bursty` from 774 to 722, `asymmetric-loss` at 200 ms from 1274 to 1225, and
