@@ -1,6 +1,7 @@
 //! Fuzzing with cargo-fuzz (libFuzzer), of everything that reads input from outside: the
 //! heartbeat parser (checked against the kernel's field-wise rules), the socket request
-//! parser, the fleet's reader of what other monitors write to NATS, and the trace parser.
+//! parser, the fleet's reader of what other monitors write to NATS, the trace parser, and the
+//! budget detector on whatever windows and loss counters the kernel's slots hold.
 //! The committed seeds in fuzz/corpus/<target> are only read: a run writes what it finds to
 //! its working corpus, target/fuzz-corpus/<target> (libFuzzer writes new inputs to the first
 //! corpus directory it is given), so the tree is left as found and later runs start from
@@ -15,11 +16,12 @@ use clap::Args;
 
 use crate::{setup, workspace};
 
-pub const TARGETS: [&str; 4] = [
+pub const TARGETS: [&str; 5] = [
     "heartbeat_header",
     "socket_request",
     "fleet_bucket",
     "trace_file",
+    "budget_window",
 ];
 
 /// libFuzzer's companion sanitizer. The fuzzed parsers hold no unsafe code, so AddressSanitizer

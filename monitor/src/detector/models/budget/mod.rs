@@ -210,10 +210,18 @@ pub fn choose(
         period,
     };
     let (deadline_ms, allocation) = match over_time {
-        // The timeout alone (above), so no shift: the credit passes on as it stood.
+        // The timeout alone (above), so no shift: the credit passes on as it stood, held to
+        // the reserve (a reload to a shorter budget re-estimates a heartbeat with the credit
+        // of the longer one; found by fuzz/fuzz_targets/budget_window.rs).
         _ if unmet => (
             anchored().past_schedule(budget_ms),
-            over_time.map_or_else(Allocation::default, |time| time.allocation),
+            over_time.map_or_else(Allocation::default, |time| Allocation {
+                credit_ms: time
+                    .allocation
+                    .credit_ms
+                    .clamp(0.0, RESERVE_BUDGETS * budget_ms),
+                ..time.allocation
+            }),
         ),
         Some(time) => anchored().deadline(budget_ms, shift, time),
         None => ((aim - shift).max(0.0), Allocation::default()),

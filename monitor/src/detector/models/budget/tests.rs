@@ -732,6 +732,30 @@ fn over_a_trace_the_deadlines_average_the_aim_or_less() {
 }
 
 #[test]
+fn a_reload_to_a_shorter_budget_holds_the_credit_to_its_reserve() {
+    // The credit a peer carried under a 2 s budget (100 s of it, within that reserve of
+    // 128 s), re-estimated at the same heartbeat under 200 ms (reserve 12.8 s), whose aim its
+    // 250 ms schedule outruns: the rule passes the credit on held to the new reserve, as the
+    // allocating path does (found by fuzz/fuzz_targets/budget_window.rs).
+    let mut x = vec![100.0; 120];
+    x.extend([250.0; 8]);
+    let time = OverTime {
+        allocation: Allocation {
+            credit_ms: 100_000.0,
+            heartbeats: 500,
+        },
+        gaps: None,
+        full: true,
+    };
+    let rule = choose(&x, 200.0, 0.0, 8.0, Some(&time));
+    assert!(rule.unmet, "{rule:?}");
+    assert_eq!(rule.allocation.credit_ms, RESERVE_BUDGETS * 200.0);
+    assert_eq!(rule.allocation.heartbeats, 500);
+    let calm = choose(&calm_window(), 200.0, 50.0, 8.0, Some(&time));
+    assert!(!calm.unmet && calm.allocation.credit_ms <= RESERVE_BUDGETS * 200.0);
+}
+
+#[test]
 fn a_schedule_slower_than_the_aim_is_convicted_past_it_not_at_every_heartbeat() {
     // A sender that slowed from 100 to 250 ms: 120 intervals of 100, then 8 of 250. Under a
     // 200 ms budget (aim 198) every deadline at the aim convicts the live peer at each of its
