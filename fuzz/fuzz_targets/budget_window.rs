@@ -40,12 +40,18 @@ fuzz_target!(|data: &[u8]| {
         .take(128)
         .map(|c| f64::from(u32::from_le_bytes(c.try_into().unwrap()) % LONGEST_US) / 1000.0)
         .collect();
+    let gaps = GapOdds::from_record(&record);
+    if let Some(g) = gaps {
+        for p in [g.p_good, g.p_bad, g.q, g.p_next()] {
+            assert!((0.0..=1.0).contains(&p), "{g:?}");
+        }
+    }
     let over_time = OverTime {
         allocation: Allocation {
             credit_ms,
             heartbeats,
         },
-        gaps: GapOdds::from_record(&record),
+        gaps,
         full: flags & 1 != 0,
     };
     let rule = choose(

@@ -502,10 +502,12 @@ impl GapOdds {
             r.loss_gaps as f64 / r.loss_heartbeats as f64
         };
         Some(Self {
+            // Held to 1 as p_bad is: the counters are halved one by one, and a slot read
+            // while the kernel writes it may hold more gaps than heartbeats outside bursts.
             p_good: if good == 0 {
                 0.0
             } else {
-                good_gaps as f64 / good as f64
+                (good_gaps as f64 / good as f64).min(1.0)
             },
             p_bad: p_bad.min(1.0),
             q: r.loss_lost.saturating_sub(r.loss_gaps) as f64 / r.loss_lost.max(1) as f64,

@@ -336,6 +336,19 @@ fn a_bursts_chance_of_a_gap_falls_back_with_each_heartbeat_since_it() {
     assert_eq!(GapOdds::from_record(&r).unwrap().since_gap, 0);
 }
 
+#[test]
+fn counters_halved_apart_still_give_chances() {
+    // More gaps than heartbeats outside bursts (the counters are halved one by one, or the
+    // slot was read while the kernel wrote it): 8 gaps in 2 heartbeats would be a chance of
+    // 4. It is held to 1, as the chance inside bursts is.
+    let mut r = PeerRecord::admitted(7, 0);
+    (r.loss_heartbeats, r.loss_gaps, r.loss_lost) = (10, 9, 9);
+    (r.burst_heartbeats, r.burst_gaps) = (8, 1);
+    let g = GapOdds::from_record(&r).unwrap();
+    assert_eq!(g.p_good, 1.0, "{g:?}");
+    assert!((0.0..=1.0).contains(&g.p_next()), "{g:?}");
+}
+
 /// The upper normal quantiles the levels below use, from tables (R: qnorm(p, lower.tail =
 /// FALSE)): phi 1 is P = 0.1, phi 3 is P = 0.001, phi 8 is P = 1e-8.
 const Z_PHI_1: f64 = 1.281_551_565_544_600_4;
