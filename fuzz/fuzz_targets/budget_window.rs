@@ -25,8 +25,7 @@ fuzz_target!(|data: &[u8]| {
     let min_std_ms = f64::from(word(4) % 100_000) / 1000.0;
     let top = 0.5 + f64::from(head[8] % 40) / 2.0;
     let flags = head[9];
-    // SAFETY: PeerRecord is plain integers and byte arrays (repr C); all zeros is a value.
-    let mut record: PeerRecord = unsafe { std::mem::zeroed() };
+    let mut record = PeerRecord::admitted(1, 0);
     record.burst_left = head[10];
     record.loss_heartbeats = word(12);
     record.loss_gaps = word(16);

@@ -26,6 +26,11 @@
 /// heartbeats given short deadlines).
 pub const RESERVE_BUDGETS: f64 = 64.0;
 
+/// The reserve under a budget, ms of deadline: [`RESERVE_BUDGETS`] budgets.
+pub fn reserve_ms(budget_ms: f64) -> f64 {
+    RESERVE_BUDGETS * budget_ms
+}
+
 /// mu, in expected mistakes a heartbeat per aim's worth of deadline, with no credit: a
 /// deadline gives up 1% of the aim where that costs less than 0.0015 expected mistakes.
 /// Priced in aims rather than milliseconds, a millisecond is dearer under a short budget,
@@ -55,6 +60,16 @@ pub struct Allocation {
 }
 
 impl Allocation {
+    /// The same, its credit held to 0 to the reserve: what a rule is handed may come from an
+    /// estimate made under a longer budget (a reload re-estimates a heartbeat with the
+    /// credit it had).
+    pub fn held_to(self, reserve_ms: f64) -> Self {
+        Self {
+            credit_ms: self.credit_ms.clamp(0.0, reserve_ms.max(0.0)),
+            ..self
+        }
+    }
+
     /// The credit before the deadline of an estimate at `heartbeats`, this one's deadline
     /// `deadline_ms` having stood for every heartbeat since (one in replay, which sees each;
     /// the agent reads a peer at its sweeps and may find more), each spending it against

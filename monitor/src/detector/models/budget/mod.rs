@@ -211,16 +211,11 @@ pub fn choose(
     };
     let (deadline_ms, allocation) = match over_time {
         // The timeout alone (above), so no shift: the credit passes on as it stood, held to
-        // the reserve (a reload to a shorter budget re-estimates a heartbeat with the credit
-        // of the longer one; found by fuzz/fuzz_targets/budget_window.rs).
+        // the reserve as every rule's is (found unheld by fuzz/fuzz_targets/budget_window.rs).
         _ if unmet => (
             anchored().past_schedule(budget_ms),
-            over_time.map_or_else(Allocation::default, |time| Allocation {
-                credit_ms: time
-                    .allocation
-                    .credit_ms
-                    .clamp(0.0, RESERVE_BUDGETS * budget_ms),
-                ..time.allocation
+            over_time.map_or_else(Allocation::default, |time| {
+                time.allocation.held_to(alloc::reserve_ms(budget_ms))
             }),
         ),
         Some(time) => anchored().deadline(budget_ms, shift, time),
@@ -317,12 +312,9 @@ impl Anchored {
     /// over [`price_span_ms`].
     fn deadline(mut self, budget_ms: f64, shift: f64, time: &OverTime) -> (f64, Allocation) {
         let aim = budget_ms * AIM;
-        let reserve = RESERVE_BUDGETS * budget_ms;
-        let credit = time.allocation.credit_ms.clamp(0.0, reserve);
-        let allocation = Allocation {
-            credit_ms: credit,
-            ..time.allocation
-        };
+        let reserve = alloc::reserve_ms(budget_ms);
+        let allocation = time.allocation.held_to(reserve);
+        let credit = allocation.credit_ms;
         let n = self.intervals.len();
         if n < MIN_INTERVALS {
             return ((aim - shift).clamp(0.0, aim + credit), allocation);
@@ -823,7 +815,7 @@ impl PhiModel for Budget {
             heartbeats,
             last.deadline_ms,
             self.budget_ms * AIM,
-            RESERVE_BUDGETS * self.budget_ms,
+            alloc::reserve_ms(self.budget_ms),
         );
         self.allocated(
             window,
