@@ -17,6 +17,15 @@
 //! lines and ring together, 704 bytes apart) or split, as it does since (1: the hot lines in a
 //! dense table of their own, the rest after it), so the bench shows, in the same stream, what
 //! each line costs in either layout.
+//!
+//! `FLOOR_TOUCH` 4 is the kernel's half of an agent that does not scan the last-heard words:
+//! besides what 3 does, the program loads the peer's watch (its floor and the heartbeat count
+//! the floor covers up to, which such an agent would write at each refresh) and stores the
+//! 4 ms bucket in which the peer's floor passes (`FLOOR_DUE`, two bytes a peer), or the bucket
+//! of now once the count passed the floor's span. The agent would then scan the buckets, a
+//! quarter of the words' bytes, for the ones about to come, and look only at those peers
+//! (`hbm-bench due-scan-floor`): what that design costs the kernel per heartbeat and the agent
+//! per scan, measured on the monitor's stream (docs/tuning.md, "An agent the kernel tells").
 #![no_std]
 #![no_main]
 #![feature(core_intrinsics)]
@@ -34,7 +43,7 @@ use core::{
     mem::size_of,
 };
 
-use monitor_common::maps::{MAX_WINDOW, PeerCold, PeerSlot};
+use monitor_common::maps::{BPF_F_MMAPABLE, MAX_WINDOW, PeerCold, PeerSlot};
 use network_types::{
     eth::{EthHdr, EtherType},
     ip::{IpProto, Ipv4Hdr, Ipv6Hdr},
@@ -49,8 +58,9 @@ static FLOOR_PORT: u16 = 0;
 static FLOOR_CLOCK: u8 = 0;
 /// Per-peer state touched for each heartbeat: 0 none, 1 the hot line, 2 the hot line and the
 /// lines a heartbeat stores into, 3 the same with the hot line taken as the monitor takes it
-/// (a locked compare-and-swap of its first word, given back with a plain store). Set before
-/// load; needs `FLOOR_PEERS` and FLOOR_STATE sized.
+/// (a locked compare-and-swap of its first word, given back with a plain store), 4 the same
+/// with the due bucket stored (the module docs). Set before load; needs `FLOOR_PEERS` and
+/// FLOOR_STATE sized.
 #[unsafe(no_mangle)]
 static FLOOR_TOUCH: u8 = 0;
 /// Where the state lies: [`LAYOUT_SLOTS`] or [`LAYOUT_SPLIT`]. Set before load.
@@ -89,8 +99,33 @@ pub struct Line {
 static FLOOR_STATE: Array<Line> = Array::with_max_entries(1, 0);
 
 /// One word per peer, as the monitor's LAST_HEARD; sized by the loader (`FLOOR_PEERS`).
+/// Mappable, so the bench's scan floor can scan it as it scans the monitor's.
 #[map]
-static FLOOR_LAST_HEARD: Array<u64> = Array::with_max_entries(1, 0);
+static FLOOR_LAST_HEARD: Array<u64> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+/// `FLOOR_TOUCH` 4: per peer, what an agent would write at each refresh: the floor's silence
+/// in units of 2^[`DUE_UNIT_SHIFT`] ns (low 32 bits; 0 for [`DEFAULT_FLOOR_NS`]) and the
+/// heartbeat count past which the floor no longer holds (high 32 bits; 0 for never). Sized by
+/// the loader; the bench leaves it zero, which costs the program the same load.
+#[map]
+static FLOOR_WATCH: Array<u64> = Array::with_max_entries(1, 0);
+
+/// `FLOOR_TOUCH` 4: per peer, the bucket (2^[`DUE_BUCKET_SHIFT`] ns, modulo 2^16) in which its
+/// floor passes, [`DUE_PER_LINE`] peers a line: an array's elements are 8-byte aligned, so
+/// an array of single buckets would spread them 8 bytes apart. Mappable, for the agent's scan.
+/// Sized by the loader.
+#[map]
+static FLOOR_DUE: Array<[u16; DUE_PER_LINE]> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+/// Due buckets in an element of `FLOOR_DUE`: a cache line.
+pub const DUE_PER_LINE: usize = 32;
+
+/// A due bucket: 2^22 ns, about 4.2 ms; 2^16 of them are 275 s.
+pub const DUE_BUCKET_SHIFT: u32 = 22;
+/// The unit of a watch's floor: 2^16 ns, about 66 us.
+pub const DUE_UNIT_SHIFT: u32 = 16;
+/// The floor of a watch left zero: a 10 Hz sender's with the defaults.
+pub const DEFAULT_FLOOR_NS: u64 = 138_000_000;
 
 #[xdp]
 pub fn floor(ctx: XdpContext) -> u32 {
@@ -178,6 +213,30 @@ fn touch_state(ctx: &XdpContext, payload_at: usize, touch: u8, now: u64) -> u64 
         }
         if let Some(word) = FLOOR_LAST_HEARD.get_ptr_mut(peer) {
             unsafe { *word = now };
+        }
+    }
+    if touch >= 4 {
+        // The heartbeats counted in the hot line's fifth word (the ring's head wraps).
+        let count = hot.words[4].wrapping_add(1);
+        hot.words[4] = count;
+        let line = peer / DUE_PER_LINE as u32;
+        if let (Some(watch), Some(due)) = (FLOOR_WATCH.get(peer), FLOOR_DUE.get_ptr_mut(line)) {
+            let watch = *watch;
+            let units = watch & 0xffff_ffff;
+            let floor_ns = if units == 0 {
+                DEFAULT_FLOOR_NS
+            } else {
+                units << DUE_UNIT_SHIFT
+            };
+            let until = watch >> 32;
+            let at = if until != 0 && (count & 0xffff_ffff) > until {
+                now
+            } else {
+                now + floor_ns
+            };
+            unsafe {
+                (*due)[(peer % DUE_PER_LINE as u32) as usize] = (at >> DUE_BUCKET_SHIFT) as u16
+            };
         }
     }
     if locked {

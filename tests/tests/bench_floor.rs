@@ -67,7 +67,7 @@ fn lines_of_peer_7(touch: Touch) -> (u32, u32, u32) {
             let at = peer * LINES_PER_PEER;
             (at, at + 1, at + 3)
         }
-        Touch::SplitHot | Touch::SplitStores | Touch::SplitLocked => {
+        Touch::SplitHot | Touch::SplitStores | Touch::SplitLocked | Touch::SplitDue => {
             let rest = PEERS + peer * (LINES_PER_PEER - 1);
             (peer, rest, rest + 2)
         }
@@ -84,6 +84,7 @@ fn the_floor_touches_the_lines_a_heartbeat_touches_where_the_layout_puts_them() 
         Touch::SplitHot,
         Touch::SplitStores,
         Touch::SplitLocked,
+        Touch::SplitDue,
     ] {
         let mut ebpf = load_floor_touching(DEFAULT_PORT, true, touch, PEERS);
         let (lines, words) = state(&ebpf);
@@ -119,7 +120,7 @@ fn the_floor_touches_the_lines_a_heartbeat_touches_where_the_layout_puts_them() 
         assert_eq!(hot[3], 3, "{touch:?}: the ring's head");
         let stores = matches!(
             touch,
-            Touch::Stores | Touch::SplitStores | Touch::SplitLocked
+            Touch::Stores | Touch::SplitStores | Touch::SplitLocked | Touch::SplitDue
         );
         if stores {
             assert_eq!(touched(&lines), vec![hot_at, cold_at, ring_at], "{touch:?}");
@@ -140,6 +141,57 @@ fn the_floor_touches_the_lines_a_heartbeat_touches_where_the_layout_puts_them() 
             assert_eq!(touched(&lines), vec![hot_at], "{touch:?}");
             assert!(words.iter().all(|&w| w == 0), "{touch:?}");
         }
+        let due = due_buckets(&ebpf);
+        if touch == Touch::SplitDue {
+            // Counted in the hot line's fifth word; the bucket 138 ms (the default floor, the
+            // watch left zero) past the last arrival, peer 7's alone.
+            assert_eq!(hot[4], 3, "{touch:?}: the heartbeats counted");
+            let bucket = ((hot[2] + 138_000_000) >> 22) as u16;
+            assert_eq!(
+                due,
+                (1..=PEERS as u64)
+                    .map(|id| if id == 7 { bucket } else { 0 })
+                    .chain(std::iter::repeat_n(0, 32 - PEERS as usize))
+                    .collect::<Vec<_>>(),
+                "{touch:?}: peer 7's due bucket only"
+            );
+        } else {
+            assert_eq!(hot[4], 0, "{touch:?}: nothing counted");
+            assert!(due.iter().all(|&b| b == 0), "{touch:?}: no bucket stored");
+        }
+    }
+}
+
+/// FLOOR_DUE's buckets, 32 to an entry.
+fn due_buckets(ebpf: &aya::Ebpf) -> Vec<u16> {
+    let due: Array<_, [u16; 32]> =
+        Array::try_from(ebpf.map("FLOOR_DUE").expect("FLOOR_DUE")).expect("an array");
+    (0..due.len())
+        .flat_map(|i| due.get(&i, 0).expect("entry"))
+        .collect()
+}
+
+#[test]
+fn the_floors_due_bucket_comes_now_once_the_watchs_span_ran_out() {
+    require_root();
+    // A watch of peer 7 with a floor of 1 s (in 2^16 ns units) that holds up to its second
+    // heartbeat: the first two store the bucket a second on, the third the bucket of now.
+    let mut ebpf = load_floor_touching(DEFAULT_PORT, true, Touch::SplitDue, PEERS);
+    let floor_units = 1_000_000_000u64 >> 16;
+    let mut watch: Array<_, u64> =
+        Array::try_from(ebpf.map_mut("FLOOR_WATCH").expect("FLOOR_WATCH")).expect("an array");
+    watch.set(6, (2 << 32) | floor_units, 0).expect("set");
+    let bucket = |ns: u64| (ns >> 22) as u16;
+    for seq in 1..=3 {
+        assert_eq!(run(&mut ebpf, 7, seq, 1), XDP_DROP);
+        let (lines, _) = state(&ebpf);
+        let arrival = lines[6][2];
+        let expected = if seq <= 2 {
+            bucket(arrival + (floor_units << 16))
+        } else {
+            bucket(arrival)
+        };
+        assert_eq!(due_buckets(&ebpf)[6], expected, "heartbeat {seq}");
     }
 }
 

@@ -181,6 +181,39 @@ fn the_userspace_receiver_counts_what_loadgen_sent() {
 }
 
 #[test]
+fn the_floors_due_bucket_is_where_its_floor_passes_and_the_due_scan_takes_it() {
+    require_root();
+    // The kernel's half of an agent told when to look (`--touch split-due`): one heartbeat of
+    // peer 7 stores, at slot 6, the 4.2 ms bucket 138 ms on (the default floor: the watch is
+    // left zero).
+    let bucket = |ns: u64| (ns >> 22) as u16;
+    let before = monitor::kernel::clock::monotonic_ns();
+    let ebpf = bench::floor_after_one_heartbeat(bench::Touch::SplitDue);
+    let after = monitor::kernel::clock::monotonic_ns();
+    // 32 buckets a line: slot 6 is in the first.
+    let due: aya::maps::Array<_, [u16; 32]> =
+        aya::maps::Array::try_from(ebpf.map("FLOOR_DUE").expect("FLOOR_DUE")).expect("array");
+    let line = due.get(&0, 0).expect("line 0");
+    let stored = line[6];
+    let (low, high) = (bucket(before + 138_000_000), bucket(after + 138_000_000));
+    assert!(
+        stored.wrapping_sub(low) <= high.wrapping_sub(low),
+        "{stored} outside {low}..={high}"
+    );
+    assert_eq!(line[5], 0, "a peer not heard");
+    // Scanned every 10 ms for 400 ms from now, the bucket comes, and peer 7 is taken once (the
+    // six slots never stored hold bucket 0, taken too if the run happens to pass it).
+    let scan = bench::due_scan_floor(
+        7,
+        std::time::Duration::from_millis(10),
+        std::time::Duration::from_millis(400),
+    );
+    drop(ebpf);
+    assert!((1..=7).contains(&scan.taken), "{scan:?}");
+    assert!(scan.scans > 0 && scan.cpu_percent.is_finite(), "{scan:?}");
+}
+
+#[test]
 fn in_process_probes_return_measurements() {
     require_root();
     // The scan floor maps the newest LAST_HEARD in the kernel: this one while it is held (or
@@ -191,6 +224,7 @@ fn in_process_probes_return_measurements() {
     )
     .expect("load");
     let floor = bench::scan_floor(
+        monitor_common::last_heard::LAST_HEARD_MAP,
         1000,
         std::time::Duration::from_millis(10),
         std::time::Duration::from_millis(300),

@@ -33,6 +33,10 @@ pub enum Touch {
     /// compare-and-swap, which on x86 waits for the stores before it) and given back with a
     /// plain store: what the lock adds to the lines.
     SplitLocked,
+    /// `split-locked`, and the kernel's half of an agent that does not scan the words: the
+    /// peer's watch loaded (an agent-written floor and span) and the 4 ms bucket in which its
+    /// floor passes stored, two bytes a peer (`FLOOR_DUE`, scanned by `due-scan-floor`).
+    SplitDue,
 }
 
 impl Touch {
@@ -45,9 +49,14 @@ impl Touch {
             Touch::SplitHot => (1, 1),
             Touch::SplitStores => (2, 1),
             Touch::SplitLocked => (3, 1),
+            Touch::SplitDue => (4, 1),
         }
     }
 }
+
+/// Due buckets in an element of the floor's `FLOOR_DUE` (monitor-ebpf/src/floor.rs,
+/// `DUE_PER_LINE`): a line of 32 two-byte buckets.
+pub const DUE_PER_LINE: u32 = 32;
 
 /// Lines of per-peer state in the floor's table (monitor-ebpf/src/floor.rs, `LINES_PER_PEER`):
 /// a `PeerSlot`, eleven lines, as the monitor kept a peer before layout 15.
@@ -80,6 +89,8 @@ pub fn load_floor_touching(port: u16, clock: bool, touch: Touch, peers: u32) -> 
         .override_global("FLOOR_PEERS", &peers, true)
         .map_max_entries("FLOOR_STATE", (peers * LINES_PER_PEER).max(1))
         .map_max_entries("FLOOR_LAST_HEARD", peers.max(1))
+        .map_max_entries("FLOOR_WATCH", peers.max(1))
+        .map_max_entries("FLOOR_DUE", peers.div_ceil(DUE_PER_LINE).max(1))
         .load(program::FLOOR_OBJECT)
         .expect("load the floor program");
     let xdp: &mut aya::programs::Xdp = ebpf
@@ -104,6 +115,15 @@ pub fn floor_test_run_ns(repeat: u32, clock: bool, touch: Touch) -> f64 {
     let mut ebpf = load_floor_touching(monitor_common::wire::DEFAULT_PORT, clock, touch, 7);
     let packet = Packet::heartbeat_v4(7, 1).build();
     test_run_ns(floor_xdp(&mut ebpf), &packet, repeat)
+}
+
+/// The floor program touching `touch` of 7 peers' state, after one heartbeat of peer 7 through
+/// BPF_PROG_TEST_RUN: loaded (not attached), its maps holding what that heartbeat stored.
+pub fn floor_after_one_heartbeat(touch: Touch) -> aya::Ebpf {
+    let mut ebpf = load_floor_touching(monitor_common::wire::DEFAULT_PORT, true, touch, 7);
+    let packet = Packet::heartbeat_v4(7, 1).build();
+    test_run_ns(floor_xdp(&mut ebpf), &packet, 1);
+    ebpf
 }
 
 /// Attaches the floor to `iface` (in the caller's namespace), calls `attached`, keeps it there

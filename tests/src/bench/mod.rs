@@ -19,10 +19,13 @@ pub mod sweep;
 pub mod test_run;
 
 pub use events::{EventLatency, EventProbe};
-pub use floor::{Touch, floor_attached, floor_test_run_ns, load_floor, load_floor_touching};
+pub use floor::{
+    Touch, floor_after_one_heartbeat, floor_attached, floor_test_run_ns, load_floor,
+    load_floor_touching,
+};
 pub use percentiles::Percentiles;
 pub use receiver::{ReceiverReport, cpu_seconds, udp_receiver};
-pub use scan_floor::{ScanFloor, scan_floor};
+pub use scan_floor::{DueScanFloor, ScanFloor, due_scan_floor, scan_floor};
 pub use socket::{BucketQuantiles, SocketLatency, request_quantiles_us, socket_latency};
 pub use sweep::{SweepTimings, sweep_timings};
 pub use test_run::{KernelLogCost, kernel_log_cost, prog_test_run_ns};

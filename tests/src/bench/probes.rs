@@ -64,9 +64,23 @@ enum Probe {
     /// The floor of a scan of the running agent's last-heard words: every interval, each
     /// peer's word loaded and compared, a changed one's deadline stored; this process's CPU.
     ScanFloor {
+        /// The words' map: the agent's, or the floor program's (`FLOOR_LAST_HEARD`).
+        #[arg(long, default_value = monitor_common::last_heard::LAST_HEARD_MAP)]
+        map: String,
         #[arg(long)]
         peers: u32,
         #[arg(long, default_value_t = 50.0)]
+        interval_ms: f64,
+        #[arg(long, default_value_t = 20.0)]
+        seconds: f64,
+    },
+    /// The agent's half of a kernel that marks when to look: every interval, the floor
+    /// program's due buckets (`--touch split-due`) scanned for the peers due before the next
+    /// scan; this process's CPU.
+    DueScanFloor {
+        #[arg(long)]
+        peers: u32,
+        #[arg(long, default_value_t = 20.0)]
         interval_ms: f64,
         #[arg(long, default_value_t = 20.0)]
         seconds: f64,
@@ -176,10 +190,22 @@ pub fn main() {
         }
         Probe::Sweep { peers } => serde_json::to_value(bench::sweep_timings(peers)).unwrap(),
         Probe::ScanFloor {
+            map,
             peers,
             interval_ms,
             seconds,
         } => serde_json::to_value(bench::scan_floor(
+            &map,
+            peers,
+            Duration::from_secs_f64(interval_ms / 1e3),
+            Duration::from_secs_f64(seconds),
+        ))
+        .unwrap(),
+        Probe::DueScanFloor {
+            peers,
+            interval_ms,
+            seconds,
+        } => serde_json::to_value(bench::due_scan_floor(
             peers,
             Duration::from_secs_f64(interval_ms / 1e3),
             Duration::from_secs_f64(seconds),

@@ -15,10 +15,10 @@ use std::{
 
 use aya::maps::{MapData, loaded_maps};
 use monitor::kernel::clock::monotonic_ns;
-use monitor_common::last_heard::{self, LAST_HEARD_MAP};
+use monitor_common::last_heard;
 use serde::Serialize;
 
-use super::cpu_seconds;
+use super::{cpu_seconds, floor::DUE_PER_LINE};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ScanFloor {
@@ -42,19 +42,26 @@ struct Watch {
     deadline_ns: u64,
 }
 
-/// The newest map named `LAST_HEARD` in the kernel (the running agent's), mapped read-only.
-fn newest_last_heard() -> (NonNull<AtomicU64>, usize, u32) {
+/// The newest mappable array in the kernel whose name is `name` (the kernel keeps 15 bytes of
+/// a name: a longer one matches on those), with values of `T`, mapped read-only.
+fn newest_array<T>(name: &str) -> (NonNull<T>, usize, u32) {
+    let kept = &name.as_bytes()[..name.len().min(15)];
     let info = loaded_maps()
         .filter_map(Result::ok)
-        .filter(|m| m.name() == LAST_HEARD_MAP.as_bytes())
+        .filter(|m| m.name() == kept)
         .max_by_key(|m| m.id())
-        .expect("a LAST_HEARD map is loaded (start the agent first)");
+        .unwrap_or_else(|| panic!("a {name} map is loaded (start its program first)"));
+    assert_eq!(
+        info.value_size() as usize,
+        size_of::<T>(),
+        "{name}'s values"
+    );
     let entries = info.max_entries();
     let data = MapData::from_id(info.id()).expect("the map by its id");
     let fd = data.fd().as_fd();
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-    let bytes = (entries as usize * 8).div_ceil(page) * page;
+    let bytes = (entries as usize * size_of::<T>()).div_ceil(page) * page;
     // SAFETY: a read-only shared mapping of a BPF_F_MMAPABLE array; the kernel checks the size.
     let ptr = unsafe {
         libc::mmap(
@@ -66,14 +73,15 @@ fn newest_last_heard() -> (NonNull<AtomicU64>, usize, u32) {
             0,
         )
     };
-    assert_ne!(ptr, libc::MAP_FAILED, "mmap of LAST_HEARD");
+    assert_ne!(ptr, libc::MAP_FAILED, "mmap of {name}");
     // The mapping outlives the fd (closed with `data`), as mappings do.
     (NonNull::new(ptr.cast()).unwrap(), bytes, entries)
 }
 
-/// Scans the first `peers` words every `interval` for `duration`.
-pub fn scan_floor(peers: u32, interval: Duration, duration: Duration) -> ScanFloor {
-    let (ptr, bytes, entries) = newest_last_heard();
+/// Scans the first `peers` words of the newest map named `map` (the agent's `LAST_HEARD`, or
+/// the floor program's words) every `interval` for `duration`.
+pub fn scan_floor(map: &str, peers: u32, interval: Duration, duration: Duration) -> ScanFloor {
+    let (ptr, bytes, entries) = newest_array::<AtomicU64>(map);
     let peers = peers.min(entries);
     // SAFETY: the mapping holds `entries` aligned u64, which the kernel stores whole.
     let words = unsafe { std::slice::from_raw_parts(ptr.as_ptr(), peers as usize) };
@@ -112,7 +120,7 @@ pub fn scan_floor(peers: u32, interval: Duration, duration: Duration) -> ScanFlo
         std::thread::sleep(next.saturating_duration_since(Instant::now()));
     }
     let (cpu, wall) = (cpu_seconds() - cpu0, start.elapsed().as_secs_f64());
-    // SAFETY: unmapping what `newest_last_heard` mapped; `words` is not used after.
+    // SAFETY: unmapping what `newest_array` mapped; `words` is not used after.
     unsafe { libc::munmap(ptr.as_ptr().cast(), bytes) };
     scan_us.sort_by(f64::total_cmp);
     ScanFloor {
@@ -122,6 +130,95 @@ pub fn scan_floor(peers: u32, interval: Duration, duration: Duration) -> ScanFlo
         // The first scan finds every word new.
         changed_per_s: changed.saturating_sub(peers as u64) as f64 / wall,
         due_per_s: due as f64 / wall,
+        cpu_percent: cpu / wall * 100.0,
+        scan_us_p50: scan_us.get(scan_us.len() / 2).copied().unwrap_or(0.0),
+    }
+}
+
+/// The agent's half of a design in which the kernel tells it when to look (the floor program's
+/// `FLOOR_TOUCH` 4, monitor-ebpf/src/floor.rs): the kernel stores, with each heartbeat, the
+/// 4 ms bucket in which the peer's floor passes (`FLOOR_DUE`, two bytes a peer), and the agent,
+/// every interval, scans the buckets for those that come before its next scan and takes those
+/// peers (here: their slot numbers, into a list its due heap would arm). A peer heard on time
+/// has moved its bucket on before the agent reaches it, so on a steady stream almost none is
+/// taken: the scan of two bytes a peer is what such an agent cannot go below.
+#[derive(Debug, Clone, Serialize)]
+pub struct DueScanFloor {
+    pub peers: u32,
+    pub interval_ms: f64,
+    pub scans: u64,
+    /// Peers whose bucket came before the next scan (the ones such an agent looks at).
+    pub taken: u64,
+    /// The same, a second.
+    pub taken_per_s: f64,
+    /// This process's CPU over the run, percent of one core.
+    pub cpu_percent: f64,
+    /// One scan's duration, microseconds (median).
+    pub scan_us_p50: f64,
+}
+
+/// The width of a due bucket (monitor-ebpf/src/floor.rs, `DUE_BUCKET_SHIFT`).
+const DUE_BUCKET_SHIFT: u32 = 22;
+
+/// Scans the first `peers` due buckets of the newest `FLOOR_DUE` map every `interval` for
+/// `duration`, taking the peers whose bucket falls after the last scan's horizon and no later
+/// than this one's (the bucket of the next scan).
+pub fn due_scan_floor(peers: u32, interval: Duration, duration: Duration) -> DueScanFloor {
+    let (ptr, bytes, lines) = newest_array::<[u16; DUE_PER_LINE as usize]>("FLOOR_DUE");
+    let peers = peers.min(lines * DUE_PER_LINE);
+    // SAFETY: the mapping holds `entries` aligned u16, which the kernel stores whole; a torn
+    // read is not possible for an aligned 2-byte load, and a stale one is what a scan sees.
+    let due = unsafe { std::slice::from_raw_parts(ptr.as_ptr().cast::<u16>(), peers as usize) };
+    let bucket = |ns: u64| (ns >> DUE_BUCKET_SHIFT) as u16;
+    // Buckets up to this one were taken (wrapping: 2^16 buckets are 275 s).
+    let mut taken_to = bucket(monotonic_ns());
+    let (mut scans, mut taken) = (0u64, 0u64);
+    let mut slots: Vec<u32> = Vec::new();
+    let mut scan_us = Vec::new();
+    let (cpu0, start) = (cpu_seconds(), Instant::now());
+    let mut next = start;
+    const CHUNK: usize = 32;
+    while start.elapsed() < duration {
+        next += interval;
+        let began = Instant::now();
+        let horizon = bucket(monotonic_ns() + interval.as_nanos() as u64);
+        // A bucket b is new when b - (taken_to + 1) <= horizon - (taken_to + 1), wrapping.
+        let first = taken_to.wrapping_add(1);
+        let span = horizon.wrapping_sub(first);
+        if horizon != taken_to {
+            slots.clear();
+            for (c, chunk) in due.chunks(CHUNK).enumerate() {
+                // A branch-free test of the chunk first (vectorized), the slots of a hit after.
+                // SAFETY: see above; read volatile, as the kernel stores into them.
+                let read = |d: &u16| unsafe { std::ptr::read_volatile(d) };
+                if chunk
+                    .iter()
+                    .fold(false, |any, d| any | (read(d).wrapping_sub(first) <= span))
+                {
+                    for (i, d) in chunk.iter().enumerate() {
+                        if read(d).wrapping_sub(first) <= span {
+                            slots.push((c * CHUNK + i) as u32);
+                        }
+                    }
+                }
+            }
+            taken += slots.len() as u64;
+            taken_to = horizon;
+        }
+        scan_us.push(began.elapsed().as_secs_f64() * 1e6);
+        scans += 1;
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+    }
+    let (cpu, wall) = (cpu_seconds() - cpu0, start.elapsed().as_secs_f64());
+    // SAFETY: unmapping what `newest_array` mapped; `due` is not used after.
+    unsafe { libc::munmap(ptr.as_ptr().cast(), bytes) };
+    scan_us.sort_by(f64::total_cmp);
+    DueScanFloor {
+        peers,
+        interval_ms: interval.as_secs_f64() * 1e3,
+        scans,
+        taken,
+        taken_per_s: taken as f64 / wall,
         cpu_percent: cpu / wall * 100.0,
         scan_us_p50: scan_us.get(scan_us.len() / 2).copied().unwrap_or(0.0),
     }

@@ -53,7 +53,7 @@ struct Receiver {
 
 /// The floor + clock touching per-peer state as a heartbeat does (`hbm-bench floor --touch`):
 /// the probe's name for it and the row's.
-const TOUCHES: [(&str, &str); 5] = [
+const TOUCHES: [(&str, &str); 6] = [
     (
         "hot",
         "floor + clock + the hot line (read and written), 704-byte slots (the monitor's layout before 15)",
@@ -74,7 +74,28 @@ const TOUCHES: [(&str, &str); 5] = [
         "split-locked",
         "the same, the hot line taken with a locked compare-and-swap as the monitor's lock is (layout 15)",
     ),
+    (
+        TOLD_TOUCH,
+        "the same, and the kernel's half of an agent told when to look: the peer's watch loaded, its due bucket stored (2 bytes a peer)",
+    ),
 ];
+
+/// The entry of [`TOUCHES`] whose stream also measures the agent's half of a design in which
+/// the kernel tells the agent when to look (`FloorRow::told`).
+const TOLD_TOUCH: &str = "split-due";
+
+/// How often the agent told when to look scans the due buckets: under the 38 ms a 10 Hz
+/// sender's floor (138 ms with the defaults, the floor program's) leaves past its next
+/// heartbeat, so a peer heard on time has moved its bucket on before any scan takes it.
+const TOLD_SCAN_MS: u32 = 30;
+
+/// The scans beside the stream of [`TOLD_TOUCH`], each `hbm-bench`'s report: the words
+/// scanned every 50 ms as the agent does today (`scan-floor` over the floor program's words),
+/// and the due buckets every [`TOLD_SCAN_MS`] (`due-scan-floor`).
+struct Told {
+    words: Value,
+    due: Value,
+}
 
 struct FloorRow {
     peers: u64,
@@ -84,6 +105,8 @@ struct FloorRow {
     floor_clock: Receiver,
     /// The floor + clock touching state, one receiver per entry of [`TOUCHES`].
     touching: Vec<Receiver>,
+    /// At 10 Hz, the scans beside the stream of [`TOLD_TOUCH`].
+    told: Option<Told>,
     monitor: Receiver,
     /// The monitor at TC ingress (`--hook tc`), kernel ns from its TC program's run stats.
     monitor_tc: Receiver,
@@ -178,8 +201,10 @@ fn floor_comparison(rig: &Rig, peers: u64, rate_hz: f64, seconds: u64) -> Result
     let pps = peers as f64 * rate_hz;
     let per_m = |busy: f64, sent: u64| busy / sent.max(1) as f64 * 1e6;
 
-    // The floor, attached by the probe for the stream's length and a little more.
-    let floor_with = |clock: bool, touch: &str| -> Result<Receiver> {
+    // The floor, attached by the probe for the stream's length and a little more; for
+    // `TOLD_TOUCH` at 10 Hz, with the two scans beside the stream from 1 s in.
+    let told_scans = rate_hz == RATE_HZ && seconds >= 3;
+    let floor_with = |clock: bool, touch: &str| -> Result<(Receiver, Option<Told>)> {
         let mut probe = Process::spawn(
             NetPair::in_ns(net.ns_monitor, &tools.probe)
                 .args(["floor", "--iface", net.if_monitor, "--duration-s"])
@@ -193,23 +218,49 @@ fn floor_comparison(rig: &Rig, peers: u64, rate_hz: f64, seconds: u64) -> Result
             bail!("floor probe: {line}");
         }
         let busy0 = system_busy_s()?;
-        let sent = stream.run(rig)?;
+        let generator = stream.spawn(rig)?;
+        let told = if touch == TOLD_TOUCH && told_scans {
+            std::thread::sleep(Duration::from_secs(1));
+            let scan = |args: &[&str], interval_ms: u32| {
+                Process::spawn(
+                    std::process::Command::new(&tools.probe)
+                        .args(args)
+                        .args(["--peers", &peers.to_string(), "--interval-ms"])
+                        .arg(interval_ms.to_string())
+                        .args(["--seconds", &(seconds - 2).to_string()])
+                        .stdout(Stdio::piped()),
+                )
+            };
+            let words = scan(&["scan-floor", "--map", "FLOOR_LAST_HEARD"], 50)?;
+            let due = scan(&["due-scan-floor"], TOLD_SCAN_MS)?;
+            Some(Told {
+                words: finish_json(words)?,
+                due: finish_json(due)?,
+            })
+        } else {
+            None
+        };
+        let sent = finish_json(generator)?;
         let busy1 = system_busy_s()?;
         let stats = finish_json(probe)?;
         let sent_n = sent["sent"].as_u64().unwrap_or(0);
         let runs = stats["run_count"].as_f64().unwrap_or(0.0);
-        Ok(Receiver {
+        let receiver = Receiver {
             sent: sent_n,
             kernel_ns: (runs > 0.0).then(|| stats["run_time_ns"].as_f64().unwrap_or(0.0) / runs),
             machine_s_per_m: per_m(busy1 - busy0, sent_n),
-        })
+        };
+        Ok((receiver, told))
     };
-    let floor = floor_with(false, "none")?;
-    let floor_clock = floor_with(true, "none")?;
-    let touching = TOUCHES
-        .iter()
-        .map(|(touch, _)| floor_with(true, touch))
-        .collect::<Result<Vec<_>>>()?;
+    let (floor, _) = floor_with(false, "none")?;
+    let (floor_clock, _) = floor_with(true, "none")?;
+    let mut told = None;
+    let mut touching = Vec::new();
+    for (touch, _) in TOUCHES {
+        let (receiver, scans) = floor_with(true, touch)?;
+        touching.push(receiver);
+        told = told.or(scans);
+    }
 
     // The agent's `xdp` stats are the attached program's: the TC classifier with --hook tc.
     let monitor_as = |variant: &Variant, first_id: u64, stride: u64, extra: &[&str]| {
@@ -271,6 +322,7 @@ fn floor_comparison(rig: &Rig, peers: u64, rate_hz: f64, seconds: u64) -> Result
         floor,
         floor_clock,
         touching,
+        told,
         monitor,
         monitor_tc,
         monitor_any,
@@ -398,6 +450,7 @@ fn render_floor(test_run_ns: [f64; 3], touching_ns: &[f64], rows: &[FloorRow]) -
             );
         }
     }
+    render_told(&mut t, rows);
     if let Some(touched) = rows.first().map(|r| &r.limit["touched"]) {
         let n = |k: &str| touched[k].as_u64().unwrap_or(0);
         let _ = writeln!(
@@ -417,4 +470,61 @@ fn render_floor(test_run_ns: [f64; 3], touching_ns: &[f64], rows: &[FloorRow]) -
     }
     t.push('\n');
     t
+}
+
+/// The scans beside the stream of [`TOLD_TOUCH`]: what an agent told by the kernel when to look
+/// pays to find the peers to look at, against the scan of the words every agent that is not
+/// told pays, with the kernel's cost of telling beside them.
+fn render_told(t: &mut String, rows: &[FloorRow]) {
+    if rows.iter().all(|r| r.told.is_none()) {
+        return;
+    }
+    let _ = writeln!(
+        t,
+        "\nAn agent the kernel tells when to look (docs/tuning.md, \"An agent the kernel tells \
+         when to look\"), on the stream of the row \"{TOLD_TOUCH}\": the kernel stores with \
+         each heartbeat the 4 ms bucket in which the peer's floor passes (138 ms, a 10 Hz \
+         sender's), and the agent scans those buckets every {TOLD_SCAN_MS} ms for the peers \
+         due before its next scan (`hbm-bench due-scan-floor`), against the scan of the \
+         last-heard words every 50 ms that the agent does today (`hbm-bench scan-floor`, on \
+         the floor program's words). Both scans ran at once beside the stream; CPU is each \
+         process's own. \"taken\" are the peers a scan hands on to be looked at: for the words, \
+         every one heard since the last scan; for the buckets, only those whose floor comes \
+         before the next scan.\n"
+    );
+    let _ = writeln!(
+        t,
+        "| peers | pps | scan | every | CPU % of a core | scan p50 us | taken/s | kernel ns/pkt: split-locked, {TOLD_TOUCH} |"
+    );
+    let _ = writeln!(t, "|---:|---:|---|---:|---:|---:|---:|---|");
+    let locked = TOUCHES.iter().position(|(n, _)| *n == "split-locked");
+    let told_at = TOUCHES.iter().position(|(n, _)| *n == TOLD_TOUCH);
+    for r in rows {
+        let Some(told) = &r.told else { continue };
+        let ns = |i: Option<usize>| {
+            i.and_then(|i| r.touching.get(i)?.kernel_ns)
+                .map_or("-".into(), |v| format!("{v:.0}"))
+        };
+        let kernel = format!("{}, {}", ns(locked), ns(told_at));
+        let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+        for (name, v, taken) in [
+            (
+                "last-heard words, 8 bytes a peer",
+                &told.words,
+                "changed_per_s",
+            ),
+            ("due buckets, 2 bytes a peer", &told.due, "taken_per_s"),
+        ] {
+            let _ = writeln!(
+                t,
+                "| {} | {:.0} | {name} | {:.0} ms | {:.2} | {:.0} | {:.0} | {kernel} |",
+                r.peers,
+                r.pps,
+                f(v, "interval_ms"),
+                f(v, "cpu_percent"),
+                f(v, "scan_us_p50"),
+                f(v, taken),
+            );
+        }
+    }
 }
