@@ -71,7 +71,7 @@ fn lines_of_peer_7(touch: Touch) -> (u32, u32, u32) {
             let rest = PEERS + peer * (LINES_PER_PEER - 1);
             (peer, rest, rest + 2)
         }
-        Touch::None => unreachable!(),
+        Touch::None | Touch::Packed32 | Touch::Packed32Stores | Touch::Packed16 => unreachable!(),
     }
 }
 
@@ -193,6 +193,52 @@ fn the_floors_due_bucket_comes_now_once_the_watchs_span_ran_out() {
         };
         assert_eq!(due_buckets(&ebpf)[6], expected, "heartbeat {seq}");
     }
+}
+
+#[test]
+fn the_packed_layouts_touch_the_peers_bytes_of_one_line() {
+    require_root();
+    // Peer 7 (slot 6): 32 bytes a peer, two to a line, is line 3 from word 0 (a count, the
+    // id, the last arrival in word 3); 16 bytes, four to a line, is line 1 from word 4 (a
+    // count, the last arrival).
+    for (touch, line, words) in [
+        (Touch::Packed32, 3usize, vec![3, 7, 0, u64::MAX, 0, 0, 0, 0]),
+        (Touch::Packed16, 1, vec![0, 0, 0, 0, 3, u64::MAX, 0, 0]),
+    ] {
+        let mut ebpf = load_floor_touching(DEFAULT_PORT, true, touch, PEERS);
+        assert_eq!(run(&mut ebpf, 7, 1, 3), XDP_DROP, "{touch:?}");
+        let (lines, last_heard) = state(&ebpf);
+        assert_eq!(touched(&lines), vec![line as u32], "{touch:?}");
+        for (i, (&got, &want)) in lines[line].iter().zip(&words).enumerate() {
+            if want == u64::MAX {
+                assert_ne!(got, 0, "{touch:?}: word {i}, the last arrival");
+            } else {
+                assert_eq!(got, want, "{touch:?}: word {i}");
+            }
+        }
+        assert!(last_heard.iter().all(|&w| w == 0), "{touch:?}: no stores");
+    }
+    // With the stores: the same hot words, and peer 7's source line, first ring line (three
+    // entries) and last-heard word, after the 5 packed lines of 10 peers.
+    let mut ebpf = load_floor_touching(DEFAULT_PORT, true, Touch::Packed32Stores, PEERS);
+    assert_eq!(run(&mut ebpf, 7, 1, 3), XDP_DROP);
+    let (lines, last_heard) = state(&ebpf);
+    let rest = PEERS / 2 + 6 * (LINES_PER_PEER - 1);
+    assert_eq!(touched(&lines), vec![3, rest, rest + 2]);
+    let arrival = lines[3][3];
+    assert_eq!(lines[3][..2], [3, 7]);
+    assert_eq!(lines[rest as usize][..2], [7, arrival]);
+    let ring: [u32; 16] = unsafe { std::mem::transmute(lines[rest as usize + 2]) };
+    assert!(
+        ring[..3].iter().all(|&e| e != 0) && ring[3..].iter().all(|&e| e == 0),
+        "three ring entries, in order: {ring:?}"
+    );
+    assert_eq!(
+        last_heard,
+        (1..=PEERS as u64)
+            .map(|id| if id == 7 { arrival } else { 0 })
+            .collect::<Vec<_>>()
+    );
 }
 
 #[test]

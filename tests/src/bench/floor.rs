@@ -37,6 +37,14 @@ pub enum Touch {
     /// peer's watch loaded (an agent-written floor and span) and the 4 ms bucket in which its
     /// floor passes stored, two bytes a peer (`FLOOR_DUE`, scanned by `due-scan-floor`).
     SplitDue,
+    /// `split-hot` with a peer's hot state in 32 bytes, two to a line (1.6 MB at 50,000 peers,
+    /// within this machine's 2 MiB L2): what a hot line half the monitor's would cost.
+    Packed32,
+    /// `packed32` and the three stores, into the peer's other lines after the packed table:
+    /// what the stores' lines leave of a hot state that would fit.
+    Packed32Stores,
+    /// The same in 16 bytes, four to a line.
+    Packed16,
 }
 
 impl Touch {
@@ -50,6 +58,9 @@ impl Touch {
             Touch::SplitStores => (2, 1),
             Touch::SplitLocked => (3, 1),
             Touch::SplitDue => (4, 1),
+            Touch::Packed32 => (1, 2),
+            Touch::Packed32Stores => (2, 2),
+            Touch::Packed16 => (1, 3),
         }
     }
 }

@@ -53,7 +53,7 @@ struct Receiver {
 
 /// The floor + clock touching per-peer state as a heartbeat does (`hbm-bench floor --touch`):
 /// the probe's name for it and the row's.
-const TOUCHES: [(&str, &str); 6] = [
+const TOUCHES: [(&str, &str); 9] = [
     (
         "hot",
         "floor + clock + the hot line (read and written), 704-byte slots (the monitor's layout before 15)",
@@ -73,6 +73,18 @@ const TOUCHES: [(&str, &str); 6] = [
     (
         "split-locked",
         "the same, the hot line taken with a locked compare-and-swap as the monitor's lock is (layout 15)",
+    ),
+    (
+        "packed32",
+        "floor + clock + 32 bytes of hot state a peer, two to a line (half the monitor's hot line: 1.6 MB at 50,000 peers)",
+    ),
+    (
+        "packed32-stores",
+        "floor + clock + 32 bytes of hot state a peer and the three stores into the peer's other lines",
+    ),
+    (
+        "packed16",
+        "floor + clock + 16 bytes of hot state a peer, four to a line (0.8 MB at 50,000 peers)",
     ),
     (
         TOLD_TOUCH,
