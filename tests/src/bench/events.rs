@@ -102,6 +102,8 @@ impl EventProbe {
         let mut latencies = Vec::with_capacity(expected);
         let mut detection = Vec::with_capacity(expected);
         let mut delivery = Vec::with_capacity(expected);
+        // The timed peers' silence when the event was raised (`silence_ms`), by level.
+        let mut silences: Vec<(f64, f64)> = Vec::with_capacity(expected);
         for &(start, end, received) in &lines {
             let line = &data[start..end];
             let kind: Kind = serde_json::from_slice(line).expect("event json");
@@ -113,6 +115,9 @@ impl EventProbe {
                 latencies.push(received - crossed);
                 detection.push(at - crossed);
                 delivery.push(received - at);
+                if let (Some(level), Some(silence)) = (kind.level, event["silence_ms"].as_f64()) {
+                    silences.push((level, silence));
+                }
             } else if kind.event == "suspect" {
                 // A peer that was not killed, suspected: counted by level (`live@8`), so a
                 // false conviction stands apart from the lower levels' expected share.
@@ -120,10 +125,24 @@ impl EventProbe {
                 *kinds.entry(format!("live@{level}")).or_default() += 1;
             }
         }
+        // The highest level any timed peer reached: what its conviction took after its last
+        // heartbeat.
+        let top = silences
+            .iter()
+            .map(|&(level, _)| level)
+            .max_by(f64::total_cmp);
         let latency = EventLatency {
             total: Percentiles::of(latencies),
             detection: Percentiles::of(detection),
             delivery: Percentiles::of(delivery),
+            top_level: top,
+            silence_at_top: Percentiles::of(
+                silences
+                    .iter()
+                    .filter(|&&(level, _)| Some(level) == top)
+                    .map(|&(_, silence)| silence)
+                    .collect(),
+            ),
         };
         (latency, kinds)
     }
@@ -186,4 +205,9 @@ pub struct EventLatency {
     pub total: Percentiles,
     pub detection: Percentiles,
     pub delivery: Percentiles,
+    /// The highest level the timed peers' events reached, if any was timed.
+    pub top_level: Option<f64>,
+    /// The timed peers' silence (since their last heartbeat) when that level was raised, ms:
+    /// how long after the last heartbeat a killed peer was convicted.
+    pub silence_at_top: Percentiles,
 }

@@ -237,6 +237,8 @@ pub fn main() {
                 "latency_ms": latency.total,
                 "detection_ms": latency.detection,
                 "delivery_ms": latency.delivery,
+                "top_level": latency.top_level,
+                "silence_at_top_ms": latency.silence_at_top,
                 "events": kinds,
             })
         }

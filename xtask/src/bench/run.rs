@@ -120,6 +120,19 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         return Ok(());
     }
 
+    // Issue 23's 10 ms heartbeats: level 8 within 30 ms of the last heartbeat at 10,000
+    // peers, with none of the live ones convicted; 5,000 beside it (half the packets).
+    if !args.quick {
+        let fast = Variant::this_build().with_label_and_flags(FAST_LABEL, &["--min-std-ms", "2"]);
+        for peers in FAST_PEERS {
+            interrupt.check()?;
+            println!(
+                "==> 10 ms heartbeats: {peers} peers x {FAST_RATE_HZ} Hz for {FAST_SECONDS} s"
+            );
+            rows.push(scale_run(&rig, &fast, peers, FAST_RATE_HZ, FAST_SECONDS)?);
+        }
+    }
+
     let ingest_peers = largest_up_to_50k(&scales);
     println!("==> ingest ceiling at {ingest_peers} peers");
     let ingest = ingest_run(&rig, ingest_peers, if args.quick { 2 } else { 3 })?;
@@ -162,6 +175,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     Ok(())
 }
+
+/// The 10 ms heartbeat rows of a full run: the peer counts, their rate, how long each, and
+/// the label of their agent, told the deviation such a stream has (`--min-std-ms 2`; the scale
+/// run tells every agent the stream's interval).
+const FAST_PEERS: [u64; 2] = [5_000, 10_000];
+const FAST_RATE_HZ: f64 = 100.0;
+const FAST_SECONDS: u64 = 10;
+const FAST_LABEL: &str = "10ms";
 
 /// The largest of `scales` up to 50,000 peers (1,000 if none is): the agent-cost and ingest
 /// runs' count, where the generator still sends on schedule.

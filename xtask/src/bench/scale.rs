@@ -206,18 +206,21 @@ pub(super) fn render_scales(rows: &[ScaleRow]) -> String {
     let _ = writeln!(
         t,
         "\nEvent latency split: detection (the event's `at` less its `crossed_at`: the sweep; `at` is in whole ms, so this reads up to 1 ms low) and delivery (received less `at`: the socket and the subscriber), ms:\n\n\
-         | peers | detection p50/p99 | delivery p50/p99 | suspect events received, all peers (timed: the killed ones') | live peers' suspicions by level |\n|---:|---:|---:|---:|---|"
+         | peers | detection p50/p99 | delivery p50/p99 | killed peers' silence at their top level p50/p99 (level) | suspect events received, all peers (timed: the killed ones') | live peers' suspicions by level |\n|---:|---:|---:|---:|---:|---|"
     );
     for r in rows {
         let _ = writeln!(
             t,
-            "| {}{} | {:.1} / {:.1} | {:.1} / {:.1} | {} ({}) | {} |",
+            "| {}{} | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} / {:.1} ({}) | {} ({}) | {} |",
             r.peers,
             r.tag,
             f(&r.events, &["detection_ms", "p50"]),
             f(&r.events, &["detection_ms", "p99"]),
             f(&r.events, &["delivery_ms", "p50"]),
             f(&r.events, &["delivery_ms", "p99"]),
+            f(&r.events, &["silence_at_top_ms", "p50"]),
+            f(&r.events, &["silence_at_top_ms", "p99"]),
+            r.events["top_level"],
             r.events["events"]["suspect"],
             r.events["latency_ms"]["count"],
             live_suspicions(&r.events["events"]),

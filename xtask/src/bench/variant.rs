@@ -25,6 +25,19 @@ impl Variant {
         }
     }
 
+    /// This variant under `label`, with `flags` added to its command line.
+    pub fn with_label_and_flags(self, label: &str, flags: &[&str]) -> Self {
+        Self {
+            label: label.to_string(),
+            flags: self
+                .flags
+                .into_iter()
+                .chain(flags.iter().map(|f| f.to_string()))
+                .collect(),
+            ..self
+        }
+    }
+
     /// `LABEL=BINARY [FLAG...]`, whitespace-separated; BINARY `.` is this build's.
     pub fn parse(text: &str) -> Result<Self> {
         let Some((label, rest)) = text.split_once('=') else {
