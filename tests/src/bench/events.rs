@@ -1,7 +1,7 @@
 //! Event latency: a subscriber timing each suspect event from the crossing to its receipt.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     io::{Read, Write},
     os::unix::net::UnixStream,
     path::Path,
@@ -54,8 +54,9 @@ impl EventProbe {
         Self { stream }
     }
 
-    /// Collects until `expected` suspect events about ids in `ids` (others are counted by kind
-    /// but not timed), or `timeout`.
+    /// Collects until suspect events about ids in `ids` at `expected` distinct (id, level)
+    /// pairs (others are counted by kind but not timed), or `timeout`; each pair's last event
+    /// is timed.
     pub fn collect(
         mut self,
         expected: usize,
@@ -67,8 +68,12 @@ impl EventProbe {
         let mut data: Vec<u8> = Vec::with_capacity(expected * 160);
         let mut lines: Vec<(usize, usize, f64)> = Vec::with_capacity(expected);
         let mut chunk = vec![0u8; READ_CHUNK];
-        let (mut line_start, mut timed) = (0, 0);
-        while timed < expected {
+        // The timed peers' (id, level) pairs seen: a peer to be killed may be suspected at a
+        // low level while still alive, and that event must not stand in for the one its death
+        // raises, so the probe waits for `expected` distinct pairs and keeps each pair's last.
+        let mut timed: HashSet<(u64, u64)> = HashSet::with_capacity(expected);
+        let mut line_start = 0;
+        while timed.len() < expected {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
@@ -84,8 +89,8 @@ impl EventProbe {
             for newline in memchr_all(b'\n', &data[scanned..]) {
                 let end = scanned + newline;
                 let line = &data[line_start..end];
-                if timed_suspect(line, &ids) {
-                    timed += 1;
+                if let Some(pair) = timed_suspect(line, &ids) {
+                    timed.insert(pair);
                 }
                 lines.push((line_start, end, received));
                 line_start = end + 1;
@@ -98,6 +103,16 @@ impl EventProbe {
             id: Option<u64>,
             level: Option<f64>,
         }
+        // Each timed pair's last event: the line it ends at.
+        let last_of_pair: HashSet<usize> = {
+            let mut last: HashMap<(u64, u64), usize> = HashMap::new();
+            for &(start, end, _) in &lines {
+                if let Some(pair) = timed_suspect(&data[start..end], &ids) {
+                    last.insert(pair, end);
+                }
+            }
+            last.into_values().collect()
+        };
         let mut kinds: HashMap<String, usize> = HashMap::new();
         let mut latencies = Vec::with_capacity(expected);
         let mut detection = Vec::with_capacity(expected);
@@ -108,7 +123,14 @@ impl EventProbe {
             let line = &data[start..end];
             let kind: Kind = serde_json::from_slice(line).expect("event json");
             *kinds.entry(kind.event.to_string()).or_default() += 1;
-            if kind.event == "suspect" && kind.id.is_some_and(|id| ids.contains(&id)) {
+            let timed_id = kind.id.is_some_and(|id| ids.contains(&id));
+            if kind.event == "suspect" && timed_id && !last_of_pair.contains(&end) {
+                // An earlier suspicion of a peer to be killed, while it was alive: counted
+                // apart, not timed.
+                *kinds
+                    .entry("timed_peer_before_its_last".into())
+                    .or_default() += 1;
+            } else if kind.event == "suspect" && timed_id {
                 let event: Value = serde_json::from_slice(line).expect("event json");
                 let crossed = event["crossed_at"].as_f64().expect("crossed_at");
                 let at = event["at"].as_f64().expect("at");
@@ -157,26 +179,36 @@ fn memchr_all(byte: u8, bytes: &[u8]) -> impl Iterator<Item = usize> + '_ {
         .map(|(i, _)| i)
 }
 
-/// Whether `line` is a suspect event about an id in `ids`: a look at the line's head as the
-/// agent writes it (docs/socket-protocol.md), a parse only for a line that starts otherwise.
-fn timed_suspect(line: &[u8], ids: &std::ops::Range<u64>) -> bool {
+/// The id and level (its bits) of `line` if it is a suspect event about an id in `ids`: a look
+/// at the line's head as the agent writes it (docs/socket-protocol.md), a parse only for a
+/// line that starts otherwise.
+fn timed_suspect(line: &[u8], ids: &std::ops::Range<u64>) -> Option<(u64, u64)> {
     const HEAD: &[u8] = b"{\"event\":\"suspect\",\"id\":";
+    const LEVEL: &[u8] = b",\"level\":";
     if let Some(rest) = line.strip_prefix(HEAD) {
         let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
-        if let Some(id) = std::str::from_utf8(&rest[..digits])
+        let id = std::str::from_utf8(&rest[..digits])
             .ok()
-            .and_then(|d| d.parse::<u64>().ok())
-        {
-            return ids.contains(&id);
+            .and_then(|d| d.parse::<u64>().ok());
+        let level = rest[digits..].strip_prefix(LEVEL).and_then(|r| {
+            let len = r.iter().take_while(|&&b| b != b',' && b != b'}').count();
+            std::str::from_utf8(&r[..len]).ok()?.parse::<f64>().ok()
+        });
+        if let (Some(id), Some(level)) = (id, level) {
+            return ids.contains(&id).then_some((id, level.to_bits()));
         }
     }
     #[derive(serde::Deserialize)]
     struct Head<'a> {
         event: &'a str,
         id: Option<u64>,
+        level: Option<f64>,
     }
-    serde_json::from_slice::<Head>(line)
-        .is_ok_and(|h| h.event == "suspect" && h.id.is_some_and(|id| ids.contains(&id)))
+    let head = serde_json::from_slice::<Head>(line).ok()?;
+    match (head.event, head.id, head.level) {
+        ("suspect", Some(id), Some(level)) if ids.contains(&id) => Some((id, level.to_bits())),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -187,15 +219,18 @@ mod tests {
     fn a_suspect_of_a_timed_id_is_told_by_its_head_or_by_a_parse() {
         let ids = 1..3;
         let line = br#"{"event":"suspect","id":2,"level":1.0,"phi":1.02,"silence_ms":150.3,"at":1,"crossed_at":0.5}"#;
-        assert!(timed_suspect(line, &ids));
+        assert_eq!(timed_suspect(line, &ids), Some((2, 1.0f64.to_bits())));
         let other = br#"{"event":"suspect","id":3,"level":1.0,"phi":1.02,"silence_ms":150.3,"at":1,"crossed_at":0.5}"#;
-        assert!(!timed_suspect(other, &ids));
+        assert_eq!(timed_suspect(other, &ids), None);
         // Fields in another order: parsed.
-        let reordered = br#"{"id":1,"event":"suspect","level":1.0}"#;
-        assert!(timed_suspect(reordered, &ids));
+        let reordered = br#"{"id":1,"event":"suspect","level":8.0}"#;
+        assert_eq!(timed_suspect(reordered, &ids), Some((1, 8.0f64.to_bits())));
         let recover = br#"{"event":"recover","id":1,"level":8.0,"silence_ms":5120.0,"at":1}"#;
-        assert!(!timed_suspect(recover, &ids));
-        assert!(!timed_suspect(br#"{"event":"lagged","missed":3}"#, &ids));
+        assert_eq!(timed_suspect(recover, &ids), None);
+        assert_eq!(
+            timed_suspect(br#"{"event":"lagged","missed":3}"#, &ids),
+            None
+        );
     }
 }
 

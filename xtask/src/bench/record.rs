@@ -25,6 +25,15 @@ pub(crate) fn record(table: &str, command: &str) -> Result<()> {
     Ok(())
 }
 
+/// The `--compare` options as the command line took them (empty without any, else with a
+/// leading space), so that a recorded command reproduces the run.
+pub(super) fn compared(compare: &[String]) -> String {
+    compare
+        .iter()
+        .map(|c| format!(" --compare '{c}'"))
+        .collect()
+}
+
 /// Peer counts as the command line takes them (`1000,50000`).
 pub(super) fn join(scales: &[u64]) -> String {
     scales

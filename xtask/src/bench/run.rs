@@ -16,7 +16,7 @@ use super::{
     kernel_loadgen,
     lock::BenchLock,
     paths::{Paths, path_comparison, render_paths},
-    record::{join, record},
+    record::{compared, join, record},
     scale::{ScaleRow, render_scales, scale_rate_hz, scale_run},
     tools::probe_json,
 };
@@ -70,8 +70,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             record(
                 &table,
                 &format!(
-                    "cargo xtask bench --floor-only --scales {} --seconds {seconds}",
-                    join(&scales)
+                    "cargo xtask bench --floor-only --scales {} --seconds {seconds}{}",
+                    join(&scales),
+                    compared(&args.compare)
                 ),
             )?;
         }
@@ -111,9 +112,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             record(
                 &table,
                 &format!(
-                    "cargo xtask bench --scales-only --scales {} --rate-hz {} --seconds {seconds}",
+                    "cargo xtask bench --scales-only --scales {} --rate-hz {} --seconds {seconds}{}",
                     join(&scales),
-                    args.rate_hz
+                    args.rate_hz,
+                    compared(&args.compare)
                 ),
             )?;
         }
