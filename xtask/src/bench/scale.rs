@@ -55,6 +55,9 @@ pub(super) struct ScaleRow {
     sweep: Value,
     socket: Value,
     events: Value,
+    /// Slots the agent looked at between scans, at their deadlines (`due_looks`), a second
+    /// over the whole run: near zero where no deadline is armed.
+    due_looks_per_s: f64,
 }
 
 pub(super) fn scale_run(
@@ -104,6 +107,7 @@ pub(super) fn scale_run(
     let kill_at = probe_at + 4.0;
     let total = kill_at + 4.0;
     let before = agent.stats()?;
+    let stats_from = Instant::now();
     let pid = agent.process.pid();
     let generator = Loadgen::new(peers, rate_hz, total)
         .kill_after(kill_at)
@@ -132,6 +136,9 @@ pub(super) fn scale_run(
     // Let the last heartbeats land before counting.
     std::thread::sleep(Duration::from_millis(200));
     let after = agent.stats()?;
+    let due_looks = |v: &Value| v["due_looks"].as_f64().unwrap_or(0.0);
+    let due_looks_per_s =
+        (due_looks(&after) - due_looks(&before)) / stats_from.elapsed().as_secs_f64();
     let events = finish_json(events)?;
     agent.process.stop();
 
@@ -149,6 +156,7 @@ pub(super) fn scale_run(
         sweep,
         socket,
         events,
+        due_looks_per_s,
     })
 }
 
@@ -206,12 +214,12 @@ pub(super) fn render_scales(rows: &[ScaleRow]) -> String {
     let _ = writeln!(
         t,
         "\nEvent latency split: detection (the event's `at` less its `crossed_at`: the sweep; `at` is in whole ms, so this reads up to 1 ms low) and delivery (received less `at`: the socket and the subscriber), ms:\n\n\
-         | peers | detection p50/p99 | delivery p50/p99 | killed peers' silence at their top level p50/p99 (level) | suspect events received, all peers (timed: the killed ones') | live peers' suspicions by level |\n|---:|---:|---:|---:|---:|---|"
+         | peers | detection p50/p99 | delivery p50/p99 | killed peers' silence at their top level p50/p99 (level) | suspect events received, all peers (timed: the killed ones') | live peers' suspicions by level | slots looked at between scans/s |\n|---:|---:|---:|---:|---:|---|---:|"
     );
     for r in rows {
         let _ = writeln!(
             t,
-            "| {}{} | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} / {:.1} ({}) | {} ({}) | {} |",
+            "| {}{} | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} / {:.1} ({}) | {} ({}) | {} | {:.0} |",
             r.peers,
             r.tag,
             f(&r.events, &["detection_ms", "p50"]),
@@ -224,6 +232,7 @@ pub(super) fn render_scales(rows: &[ScaleRow]) -> String {
             r.events["events"]["suspect"],
             r.events["latency_ms"]["count"],
             live_suspicions(&r.events["events"]),
+            r.due_looks_per_s,
         );
     }
     t
