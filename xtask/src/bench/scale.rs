@@ -55,9 +55,11 @@ pub(super) struct ScaleRow {
     sweep: Value,
     socket: Value,
     events: Value,
-    /// Slots the agent looked at between scans, at their deadlines (`due_looks`), a second
-    /// over the whole run: near zero where no deadline is armed.
+    /// Slots the agent looked at between scans, at their deadlines (`due_looks`), slot reads
+    /// (`refreshes`) and floors renewed without one (`refloors`), a second over the whole run.
     due_looks_per_s: f64,
+    refreshes_per_s: f64,
+    refloors_per_s: f64,
 }
 
 pub(super) fn scale_run(
@@ -136,9 +138,11 @@ pub(super) fn scale_run(
     // Let the last heartbeats land before counting.
     std::thread::sleep(Duration::from_millis(200));
     let after = agent.stats()?;
-    let due_looks = |v: &Value| v["due_looks"].as_f64().unwrap_or(0.0);
-    let due_looks_per_s =
-        (due_looks(&after) - due_looks(&before)) / stats_from.elapsed().as_secs_f64();
+    let stats_s = stats_from.elapsed().as_secs_f64();
+    let per_s = |key: &str| {
+        let at = |v: &Value| v[key].as_f64().unwrap_or(0.0);
+        (at(&after) - at(&before)) / stats_s
+    };
     let events = finish_json(events)?;
     agent.process.stop();
 
@@ -156,7 +160,9 @@ pub(super) fn scale_run(
         sweep,
         socket,
         events,
-        due_looks_per_s,
+        due_looks_per_s: per_s("due_looks"),
+        refreshes_per_s: per_s("refreshes"),
+        refloors_per_s: per_s("refloors"),
     })
 }
 
@@ -214,12 +220,12 @@ pub(super) fn render_scales(rows: &[ScaleRow]) -> String {
     let _ = writeln!(
         t,
         "\nEvent latency split: detection (the event's `at` less its `crossed_at`: the sweep; `at` is in whole ms, so this reads up to 1 ms low) and delivery (received less `at`: the socket and the subscriber), ms:\n\n\
-         | peers | detection p50/p99 | delivery p50/p99 | killed peers' silence at their top level p50/p99 (level) | suspect events received, all peers (timed: the killed ones') | live peers' suspicions by level | slots looked at between scans/s |\n|---:|---:|---:|---:|---:|---|---:|"
+         | peers | detection p50/p99 | delivery p50/p99 | killed peers' silence at their top level p50/p99 (level) | suspect events received, all peers (timed: the killed ones') | live peers' suspicions by level | slots looked at between scans / slot reads / floors renewed, a second |\n|---:|---:|---:|---:|---:|---|---:|"
     );
     for r in rows {
         let _ = writeln!(
             t,
-            "| {}{} | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} / {:.1} ({}) | {} ({}) | {} | {:.0} |",
+            "| {}{} | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} / {:.1} ({}) | {} ({}) | {} | {:.0} / {:.0} / {:.0} |",
             r.peers,
             r.tag,
             f(&r.events, &["detection_ms", "p50"]),
@@ -233,6 +239,8 @@ pub(super) fn render_scales(rows: &[ScaleRow]) -> String {
             r.events["latency_ms"]["count"],
             live_suspicions(&r.events["events"]),
             r.due_looks_per_s,
+            r.refreshes_per_s,
+            r.refloors_per_s,
         );
     }
     t
