@@ -220,7 +220,7 @@ pub(super) fn render_scales(rows: &[ScaleRow]) -> String {
     let _ = writeln!(
         t,
         "\nEvent latency split: detection (the event's `at` less its `crossed_at`: the sweep; `at` is in whole ms, so this reads up to 1 ms low) and delivery (received less `at`: the socket and the subscriber), ms:\n\n\
-         | peers | detection p50/p99 | delivery p50/p99 | killed peers' silence at their top level p50/p99 (level) | suspect events received, all peers (timed: the killed ones') | live peers' suspicions by level | slots looked at between scans / slot reads / floors renewed, a second |\n|---:|---:|---:|---:|---:|---|---:|"
+         | peers | detection p50/p99 | delivery p50/p99 | killed peers' silence at their top level p50/p99 (level) | suspect events received, all peers (timed: the killed ones'; lagged: the times the agent told the probe it had missed events) | live peers' suspicions by level | slots looked at between scans / slot reads / floors renewed, a second |\n|---:|---:|---:|---:|---:|---|---:|"
     );
     for r in rows {
         let _ = writeln!(
@@ -236,7 +236,7 @@ pub(super) fn render_scales(rows: &[ScaleRow]) -> String {
             f(&r.events, &["silence_at_top_ms", "p99"]),
             r.events["top_level"],
             r.events["events"]["suspect"],
-            r.events["latency_ms"]["count"],
+            timed_and_lagged(&r.events),
             live_suspicions(&r.events["events"]),
             r.due_looks_per_s,
             r.refreshes_per_s,
@@ -244,6 +244,15 @@ pub(super) fn render_scales(rows: &[ScaleRow]) -> String {
         );
     }
     t
+}
+
+/// The timed events, and how often the agent told the probe it had missed events (`lagged`).
+fn timed_and_lagged(events: &serde_json::Value) -> String {
+    let timed = &events["latency_ms"]["count"];
+    match events["events"]["lagged"].as_u64() {
+        Some(n) if n > 0 => format!("{timed}; lagged {n}"),
+        _ => timed.to_string(),
+    }
 }
 
 /// The live peers' suspicions by level (`live@LEVEL` in the probe's counts), as `1: n, 8: m`;
