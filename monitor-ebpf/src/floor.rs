@@ -211,20 +211,7 @@ fn touch_state(ctx: &XdpContext, payload_at: usize, touch: u8, now: u64) -> u64 
     hot.words[2] = now;
     hot.words[3] = (head + 1) as u64;
     if touch >= 2 {
-        // Stores only, as the monitor's: the source address, the ring entry at the head the
-        // hot line gave, the last-heard word.
-        if let Some(cold) = FLOOR_STATE.get_ptr_mut(rest_at) {
-            let cold = unsafe { &mut *cold };
-            cold.words[0] = id;
-            cold.words[1] = now;
-        }
-        if let Some(ring) = FLOOR_STATE.get_ptr_mut(rest_at + COLD_LINES + head / RING_PER_LINE) {
-            let ring = unsafe { &mut *(ring as *mut [u32; 16]) };
-            ring[(head % RING_PER_LINE) as usize] = interval as u32;
-        }
-        if let Some(word) = FLOOR_LAST_HEARD.get_ptr_mut(peer) {
-            unsafe { *word = now };
-        }
+        store_the_rest(peer, rest_at, head, interval, now);
     }
     if touch >= 4 {
         // The heartbeats counted in the hot line's fifth word (the ring's head wraps).
@@ -282,21 +269,29 @@ fn touch_packed(peer: u32, peers: u32, words: u32, touch: u8, now: u64) -> u64 {
     if touch >= 2 {
         let head = (count as u32).wrapping_sub(1) % (RING_PER_LINE * RING_LINES);
         let rest_at = peers.div_ceil(per_line) + peer * (LINES_PER_PEER - 1);
-        if let Some(cold) = FLOOR_STATE.get_ptr_mut(rest_at) {
-            let cold = unsafe { &mut *cold };
-            cold.words[0] = peer as u64 + 1;
-            cold.words[1] = now;
-        }
-        if let Some(ring) = FLOOR_STATE.get_ptr_mut(rest_at + COLD_LINES + head / RING_PER_LINE) {
-            let ring = unsafe { &mut *(ring as *mut [u32; 16]) };
-            ring[(head % RING_PER_LINE) as usize] = interval as u32;
-        }
-        if let Some(word) = FLOOR_LAST_HEARD.get_ptr_mut(peer) {
-            unsafe { *word = now };
-        }
+        store_the_rest(peer, rest_at, head, interval, now);
     }
-    // The interval decides nothing here but must not be dropped unused when nothing is stored.
-    now | (interval & 1)
+    now
+}
+
+/// The three stores of an accepted heartbeat beyond its hot state, as the monitor's (stores
+/// only, nothing read first): the source address in the peer's first line at `rest_at`, the
+/// ring entry at `head`, the last-heard word.
+#[inline(always)]
+fn store_the_rest(peer: u32, rest_at: u32, head: u32, interval: u64, now: u64) {
+    // SAFETY: in the map values; as in `touch_state`, a race would only store wrong values.
+    if let Some(cold) = FLOOR_STATE.get_ptr_mut(rest_at) {
+        let cold = unsafe { &mut *cold };
+        cold.words[0] = peer as u64 + 1;
+        cold.words[1] = now;
+    }
+    if let Some(ring) = FLOOR_STATE.get_ptr_mut(rest_at + COLD_LINES + head / RING_PER_LINE) {
+        let ring = unsafe { &mut *(ring as *mut [u32; 16]) };
+        ring[(head % RING_PER_LINE) as usize] = interval as u32;
+    }
+    if let Some(word) = FLOOR_LAST_HEARD.get_ptr_mut(peer) {
+        unsafe { *word = now };
+    }
 }
 
 /// Where the UDP payload starts, if the packet is UDP to `port`.

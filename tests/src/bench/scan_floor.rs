@@ -78,6 +78,37 @@ fn newest_array<T>(name: &str) -> (NonNull<T>, usize, u32) {
     (NonNull::new(ptr.cast()).unwrap(), bytes, entries)
 }
 
+/// What `paced_scans` measured: scans run, the median scan, this process's CPU (percent of a
+/// core) and the wall time, s.
+struct Paced {
+    scans: u64,
+    scan_us_p50: f64,
+    cpu_percent: f64,
+    wall_s: f64,
+}
+
+/// Runs `scan` every `interval` for `duration`, each timed, sleeping between them.
+fn paced_scans(interval: Duration, duration: Duration, mut scan: impl FnMut()) -> Paced {
+    let mut scan_us = Vec::new();
+    let (cpu0, start) = (cpu_seconds(), Instant::now());
+    let mut next = start;
+    while start.elapsed() < duration {
+        next += interval;
+        let began = Instant::now();
+        scan();
+        scan_us.push(began.elapsed().as_secs_f64() * 1e6);
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+    }
+    let (cpu, wall_s) = (cpu_seconds() - cpu0, start.elapsed().as_secs_f64());
+    scan_us.sort_by(f64::total_cmp);
+    Paced {
+        scans: scan_us.len() as u64,
+        scan_us_p50: scan_us.get(scan_us.len() / 2).copied().unwrap_or(0.0),
+        cpu_percent: cpu / wall_s * 100.0,
+        wall_s,
+    }
+}
+
 /// Scans the first `peers` words of the newest map named `map` (the agent's `LAST_HEARD`, or
 /// the floor program's words) every `interval` for `duration`.
 pub fn scan_floor(map: &str, peers: u32, interval: Duration, duration: Duration) -> ScanFloor {
@@ -95,13 +126,8 @@ pub fn scan_floor(map: &str, peers: u32, interval: Duration, duration: Duration)
     // A deadline 1.5 intervals of a 100 ms sender after the arrival: the scan's work is one
     // add and a store whatever the constant.
     const SILENCE_NS: u64 = 150_000_000;
-    let (mut scans, mut changed, mut due) = (0u64, 0u64, 0u64);
-    let mut scan_us = Vec::new();
-    let (cpu0, start) = (cpu_seconds(), Instant::now());
-    let mut next = start;
-    while start.elapsed() < duration {
-        next += interval;
-        let began = Instant::now();
+    let (mut changed, mut due) = (0u64, 0u64);
+    let paced = paced_scans(interval, duration, || {
         let now = monotonic_ns();
         for (word, watch) in words.iter().zip(watches.iter_mut()) {
             let word = word.load(Ordering::Relaxed);
@@ -115,23 +141,19 @@ pub fn scan_floor(map: &str, peers: u32, interval: Duration, duration: Duration)
                 due += 1;
             }
         }
-        scan_us.push(began.elapsed().as_secs_f64() * 1e6);
-        scans += 1;
-        std::thread::sleep(next.saturating_duration_since(Instant::now()));
-    }
-    let (cpu, wall) = (cpu_seconds() - cpu0, start.elapsed().as_secs_f64());
+    });
     // SAFETY: unmapping what `newest_array` mapped; `words` is not used after.
     unsafe { libc::munmap(ptr.as_ptr().cast(), bytes) };
-    scan_us.sort_by(f64::total_cmp);
+    let wall = paced.wall_s;
     ScanFloor {
         peers,
         interval_ms: interval.as_secs_f64() * 1e3,
-        scans,
+        scans: paced.scans,
         // The first scan finds every word new.
         changed_per_s: changed.saturating_sub(peers as u64) as f64 / wall,
         due_per_s: due as f64 / wall,
-        cpu_percent: cpu / wall * 100.0,
-        scan_us_p50: scan_us.get(scan_us.len() / 2).copied().unwrap_or(0.0),
+        cpu_percent: paced.cpu_percent,
+        scan_us_p50: paced.scan_us_p50,
     }
 }
 
@@ -172,54 +194,45 @@ pub fn due_scan_floor(peers: u32, interval: Duration, duration: Duration) -> Due
     let bucket = |ns: u64| (ns >> DUE_BUCKET_SHIFT) as u16;
     // Buckets up to this one were taken (wrapping: 2^16 buckets are 275 s).
     let mut taken_to = bucket(monotonic_ns());
-    let (mut scans, mut taken) = (0u64, 0u64);
+    let mut taken = 0u64;
     let mut slots: Vec<u32> = Vec::new();
-    let mut scan_us = Vec::new();
-    let (cpu0, start) = (cpu_seconds(), Instant::now());
-    let mut next = start;
     const CHUNK: usize = 32;
-    while start.elapsed() < duration {
-        next += interval;
-        let began = Instant::now();
+    let paced = paced_scans(interval, duration, || {
         let horizon = bucket(monotonic_ns() + interval.as_nanos() as u64);
+        if horizon == taken_to {
+            return;
+        }
         // A bucket b is new when b - (taken_to + 1) <= horizon - (taken_to + 1), wrapping.
         let first = taken_to.wrapping_add(1);
         let span = horizon.wrapping_sub(first);
-        if horizon != taken_to {
-            slots.clear();
-            for (c, chunk) in due.chunks(CHUNK).enumerate() {
-                // A branch-free test of the chunk first (vectorized), the slots of a hit after.
-                // SAFETY: see above; read volatile, as the kernel stores into them.
-                let read = |d: &u16| unsafe { std::ptr::read_volatile(d) };
-                if chunk
-                    .iter()
-                    .fold(false, |any, d| any | (read(d).wrapping_sub(first) <= span))
-                {
-                    for (i, d) in chunk.iter().enumerate() {
-                        if read(d).wrapping_sub(first) <= span {
-                            slots.push((c * CHUNK + i) as u32);
-                        }
+        slots.clear();
+        for (c, chunk) in due.chunks(CHUNK).enumerate() {
+            // A branch-free test of the chunk first (vectorized), the slots of a hit after.
+            // SAFETY: see above; read volatile, as the kernel stores into them.
+            let read = |d: &u16| unsafe { std::ptr::read_volatile(d) };
+            if chunk
+                .iter()
+                .fold(false, |any, d| any | (read(d).wrapping_sub(first) <= span))
+            {
+                for (i, d) in chunk.iter().enumerate() {
+                    if read(d).wrapping_sub(first) <= span {
+                        slots.push((c * CHUNK + i) as u32);
                     }
                 }
             }
-            taken += slots.len() as u64;
-            taken_to = horizon;
         }
-        scan_us.push(began.elapsed().as_secs_f64() * 1e6);
-        scans += 1;
-        std::thread::sleep(next.saturating_duration_since(Instant::now()));
-    }
-    let (cpu, wall) = (cpu_seconds() - cpu0, start.elapsed().as_secs_f64());
+        taken += slots.len() as u64;
+        taken_to = horizon;
+    });
     // SAFETY: unmapping what `newest_array` mapped; `due` is not used after.
     unsafe { libc::munmap(ptr.as_ptr().cast(), bytes) };
-    scan_us.sort_by(f64::total_cmp);
     DueScanFloor {
         peers,
         interval_ms: interval.as_secs_f64() * 1e3,
-        scans,
+        scans: paced.scans,
         taken,
-        taken_per_s: taken as f64 / wall,
-        cpu_percent: cpu / wall * 100.0,
-        scan_us_p50: scan_us.get(scan_us.len() / 2).copied().unwrap_or(0.0),
+        taken_per_s: taken as f64 / paced.wall_s,
+        cpu_percent: paced.cpu_percent,
+        scan_us_p50: paced.scan_us_p50,
     }
 }
