@@ -71,7 +71,8 @@ impl EventProbe {
         // The timed peers' (id, level) pairs seen: a peer to be killed may be suspected at a
         // low level while still alive, and that event must not stand in for the one its death
         // raises, so the probe waits for `expected` distinct pairs and keeps each pair's last.
-        let mut timed: HashSet<(u64, u64)> = HashSet::with_capacity(expected);
+        // Each pair maps to the end of its latest line.
+        let mut timed: HashMap<(u64, u64), usize> = HashMap::with_capacity(expected);
         let mut line_start = 0;
         while timed.len() < expected {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -90,7 +91,7 @@ impl EventProbe {
                 let end = scanned + newline;
                 let line = &data[line_start..end];
                 if let Some(pair) = timed_suspect(line, &ids) {
-                    timed.insert(pair);
+                    timed.insert(pair, end);
                 }
                 lines.push((line_start, end, received));
                 line_start = end + 1;
@@ -104,15 +105,7 @@ impl EventProbe {
             level: Option<f64>,
         }
         // Each timed pair's last event: the line it ends at.
-        let last_of_pair: HashSet<usize> = {
-            let mut last: HashMap<(u64, u64), usize> = HashMap::new();
-            for &(start, end, _) in &lines {
-                if let Some(pair) = timed_suspect(&data[start..end], &ids) {
-                    last.insert(pair, end);
-                }
-            }
-            last.into_values().collect()
-        };
+        let last_of_pair: HashSet<usize> = timed.into_values().collect();
         let mut kinds: HashMap<String, usize> = HashMap::new();
         let mut latencies = Vec::with_capacity(expected);
         let mut detection = Vec::with_capacity(expected);
