@@ -240,9 +240,11 @@ pub struct PeerHot {
     /// Heartbeats left in the current loss burst: set to [`crate::slot::BURST_MEMORY`] by a
     /// heartbeat that came after a gap, counted down by each one that did not; 0 = no recent loss.
     pub burst_left: u8,
-    /// Non-zero: every arrival of this peer is also written to the ARRIVALS ring buffer
-    /// (`monitor record`). Set and cleared by the agent.
-    pub traced: u8,
+    /// What the kernel tells the agent of this peer's arrivals through the ARRIVALS ring
+    /// buffer ([`TELL_ARRIVALS`], [`TELL_HEARD`]). Set by the agent under the line's lock;
+    /// [`TELL_HEARD`] is cleared by the heartbeat that tells it. Zero for almost every peer,
+    /// so a heartbeat pays one test of a byte in a line it holds.
+    pub tell: u8,
     /// The line's, not the peer's: how many live entries of PEER_HOT's hashed part probed past
     /// this line (`crate::index`). A lookup that does not find its id in a line whose count is
     /// 0 stops there. Written by the agent only, under the line's lock; resets keep it; the
@@ -342,7 +344,7 @@ impl PeerSlot {
                 left_out: 0,
                 outage_run: 0,
                 burst_left: 0,
-                traced: 0,
+                tell: 0,
                 overflow: 0,
             },
             cold: PeerCold {
@@ -407,7 +409,7 @@ impl PeerSlot {
             src_port: c.src_port,
             outage_run: h.outage_run as u16,
             burst_left: h.burst_left,
-            traced: h.traced,
+            tell: h.tell,
             src_addr: c.src_addr,
             loss_gaps: c.loss_gaps,
             loss_lost: c.loss_lost,
@@ -481,8 +483,8 @@ pub struct PeerRecord {
     pub outage_run: u16,
     /// `PeerHot::burst_left`.
     pub burst_left: u8,
-    /// Non-zero: the peer's arrivals are traced (`monitor record`).
-    pub traced: u8,
+    /// `PeerHot::tell`.
+    pub tell: u8,
     /// Source address of the last accepted heartbeat; IPv4 as the last 4 bytes of an
     /// IPv4-mapped IPv6 address.
     pub src_addr: [u8; 16],
@@ -641,7 +643,23 @@ pub struct UnknownPeerReport {
     pub discriminator: u32,
 }
 
-/// One heartbeat of a traced peer as the kernel judged it, for `monitor record`.
+/// `PeerHot::tell`: every arrival of this peer, whatever its outcome, is written to the
+/// ARRIVALS ring (`monitor record`).
+pub const TELL_ARRIVALS: u8 = 1;
+/// `PeerHot::tell`: the next accepted heartbeat of this peer is written to the ARRIVALS ring
+/// with [`ARRIVAL_HEARD`], once (it clears the bit). The agent sets it on a peer it suspects:
+/// otherwise it would see that peer heard again only at its next look (the next scan, for a
+/// peer past its last level), and a peer heard and silent again before then would have its
+/// next crossings raised that late.
+pub const TELL_HEARD: u8 = 2;
+/// [`ArrivalRecord::outcome`]'s bit for an arrival told because of [`TELL_HEARD`].
+pub const ARRIVAL_HEARD: u32 = 1 << 8;
+/// [`ArrivalRecord::outcome`]'s bits that carry the outcome's code.
+pub const ARRIVAL_CODE: u32 = 0xff;
+
+/// One heartbeat of a peer whose arrivals the agent asked to be told of (`PeerHot::tell`), as
+/// the kernel judged it: every arrival of a peer `monitor record` records, and the heartbeat
+/// that ends a suspicion.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ArrivalRecord {
@@ -650,6 +668,7 @@ pub struct ArrivalRecord {
     pub at_ns: u64,
     pub seq: u64,
     pub incarnation: u32,
-    /// [`crate::slot::Outcome`] as a number: 0 accepted, 1 duplicate, 2 out of order.
+    /// [`crate::slot::Outcome`] as a number in the low byte ([`ARRIVAL_CODE`]: 0 accepted,
+    /// 1 duplicate, 2 out of order), with [`ARRIVAL_HEARD`] if told because of [`TELL_HEARD`].
     pub outcome: u32,
 }

@@ -172,6 +172,19 @@ impl Fixture {
         panic!("the program uses no map named PEER_HOT");
     }
 
+    /// Drains the arrivals ring buffer (`monitor record`'s, and the told heartbeats of
+    /// suspected peers).
+    pub fn arrivals(&mut self) -> Vec<monitor_common::maps::ArrivalRecord> {
+        let mut out = Vec::new();
+        while let Some(item) = self.loaded.maps.arrivals.next() {
+            out.push(
+                monitor::kernel::ring_reader::decode::<monitor_common::maps::ArrivalRecord>(&item)
+                    .expect("arrival size"),
+            );
+        }
+        out
+    }
+
     /// Drains the unknown-peer ring buffer.
     pub fn unknown_reports(&mut self) -> Vec<UnknownPeerReport> {
         let mut out = Vec::new();

@@ -79,3 +79,58 @@ fn a_stopped_ten_ms_sender_is_suspected_at_each_crossing_between_scans() {
     let stats = &agent.ask(json!({"op": "stats"}))["stats"];
     assert!(stats["due_passes"].as_u64().unwrap() >= 3, "{stats}");
 }
+
+/// A convicted peer heard again is looked at when its heartbeat arrives, not at the next scan:
+/// the agent asks the kernel to tell the next heartbeat of a peer it suspects (`TELL_HEARD`),
+/// and the kernel writes it to the arrivals ring as it records it. With scans a minute apart,
+/// and none yet (the peer was admitted on its first packet and watched by the due passes), the
+/// recovery comes within seconds only if the kernel told it.
+#[test]
+fn a_convicted_sender_heard_again_recovers_as_the_kernel_tells_it_not_at_the_next_scan() {
+    require_root();
+    let pair = NetnsPair::new(91);
+    let agent = AgentProcess::start(
+        &pair,
+        &[
+            "--levels",
+            "1,3,8",
+            "--first-interval-ms",
+            "10",
+            "--min-std-ms",
+            "2",
+            "--sweep-interval",
+            "60s",
+            "--stall-bound",
+            "120s",
+        ],
+    );
+    let send = spawn(sender(&pair, 7, "10ms", &[]));
+    // Admitted on its first packet (the interface's own network).
+    wait_for(Duration::from_secs(15), "100 heartbeats of peer 7", || {
+        agent.peer_ids().contains(&7).then_some(())?;
+        let peer = &agent.ask(json!({"op": "peer", "id": 7}));
+        let peer = &peer["peer"];
+        (peer["heartbeats"].as_u64()? >= 100 && peer["level"].is_null()).then_some(())
+    });
+    let mut watcher = agent.subscribe();
+    drop(send); // SIGKILL
+    let convicted = |e: &Value| e["event"] == "suspect" && e["id"] == 7 && e["level"] == json!(8.0);
+    events_until(&mut watcher, Duration::from_secs(10), |events| {
+        events.iter().any(convicted)
+    });
+    let send = spawn(sender(&pair, 7, "10ms", &[]));
+    let events = events_until(&mut watcher, Duration::from_secs(10), |events| {
+        events
+            .iter()
+            .any(|e| e["event"] == "recover" && e["id"] == 7)
+    });
+    let recovered = events
+        .iter()
+        .find(|e| e["event"] == "recover")
+        .expect("a recovery");
+    assert_eq!(recovered["level"], json!(8.0), "{recovered}");
+    let stats = &agent.ask(json!({"op": "stats"}))["stats"];
+    assert_eq!(stats["sweeps"], json!(0), "no scan ran: {stats}");
+    assert!(stats["heard_told"].as_u64().unwrap() >= 1, "{stats}");
+    drop(send);
+}

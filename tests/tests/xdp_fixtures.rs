@@ -1161,3 +1161,62 @@ fn ids_are_found_in_their_own_line_or_through_the_hash() {
     assert_eq!(fx.record(1).heartbeats, 2);
     assert_eq!(fx.unknown_reports().len(), 1);
 }
+
+/// A suspected peer's next heartbeat is told (`TELL_HEARD`): the first accepted one writes an
+/// arrival marked `ARRIVAL_HEARD` to the ring and clears the bit, once; a duplicate is not the
+/// heartbeat asked for and leaves it; a recording's bit (`TELL_ARRIVALS`) is kept and still
+/// traces every arrival; a peer asked nothing costs the ring nothing. Both hooks.
+#[test]
+fn a_suspected_peers_next_heartbeat_is_told_once() {
+    use monitor_common::maps::{ARRIVAL_CODE, ARRIVAL_HEARD, TELL_ARRIVALS, TELL_HEARD};
+    for hook in [
+        monitor::kernel::program::Hook::Xdp,
+        monitor::kernel::program::Hook::Tc,
+    ] {
+        let mut fx = Fixture::new_hook(XdpConfig::DEFAULT, &[PEER, PEER + 1], hook);
+        fx.run(&Packet::heartbeat_v4(PEER, 1).build());
+        fx.run(&Packet::heartbeat_v4(PEER + 1, 1).build());
+        assert_eq!(fx.arrivals(), [], "{hook:?}: nobody asked");
+        let slot = fx.slot(PEER);
+        assert!(fx.loaded.maps.table.tell_when_heard(slot, PEER));
+        assert!(
+            !fx.loaded.maps.table.tell_when_heard(slot, PEER + 7),
+            "{hook:?}: another peer's slot is left alone"
+        );
+        // A duplicate is not a heartbeat heard.
+        fx.run(&Packet::heartbeat_v4(PEER, 1).build());
+        assert_eq!(fx.arrivals(), [], "{hook:?}: a duplicate");
+        assert_eq!(fx.record(PEER).tell, TELL_HEARD, "{hook:?}");
+        fx.run(&Packet::heartbeat_v4(PEER + 1, 2).build());
+        fx.run(&Packet::heartbeat_v4(PEER, 2).build());
+        let told = fx.arrivals();
+        assert_eq!(told.len(), 1, "{hook:?}: {told:?}");
+        let record = fx.record(PEER);
+        assert_eq!(
+            (told[0].peer_id, told[0].seq, told[0].at_ns),
+            (PEER, 2, record.last_arrival_ns),
+            "{hook:?}"
+        );
+        assert_eq!(told[0].outcome, ARRIVAL_HEARD, "{hook:?}: accepted, heard");
+        assert_eq!(record.tell, 0, "{hook:?}: told once");
+        fx.run(&Packet::heartbeat_v4(PEER, 3).build());
+        assert_eq!(fx.arrivals(), [], "{hook:?}: not again");
+        // Recorded and suspected: one line an arrival, the told one marked, the trace kept.
+        assert!(fx.loaded.maps.table.set_traced(slot, PEER, true));
+        assert!(fx.loaded.maps.table.tell_when_heard(slot, PEER));
+        for seq in [3, 4, 5] {
+            fx.run(&Packet::heartbeat_v4(PEER, seq).build());
+        }
+        let traced: Vec<(u64, u32, u32)> = fx
+            .arrivals()
+            .iter()
+            .map(|a| (a.seq, a.outcome & ARRIVAL_CODE, a.outcome & ARRIVAL_HEARD))
+            .collect();
+        assert_eq!(
+            traced,
+            [(3, 1, 0), (4, 0, ARRIVAL_HEARD), (5, 0, 0)],
+            "{hook:?}"
+        );
+        assert_eq!(fx.record(PEER).tell, TELL_ARRIVALS, "{hook:?}");
+    }
+}

@@ -1,9 +1,9 @@
 //! Recordings (`monitor record`): the kernel traces the arrivals of the peers a client
 //! records, and the agent hands each arrival to the recording clients.
 
-use std::time::Duration;
+use std::{sync::atomic::Ordering, time::Duration};
 
-use monitor_common::maps::ArrivalRecord;
+use monitor_common::maps::{ARRIVAL_HEARD, ArrivalRecord};
 use serde_json::{Value, json};
 
 use super::Agent;
@@ -13,10 +13,29 @@ use crate::{
 };
 
 impl Agent {
-    /// One arrival of a traced peer, from the kernel's ring.
+    /// One arrival the kernel told of, from its ring: a traced peer's (for the recording
+    /// clients), or the heartbeat of a suspected peer (`ARRIVAL_HEARD`), whose slot the
+    /// sweeper looks at now, as it would at a deadline: its recovery is raised at once and its
+    /// next deadlines armed, instead of at the next scan.
     pub fn on_arrival(&self, arrival: ArrivalRecord) {
-        // No recording client left is not an error: tracing stops at the next sweep.
+        if arrival.outcome & ARRIVAL_HEARD != 0 {
+            self.heard_told.fetch_add(1, Ordering::Relaxed);
+            self.look_now(arrival.peer_id);
+        }
+        // No recording client left is not an error: tracing stops at the next sweep. A
+        // recording takes only its own peers', so an untraced peer's told heartbeat is no
+        // line of any.
         let _ = self.arrivals.send(arrival);
+    }
+
+    /// Has the sweeper look at `id`'s slot as soon as it can (a due pass).
+    pub(super) fn look_now(&self, id: u64) {
+        let Some(slot) = self.registry.read().expect("registry lock").slot_of(id) else {
+            return;
+        };
+        if self.trackers.lock().due.arm_now(slot) {
+            self.sweep_wake.poke();
+        }
     }
 
     /// Starts recording `ids` (each must be admitted) for `duration_ms` or until the client

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use monitor_common::passive::{SOURCE_BFD, bfd_diag_name, bfd_state_name};
 
-use super::{Agent, Trackers, passive, wall_ms};
+use super::{Agent, Trackers, due_soon::DueSoon, passive, wall_ms};
 use crate::{
     detector::tracker::{
         DetectorConfig, LevelFloor, PeerTracker, SweepStep, SweepTime, Transition, WordWatch,
@@ -302,6 +302,13 @@ impl Agent {
         self.due_looks.fetch_add(looks, Ordering::Relaxed);
     }
 
+    /// The first scan starts at `first_scan_ns`: until then the due passes arm the deadlines
+    /// that fall before it, as a scan's would (a peer admitted on its first packet is looked
+    /// at before any scan ran, and its deadlines are not left to the first scan).
+    pub(super) fn first_scan_at(&self, first_scan_ns: u64) {
+        self.trackers.lock().due.set_horizon(first_scan_ns);
+    }
+
     /// When the sweeper should next wake for a due slot (monotonic ns), if any is armed.
     pub(super) fn next_due_ns(&self) -> Option<u64> {
         self.trackers.lock().due.wake_ns()
@@ -356,6 +363,7 @@ impl Agent {
         };
         let with_ring = detector.params.needs_ring();
         if let Some(t) = tracker.as_mut().filter(|t| t.peer_id == id) {
+            let was_suspected = t.crossed() > 0;
             match t.step(word, watch, floor, detector, time, &mut emit) {
                 SweepStep::Done => {}
                 SweepStep::Refloored => pass.refloors += 1,
@@ -368,7 +376,11 @@ impl Agent {
                     }
                 }
             }
+            let suspected = t.crossed() > 0;
             due.arm_watch(slot, watch, floor, time.now_ns);
+            if suspected && !was_suspected {
+                self.tell_when_heard(due, slot, id, word);
+            }
             return;
         }
         // A peer this slot's tracker has not seen yet.
@@ -387,8 +399,28 @@ impl Agent {
         let (mut t, new_watch, new_floor) = PeerTracker::new(&record, &ring, detector);
         (*watch, *floor) = (new_watch, new_floor);
         t.observe(&record, &ring, watch, floor, detector, time, &mut emit);
+        let suspected = t.crossed() > 0;
         *tracker = Some(t);
         due.arm_watch(slot, watch, floor, time.now_ns);
+        if suspected {
+            self.tell_when_heard(due, slot, id, word);
+        }
+    }
+
+    /// `id`, in `slot`, was just suspected at its first level, from a look at the slot's
+    /// `word`: the kernel is asked to tell its next heartbeat (`PeerTable::tell_when_heard`),
+    /// so its recovery, and the deadlines that count from it, do not wait for the next scan
+    /// (a peer past its last level has no deadline left to be looked at again before). A
+    /// heartbeat stored before the kernel saw the ask is not told: the word, read again after
+    /// the line's lock was taken and given back, shows it, and the slot is looked at again at
+    /// once.
+    fn tell_when_heard(&self, due: &mut DueSoon, slot: usize, id: u64, word: u64) {
+        if !self.table.tell_when_heard(slot as u32, id) {
+            return;
+        }
+        if self.table.last_heard(slot as u32) != word {
+            due.arm_now(slot as u32);
+        }
     }
 
     /// After a pass, the trackers let go: the correlated-silence check and the pass's counts.

@@ -66,6 +66,7 @@ fn sweep_loop(
 ) {
     let mut next = std::time::Instant::now() + interval;
     let mut last = monotonic_ns();
+    agent.first_scan_at(last + interval.as_nanos() as u64);
     let mut hold_until = 0u64;
     let mut link_reader = LinkReader::new(agent.iface());
     let state = link_reader.read();

@@ -646,3 +646,290 @@ fn burst_delivery_timing() {
     show("sweep (raise and publish)", sweeps);
     show("sweep start to last line read", lasts);
 }
+
+/// Peers sending every 10 ms, watched as `monitor --min-std-ms 2 --first-interval-ms 10`
+/// watches them, on a virtual clock that keeps the sweeper's own schedule: a scan every
+/// 50 ms (the default `--sweep-interval`) at `phase_ns` into the first, and between scans a
+/// due pass at each wake the agent asks for (`next_due_ns`). Heartbeats are recorded as the
+/// kernel records them (`PeerTable::arrive`).
+struct TenMs {
+    agent: Agent,
+    xdp: monitor_common::config::XdpConfig,
+    slots: Vec<u32>,
+    /// Each peer's schedule (a send every 10 ms), and when its next heartbeat arrives (the
+    /// schedule, late by what the run is told); None once it stopped.
+    scheduled: Vec<u64>,
+    arrives: Vec<Option<u64>>,
+    seq: Vec<u64>,
+    next_scan_ns: u64,
+    now_ns: u64,
+}
+
+const SCAN_NS: u64 = 50_000_000;
+const TEN_MS: u64 = 10_000_000;
+
+impl TenMs {
+    fn new(peers: u64, phase_ns: u64) -> Self {
+        let params = DetectorParams {
+            min_std_ms: 2.0,
+            first_interval_ms: 10.0,
+            ..DetectorParams::DEFAULT
+        };
+        let agent = Agent::new(AgentParts {
+            table: PeerTable::anonymous(peers as u32),
+            registry: Registry::new(PeerIndex::anonymous(peers as u32), peers as u32),
+            program: Box::new(CountedOnly),
+            detector: DetectorConfig::new(params.clone(), Levels::default()),
+            iface: "test0".into(),
+            mode: "none".into(),
+            origin: Default::default(),
+            port: 9999,
+            admission: policy(&["10.0.0.0/8"], 0),
+            expire_after: None,
+        });
+        let slots: Vec<u32> = (1..=peers).map(|id| agent.admit(id).unwrap()).collect();
+        let now_ns = crate::kernel::clock::monotonic_ns();
+        // The peers' schedules spread over one interval, as independent senders' are.
+        let scheduled: Vec<u64> = (0..peers)
+            .map(|i| now_ns + 1 + i * TEN_MS / peers)
+            .collect();
+        Self {
+            xdp: params.window_config(),
+            agent,
+            slots,
+            arrives: scheduled.iter().map(|&at| Some(at)).collect(),
+            scheduled,
+            seq: vec![0; peers as usize],
+            next_scan_ns: now_ns + phase_ns,
+            now_ns,
+        }
+    }
+
+    /// Runs the clock to `until_ns`: heartbeats (each `late(peer, seq)` ns after its
+    /// schedule), due passes and scans in the order of their times.
+    fn run(&mut self, until_ns: u64, late: &mut impl FnMut(usize, u64) -> u64) {
+        loop {
+            let arrival = (self.arrives.iter().enumerate())
+                .filter_map(|(peer, at)| at.map(|at| (at, peer)))
+                .min();
+            let due = self.agent.next_due_ns().unwrap_or(u64::MAX);
+            // An arm for now (a told heartbeat) is taken at once, not in the past.
+            let due = due.max(self.now_ns);
+            let t = arrival
+                .map_or(u64::MAX, |a| a.0)
+                .min(due)
+                .min(self.next_scan_ns);
+            if t > until_ns {
+                self.now_ns = until_ns;
+                return;
+            }
+            self.now_ns = t;
+            match arrival {
+                Some((at, peer)) if at == t => {
+                    self.seq[peer] += 1;
+                    let seq = self.seq[peer];
+                    if let Some(told) = self.agent.table.arrive(self.slots[peer], t, seq, &self.xdp)
+                    {
+                        self.agent.on_arrival(told);
+                    }
+                    self.scheduled[peer] += TEN_MS;
+                    // A sender held up sends the rest late too, in order.
+                    let next = self.scheduled[peer] + late(peer, seq + 1);
+                    self.arrives[peer] = Some(next.max(t + 1));
+                }
+                _ if due == t => self.agent.run_due(t, false),
+                _ => {
+                    self.agent.run_due(t, false);
+                    self.agent.sweep_until(t, false, t + SCAN_NS);
+                    self.next_scan_ns += SCAN_NS;
+                }
+            }
+        }
+    }
+
+    /// Stops the peers `which` (their last heartbeats are the ones already recorded).
+    fn stop(&mut self, which: impl IntoIterator<Item = usize>) {
+        for peer in which {
+            self.arrives[peer] = None;
+        }
+    }
+}
+
+/// Runs 20 peers at 10 ms for 3 s (full windows, floors renewed many times over) with the
+/// scans at `phase_ms` into the heartbeats' schedule, each heartbeat `late` after its schedule;
+/// then stops every other one (ids 1, 3, ...). Returns the suspicions raised before the stop
+/// and those raised in the 200 ms after it; every stopped peer is convicted by then.
+fn stop_half_of_twenty(
+    phase_ms: u64,
+    late: &mut impl FnMut(usize, u64) -> u64,
+) -> (usize, Vec<crate::detector::tracker::Suspicion>) {
+    use crate::serving::event::Event;
+    let peers = 20u64;
+    let mut run = TenMs::new(peers, phase_ms * 1_000_000 + 123_457);
+    let mut events = run.agent.subscribe();
+    let start = run.now_ns;
+    run.run(start + 3_000_000_000, late);
+    let suspicions = |events: &mut tokio::sync::broadcast::Receiver<Event>| {
+        std::iter::from_fn(|| events.try_recv().ok())
+            .filter_map(|e| match e {
+                Event::Suspect(s) => Some(s),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    let before = suspicions(&mut events).len();
+    let stopped_at = run.now_ns;
+    run.stop((0..peers as usize).step_by(2));
+    run.run(stopped_at + 200_000_000, late);
+    let trackers = run.agent.trackers.lock();
+    for peer in (0..peers as usize).step_by(2) {
+        let crossed = trackers.peers[run.slots[peer] as usize]
+            .as_ref()
+            .map(|t| t.crossed());
+        assert_eq!(
+            crossed,
+            Some(3),
+            "phase {phase_ms} ms: peer {} convicted",
+            peer + 1
+        );
+    }
+    drop(trackers);
+    (before, suspicions(&mut events))
+}
+
+/// Asserts that the stopped peers' (odd ids) levels were raised once each after the stop
+/// (`all`: every one of the three; else those not already raised before it), each at its
+/// deadline: `at` is the wall clock's ms, `crossed_at` the same less the lateness, so under a
+/// millisecond apart when the pass ran at the deadline (a tick late at most).
+fn assert_raised_at_their_deadlines(
+    phase_ms: u64,
+    after: &[crate::detector::tracker::Suspicion],
+    all: bool,
+) {
+    let stopped: Vec<_> = after.iter().filter(|s| s.id % 2 == 1).collect();
+    let mut pairs: Vec<(u64, u64)> = stopped.iter().map(|s| (s.id, s.level as u64)).collect();
+    pairs.sort();
+    pairs.dedup();
+    assert_eq!(
+        pairs.len(),
+        stopped.len(),
+        "phase {phase_ms} ms: {stopped:?}"
+    );
+    if all {
+        assert_eq!(pairs.len(), 30, "phase {phase_ms} ms: {stopped:?}");
+    }
+    for s in stopped {
+        assert!(
+            s.at as f64 - s.crossed_at < 1.0,
+            "phase {phase_ms} ms: peer {} level {} raised {:.1} ms after its crossing, {:.1} ms into its silence",
+            s.id,
+            s.level,
+            s.at as f64 - s.crossed_at,
+            s.silence_ms
+        );
+    }
+}
+
+/// A peer that stops is suspected at each level at that level's deadline, whatever the phase
+/// of the scans against the heartbeats: 10 ms heartbeats are convicted (level 8) about 21 ms
+/// into their silence, where the scan alone would find them up to 50 ms later. On a clean
+/// path (each heartbeat up to 2 ms late) no live peer is suspected.
+#[test]
+fn ten_ms_heartbeats_are_suspected_at_their_deadlines_at_every_phase() {
+    for phase_ms in 0..50u64 {
+        let mut rng = fastrand::Rng::with_seed(phase_ms);
+        let (before, after) = stop_half_of_twenty(phase_ms, &mut |_, _| rng.u64(0..2_000_000));
+        assert_eq!(before, 0, "phase {phase_ms} ms: a live peer suspected");
+        assert!(
+            after.iter().all(|s| s.id % 2 == 1),
+            "phase {phase_ms} ms: a live peer suspected: {after:?}"
+        );
+        assert_raised_at_their_deadlines(phase_ms, &after, true);
+    }
+}
+
+/// The same with a path that holds one heartbeat in 50 up to 30 ms (and the sender's next
+/// ones behind it): live peers are suspected, even convicted, and heard again, some just
+/// before they stop. A peer past its last level has no deadline left to be looked at again,
+/// so before the kernel told its next heartbeat (`TELL_HEARD`) the agent saw it heard again
+/// only at the next scan, and a peer that stopped in between had its levels raised there, up
+/// to 20 ms late (3 of these 50 phases).
+#[test]
+fn peers_suspected_and_heard_again_are_suspected_at_their_deadlines_when_they_stop() {
+    for phase_ms in 0..50u64 {
+        let mut rng = fastrand::Rng::with_seed(phase_ms);
+        let mut late = |_: usize, _: u64| {
+            let held = if rng.u32(0..50) == 0 {
+                rng.u64(0..30_000_000)
+            } else {
+                0
+            };
+            rng.u64(0..2_000_000) + held
+        };
+        let (before, after) = stop_half_of_twenty(phase_ms, &mut late);
+        assert!(
+            before > 0,
+            "phase {phase_ms} ms: the held heartbeats suspected no peer"
+        );
+        // A peer suspected by a held heartbeat just before it stopped may have had a level
+        // raised before the stop, and not raised again.
+        assert_raised_at_their_deadlines(phase_ms, &after, false);
+    }
+}
+
+/// A convicted peer heard again is looked at when the kernel tells its heartbeat, not at the
+/// next scan (an hour away here): its recovery is published at once, and its next silence is
+/// raised at its deadline.
+#[test]
+fn a_convicted_peer_heard_again_is_looked_at_when_the_kernel_tells_it() {
+    use crate::serving::event::Event;
+    let mut run = TenMs::new(1, 0);
+    let mut events = run.agent.subscribe();
+    let t0 = run.now_ns;
+    run.agent.sweep_until(t0, false, t0 + HOUR_NS);
+    run.next_scan_ns = u64::MAX;
+    // Silent since its admission: convicted by the due passes.
+    run.stop([0]);
+    run.run(t0 + 100_000_000, &mut |_, _| 0);
+    let levels = suspicions(&mut events);
+    assert_eq!(levels.len(), 3, "{levels:?}");
+    let slot = run.slots[0];
+    assert_eq!(
+        run.agent.table.record(slot).map(|r| r.tell),
+        Some(monitor_common::maps::TELL_HEARD),
+        "the kernel is asked to tell its next heartbeat"
+    );
+    assert_eq!(
+        run.agent.next_due_ns(),
+        None,
+        "nothing armed: no deadline left"
+    );
+    // Heard again: the told arrival arms the slot for now, and the pass that takes it, at the
+    // same time on this clock, raises the recovery.
+    let heard_at = t0 + 100_000_000;
+    run.scheduled[0] = heard_at;
+    run.arrives[0] = Some(heard_at);
+    run.run(heard_at, &mut |_, _| 0);
+    let recovered: Vec<Event> = std::iter::from_fn(|| events.try_recv().ok()).collect();
+    assert!(
+        matches!(recovered.as_slice(), [Event::Recover(r)] if r.id == 1),
+        "{recovered:?}"
+    );
+    assert_eq!(
+        run.agent.table.record(slot).map(|r| r.tell),
+        Some(0),
+        "told once"
+    );
+    // It stops again after one more heartbeat: its levels come at their deadlines.
+    run.run(heard_at + TEN_MS, &mut |_, _| 0);
+    run.stop([0]);
+    run.run(heard_at + 200_000_000, &mut |_, _| 0);
+    let again = suspicions(&mut events);
+    assert_eq!(again.len(), 3, "{again:?}");
+    for (level, at, crossed_at) in again {
+        assert!(
+            at as f64 - crossed_at < 1.0,
+            "level {level}: {at} against {crossed_at}"
+        );
+    }
+}

@@ -21,7 +21,7 @@ use monitor_common::{
     last_heard,
     maps::{
         HotLine, LOCK_HELD, LOCK_SEQ_ONE, MAX_WINDOW, PeerHot, PeerRecord, PeerSlot, PeerState,
-        link_of, linked_slot,
+        TELL_ARRIVALS, TELL_HEARD, link_of, linked_slot,
     },
     slot::window_intervals,
 };
@@ -399,6 +399,21 @@ impl PeerTable {
     /// Turns the kernel's per-arrival trace (`monitor record`) on or off for the slot, if it
     /// still belongs to `peer_id`. Returns whether it did.
     pub fn set_traced(&self, slot: u32, peer_id: u64, on: bool) -> bool {
+        self.set_tell(slot, peer_id, TELL_ARRIVALS, on)
+    }
+
+    /// Asks the kernel to tell the next accepted heartbeat of the peer in `slot`
+    /// (`TELL_HEARD`: an `ArrivalRecord` with `ARRIVAL_HEARD`, once), if the slot still
+    /// belongs to `peer_id`. Returns whether it did. Takes the line's lock, as the kernel's
+    /// writers do: a heartbeat that finds it held is not recorded (`contended`), so this is
+    /// for the rare moment a peer becomes suspected, not for every look.
+    pub fn tell_when_heard(&self, slot: u32, peer_id: u64) -> bool {
+        self.set_tell(slot, peer_id, TELL_HEARD, true)
+    }
+
+    /// Sets (`on`) or clears `bits` of the slot's `PeerHot::tell`, if the slot still belongs
+    /// to `peer_id`, under the line's lock (the kernel clears `TELL_HEARD` under it).
+    fn set_tell(&self, slot: u32, peer_id: u64, bits: u8, on: bool) -> bool {
         let Some(line) = self.line_of(slot) else {
             return false;
         };
@@ -409,7 +424,9 @@ impl PeerTable {
             let ours = linked_slot(held) == Some(slot)
                 && std::ptr::read_volatile(&raw const (*ptr).hot.peer_id) == peer_id;
             if ours {
-                std::ptr::write_volatile(&raw mut (*ptr).hot.traced, on as u8);
+                let tell = &raw mut (*ptr).hot.tell;
+                let old = std::ptr::read_volatile(tell);
+                std::ptr::write_volatile(tell, if on { old | bits } else { old & !bits });
             }
             ours
         };
@@ -586,6 +603,39 @@ impl PeerTable {
             capacity,
         )
     }
+
+    /// A heartbeat of `slot`'s peer (sequence `seq`, incarnation 1) arriving at `now_ns`,
+    /// recorded as the kernel records it (`slot::arrive` under the line's lock) with the
+    /// last-heard word it stores: what lets the agent's tests drive a peer on a virtual clock.
+    /// The arrival the kernel would tell the agent of, if the agent asked (`TELL_HEARD`).
+    pub(crate) fn arrive(
+        &self,
+        slot: u32,
+        now_ns: u64,
+        seq: u64,
+        config: &monitor_common::config::XdpConfig,
+    ) -> Option<monitor_common::maps::ArrivalRecord> {
+        let mut copy = self.copy(slot).expect("a slot no writer holds");
+        let line = self.line_of(slot).expect("a peer in the slot");
+        let held = self.lock_line(line, false);
+        let outcome = monitor_common::slot::arrive(&mut copy, now_ns, seq, 1, config);
+        // What the kernel tells of it (`TELL_HEARD` only: no test here records).
+        let heard = copy.hot.tell & TELL_HEARD != 0
+            && matches!(outcome, monitor_common::slot::Outcome::Accepted { .. });
+        if heard {
+            copy.hot.tell &= !TELL_HEARD;
+        }
+        // SAFETY: we hold the line's lock, and the line links to the slot.
+        unsafe { self.write(line, slot, &copy) };
+        self.unlock_line(line, held, held & LINK_BITS);
+        heard.then(|| monitor_common::maps::ArrivalRecord {
+            peer_id: copy.hot.peer_id,
+            at_ns: now_ns,
+            seq,
+            incarnation: 1,
+            outcome: outcome.code() | monitor_common::maps::ARRIVAL_HEARD,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -662,7 +712,7 @@ mod tests {
             0,
             "released"
         );
-        assert_eq!(table.record(1).map(|r| (r.peer_id, r.traced)), Some((7, 1)));
+        assert_eq!(table.record(1).map(|r| (r.peer_id, r.tell)), Some((7, 1)));
     }
 
     #[test]

@@ -196,6 +196,10 @@ pub struct AgentStats {
     pub due_passes: u64,
     #[serde(default)]
     pub due_looks: u64,
+    /// Heartbeats of suspected peers the kernel told the agent of as they arrived, each looked
+    /// at then rather than at the next scan (docs/tuning.md, "A suspected peer heard again").
+    #[serde(default)]
+    pub heard_told: u64,
     /// Sweeps that left the words alone: no word stored since the last scan and no deadline
     /// before the next (docs/tuning.md, "An idle agent leaves the words alone").
     #[serde(default)]

@@ -13,7 +13,7 @@ use std::{
     },
 };
 
-use monitor_common::maps::ArrivalRecord;
+use monitor_common::maps::{ARRIVAL_CODE, ArrivalRecord};
 use serde::{Deserialize, Serialize};
 
 /// Arrivals buffered per recording client before it is told it missed some.
@@ -42,7 +42,7 @@ impl ArrivalLine {
             at_ns: r.at_ns,
             seq: r.seq,
             incarnation: r.incarnation,
-            outcome: match r.outcome {
+            outcome: match r.outcome & ARRIVAL_CODE {
                 0 => "accepted",
                 1 => "duplicate",
                 _ => "out_of_order",
