@@ -68,10 +68,13 @@ impl EventProbe {
         let mut data: Vec<u8> = Vec::with_capacity(expected * 160);
         let mut lines: Vec<(usize, usize, f64)> = Vec::with_capacity(expected);
         let mut chunk = vec![0u8; READ_CHUNK];
-        // The timed peers' (id, level) pairs seen: a peer to be killed may be suspected at a
-        // low level while still alive, and that event must not stand in for the one its death
-        // raises, so the probe waits for `expected` distinct pairs and keeps each pair's last.
-        // Each pair maps to the end of its latest line.
+        // The timed peers' (id, level) pairs seen since each peer was last heard: a peer to be
+        // killed may be suspected while still alive (briefly at a low level, or convicted at
+        // every level at the start, its first heartbeat after the agent's first look), and
+        // those events must not stand in for the ones its death raises. A `recover` of the
+        // peer drops its pairs, so the probe waits for `expected` pairs raised by silences
+        // that did not end, and keeps each pair's last. Each pair maps to the end of its
+        // latest line.
         let mut timed: HashMap<(u64, u64), usize> = HashMap::with_capacity(expected);
         let mut line_start = 0;
         while timed.len() < expected {
@@ -90,8 +93,12 @@ impl EventProbe {
             for newline in memchr_all(b'\n', &data[scanned..]) {
                 let end = scanned + newline;
                 let line = &data[line_start..end];
-                if let Some(pair) = timed_suspect(line, &ids) {
-                    timed.insert(pair, end);
+                match timed_event(line, &ids) {
+                    Some(Timed::Suspect(id, level)) => {
+                        timed.insert((id, level), end);
+                    }
+                    Some(Timed::Recover(id)) => timed.retain(|&(of, _), _| of != id),
+                    None => {}
                 }
                 lines.push((line_start, end, received));
                 line_start = end + 1;
@@ -118,7 +125,8 @@ impl EventProbe {
             *kinds.entry(kind.event.to_string()).or_default() += 1;
             let timed_id = kind.id.is_some_and(|id| ids.contains(&id));
             if kind.event == "suspect" && timed_id && !last_of_pair.contains(&end) {
-                // An earlier suspicion of a peer to be killed, while it was alive: counted
+                // An earlier suspicion of a peer to be killed, while it was alive (it was
+                // heard again after it, or the same level was raised again later): counted
                 // apart, not timed.
                 *kinds
                     .entry("timed_peer_before_its_last".into())
@@ -172,24 +180,43 @@ fn memchr_all(byte: u8, bytes: &[u8]) -> impl Iterator<Item = usize> + '_ {
         .map(|(i, _)| i)
 }
 
-/// The id and level (its bits) of `line` if it is a suspect event about an id in `ids`: a look
-/// at the line's head as the agent writes it (docs/socket-protocol.md), a parse only for a
-/// line that starts otherwise.
-fn timed_suspect(line: &[u8], ids: &std::ops::Range<u64>) -> Option<(u64, u64)> {
-    const HEAD: &[u8] = b"{\"event\":\"suspect\",\"id\":";
+/// What the probe times of a line: a suspicion of a timed peer, or its recovery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Timed {
+    /// Id and level (its bits).
+    Suspect(u64, u64),
+    Recover(u64),
+}
+
+/// What `line` is to the probe if it is a suspect or recover event about an id in `ids`: a
+/// look at the line's head as the agent writes it (docs/socket-protocol.md), a parse only for
+/// a line that starts otherwise.
+fn timed_event(line: &[u8], ids: &std::ops::Range<u64>) -> Option<Timed> {
+    const SUSPECT: &[u8] = b"{\"event\":\"suspect\",\"id\":";
+    const RECOVER: &[u8] = b"{\"event\":\"recover\",\"id\":";
     const LEVEL: &[u8] = b",\"level\":";
-    if let Some(rest) = line.strip_prefix(HEAD) {
+    let id_of = |rest: &[u8]| {
         let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
         let id = std::str::from_utf8(&rest[..digits])
             .ok()
             .and_then(|d| d.parse::<u64>().ok());
+        (id, digits)
+    };
+    if let Some(rest) = line.strip_prefix(SUSPECT) {
+        let (id, digits) = id_of(rest);
         let level = rest[digits..].strip_prefix(LEVEL).and_then(|r| {
             let len = r.iter().take_while(|&&b| b != b',' && b != b'}').count();
             std::str::from_utf8(&r[..len]).ok()?.parse::<f64>().ok()
         });
         if let (Some(id), Some(level)) = (id, level) {
-            return ids.contains(&id).then_some((id, level.to_bits()));
+            return ids
+                .contains(&id)
+                .then_some(Timed::Suspect(id, level.to_bits()));
         }
+    } else if let Some(rest) = line.strip_prefix(RECOVER)
+        && let (Some(id), _) = id_of(rest)
+    {
+        return ids.contains(&id).then_some(Timed::Recover(id));
     }
     #[derive(serde::Deserialize)]
     struct Head<'a> {
@@ -199,7 +226,10 @@ fn timed_suspect(line: &[u8], ids: &std::ops::Range<u64>) -> Option<(u64, u64)> 
     }
     let head = serde_json::from_slice::<Head>(line).ok()?;
     match (head.event, head.id, head.level) {
-        ("suspect", Some(id), Some(level)) if ids.contains(&id) => Some((id, level.to_bits())),
+        ("suspect", Some(id), Some(level)) if ids.contains(&id) => {
+            Some(Timed::Suspect(id, level.to_bits()))
+        }
+        ("recover", Some(id), _) if ids.contains(&id) => Some(Timed::Recover(id)),
         _ => None,
     }
 }
@@ -209,21 +239,92 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_suspect_of_a_timed_id_is_told_by_its_head_or_by_a_parse() {
+    fn a_suspect_or_recover_of_a_timed_id_is_told_by_its_head_or_by_a_parse() {
         let ids = 1..3;
         let line = br#"{"event":"suspect","id":2,"level":1.0,"phi":1.02,"silence_ms":150.3,"at":1,"crossed_at":0.5}"#;
-        assert_eq!(timed_suspect(line, &ids), Some((2, 1.0f64.to_bits())));
+        assert_eq!(
+            timed_event(line, &ids),
+            Some(Timed::Suspect(2, 1.0f64.to_bits()))
+        );
         let other = br#"{"event":"suspect","id":3,"level":1.0,"phi":1.02,"silence_ms":150.3,"at":1,"crossed_at":0.5}"#;
-        assert_eq!(timed_suspect(other, &ids), None);
+        assert_eq!(timed_event(other, &ids), None);
         // Fields in another order: parsed.
         let reordered = br#"{"id":1,"event":"suspect","level":8.0}"#;
-        assert_eq!(timed_suspect(reordered, &ids), Some((1, 8.0f64.to_bits())));
-        let recover = br#"{"event":"recover","id":1,"level":8.0,"silence_ms":5120.0,"at":1}"#;
-        assert_eq!(timed_suspect(recover, &ids), None);
         assert_eq!(
-            timed_suspect(br#"{"event":"lagged","missed":3}"#, &ids),
-            None
+            timed_event(reordered, &ids),
+            Some(Timed::Suspect(1, 8.0f64.to_bits()))
         );
+        let recover = br#"{"event":"recover","id":1,"level":8.0,"silence_ms":5120.0,"at":1}"#;
+        assert_eq!(timed_event(recover, &ids), Some(Timed::Recover(1)));
+        let reordered = br#"{"id":2,"event":"recover"}"#;
+        assert_eq!(timed_event(reordered, &ids), Some(Timed::Recover(2)));
+        let untimed = br#"{"event":"recover","id":7,"level":8.0,"silence_ms":5120.0,"at":1}"#;
+        assert_eq!(timed_event(untimed, &ids), None);
+        assert_eq!(timed_event(br#"{"event":"lagged","missed":3}"#, &ids), None);
+    }
+
+    /// A peer to be killed, convicted at the start (its first heartbeat came after the agent's
+    /// first look) and heard again, has those events stand for nothing: the probe waits for the
+    /// ones its death raises, and times those. The wait for the startup's three levels alone
+    /// once ended the probe at the start, timing them.
+    #[test]
+    fn suspicions_of_a_peer_heard_since_are_not_its_death() {
+        let (ours, mut agent) = UnixStream::pair().unwrap();
+        let suspect = |level: f64, at: u64| {
+            format!(
+                r#"{{"event":"suspect","id":1,"level":{level:?},"phi":9.0,"silence_ms":55.0,"at":{at},"crossed_at":{}}}"#,
+                at as f64 - 40.0
+            )
+        };
+        let mut start: Vec<String> = [1.0, 3.0, 8.0].iter().map(|&l| suspect(l, 1000)).collect();
+        start.push(r#"{"event":"recover","id":1,"level":8.0,"silence_ms":60.0,"at":1001}"#.into());
+        // Its death: the same levels, each raised as it crossed.
+        let death: Vec<String> = [1.0, 3.0, 8.0]
+            .iter()
+            .map(|level| {
+                format!(
+                    r#"{{"event":"suspect","id":1,"level":{level:?},"phi":9.0,"silence_ms":21.0,"at":5000,"crossed_at":4999.9}}"#
+                )
+            })
+            .collect();
+        // A probe that stopped early has closed its end: what it missed is its failure.
+        let write = |agent: &mut UnixStream, lines: &[String]| {
+            for line in lines {
+                let _ = agent.write_all(format!("{line}\n").as_bytes());
+            }
+        };
+        write(&mut agent, &start);
+        let writer = std::thread::spawn(move || {
+            // The death comes after the probe read the start: once nothing is left unread.
+            let unread = || {
+                let mut n: libc::c_int = 0;
+                // SAFETY: SIOCOUTQ writes one int, the bytes the peer has not read yet.
+                let ok = unsafe {
+                    libc::ioctl(
+                        std::os::fd::AsRawFd::as_raw_fd(&agent),
+                        libc::TIOCOUTQ,
+                        &mut n,
+                    )
+                };
+                assert_eq!(ok, 0, "SIOCOUTQ");
+                n
+            };
+            while unread() > 0 {
+                std::thread::yield_now();
+            }
+            write(&mut agent, &death);
+            agent
+        });
+        let probe = EventProbe { stream: ours };
+        let (latency, kinds) = probe.collect(3, 1..2, Duration::from_secs(10));
+        drop(writer.join().unwrap());
+        assert_eq!(latency.detection.count, 3, "{latency:?}");
+        assert!(
+            latency.detection.max < 1.0,
+            "the death's events timed, not the start's: {latency:?}"
+        );
+        assert_eq!(kinds["timed_peer_before_its_last"], 3, "{kinds:?}");
+        assert_eq!(kinds["recover"], 1, "{kinds:?}");
     }
 }
 
