@@ -54,13 +54,17 @@ impl EventProbe {
         Self { stream }
     }
 
-    /// Collects until suspect events about ids in `ids` at `expected` distinct (id, level)
-    /// pairs (others are counted by kind but not timed), or `timeout`; each pair's last event
-    /// is timed.
+    /// Collects until suspect events about ids in `ids`, crossed at or after
+    /// `crossed_after_unix_ms`, at `expected` distinct (id, level) pairs (others are counted by
+    /// kind but not timed), or `timeout`; each pair's last event is timed. The other peers'
+    /// suspicions are counted by level, as `live@LEVEL` from `steady_after_unix_ms` on and as
+    /// `start@LEVEL` before.
     pub fn collect(
         mut self,
         expected: usize,
         ids: std::ops::Range<u64>,
+        crossed_after_unix_ms: f64,
+        steady_after_unix_ms: f64,
         timeout: Duration,
     ) -> (EventLatency, HashMap<String, usize>) {
         let deadline = Instant::now() + timeout;
@@ -68,13 +72,14 @@ impl EventProbe {
         let mut data: Vec<u8> = Vec::with_capacity(expected * 160);
         let mut lines: Vec<(usize, usize, f64)> = Vec::with_capacity(expected);
         let mut chunk = vec![0u8; READ_CHUNK];
-        // The timed peers' (id, level) pairs seen since each peer was last heard: a peer to be
-        // killed may be suspected while still alive (briefly at a low level, or convicted at
-        // every level at the start, its first heartbeat after the agent's first look), and
-        // those events must not stand in for the ones its death raises. A `recover` of the
-        // peer drops its pairs, so the probe waits for `expected` pairs raised by silences
-        // that did not end, and keeps each pair's last. Each pair maps to the end of its
-        // latest line.
+        // The timed peers' (id, level) pairs seen since each peer was last heard, crossed at or
+        // after the kill: a peer to be killed may be suspected while still alive (briefly at a
+        // low level, or convicted at every level at the start, its first heartbeat after the
+        // agent's first look), and those events must not stand in for the ones its death
+        // raises. Such a suspicion crossed before the kill; one just before it whose silence
+        // then ended is dropped by the peer's `recover`. So the probe waits for `expected`
+        // pairs raised by silences that did not end, and keeps each pair's last. Each pair
+        // maps to the end of its latest line.
         let mut timed: HashMap<(u64, u64), usize> = HashMap::with_capacity(expected);
         let mut line_start = 0;
         while timed.len() < expected {
@@ -94,11 +99,14 @@ impl EventProbe {
                 let end = scanned + newline;
                 let line = &data[line_start..end];
                 match timed_event(line, &ids) {
-                    Some(Timed::Suspect(id, level)) => {
+                    Some(Timed::Suspect(id, level))
+                        if crossed_at(line).is_some_and(|at| at >= crossed_after_unix_ms) =>
+                    {
                         timed.insert((id, level), end);
                     }
                     Some(Timed::Recover(id)) => timed.retain(|&(of, _), _| of != id),
-                    None => {}
+                    // Crossed before the kill: counted apart below.
+                    Some(Timed::Suspect(..)) | None => {}
                 }
                 lines.push((line_start, end, received));
                 line_start = end + 1;
@@ -110,6 +118,7 @@ impl EventProbe {
             event: &'a str,
             id: Option<u64>,
             level: Option<f64>,
+            crossed_at: Option<f64>,
         }
         // Each timed pair's last event: the line it ends at.
         let last_of_pair: HashSet<usize> = timed.into_values().collect();
@@ -145,7 +154,12 @@ impl EventProbe {
                 // A peer that was not killed, suspected: counted by level (`live@8`), so a
                 // false conviction stands apart from the lower levels' expected share.
                 let level = kind.level.map_or("-".into(), |l| l.to_string());
-                *kinds.entry(format!("live@{level}")).or_default() += 1;
+                let when = if kind.crossed_at.is_some_and(|at| at < steady_after_unix_ms) {
+                    "start"
+                } else {
+                    "live"
+                };
+                *kinds.entry(format!("{when}@{level}")).or_default() += 1;
             }
         }
         // The highest level any timed peer reached: what its conviction took after its last
@@ -178,6 +192,17 @@ fn memchr_all(byte: u8, bytes: &[u8]) -> impl Iterator<Item = usize> + '_ {
         .enumerate()
         .filter(move |&(_, &b)| b == byte)
         .map(|(i, _)| i)
+}
+
+/// A suspect event's `crossed_at` (a parse: only the timed peers' lines, a few).
+fn crossed_at(line: &[u8]) -> Option<f64> {
+    #[derive(serde::Deserialize)]
+    struct Crossed {
+        crossed_at: f64,
+    }
+    serde_json::from_slice::<Crossed>(line)
+        .ok()
+        .map(|c| c.crossed_at)
 }
 
 /// What the probe times of a line: a suspicion of a timed peer, or its recovery.
@@ -264,9 +289,10 @@ mod tests {
     }
 
     /// A peer to be killed, convicted at the start (its first heartbeat came after the agent's
-    /// first look) and heard again, has those events stand for nothing: the probe waits for the
-    /// ones its death raises, and times those. The wait for the startup's three levels alone
-    /// once ended the probe at the start, timing them.
+    /// first look) and heard again, has those events stand for nothing: they crossed before the
+    /// kill, so the probe waits for the ones its death raises, and times those. The startup's
+    /// three levels once completed the probe's pairs and ended it at the start, timing them
+    /// (40 ms after their crossings, 55 ms into the silence: the bench's "late" 10 ms runs).
     #[test]
     fn suspicions_of_a_peer_heard_since_are_not_its_death() {
         let (ours, mut agent) = UnixStream::pair().unwrap();
@@ -278,6 +304,13 @@ mod tests {
         };
         let mut start: Vec<String> = [1.0, 3.0, 8.0].iter().map(|&l| suspect(l, 1000)).collect();
         start.push(r#"{"event":"recover","id":1,"level":8.0,"silence_ms":60.0,"at":1001}"#.into());
+        // A peer not killed, suspected at the start (listed before it sent) and in the steady
+        // stream (after 2,000 here).
+        for crossed in [960.0, 2500.0] {
+            start.push(format!(
+                r#"{{"event":"suspect","id":5,"level":1.0,"phi":1.1,"silence_ms":13.0,"at":{crossed},"crossed_at":{crossed}}}"#
+            ));
+        }
         // Its death: the same levels, each raised as it crossed.
         let death: Vec<String> = [1.0, 3.0, 8.0]
             .iter()
@@ -316,7 +349,8 @@ mod tests {
             agent
         });
         let probe = EventProbe { stream: ours };
-        let (latency, kinds) = probe.collect(3, 1..2, Duration::from_secs(10));
+        // The kill, between the start's crossings (960 ms) and the death's (4999.9 ms).
+        let (latency, kinds) = probe.collect(3, 1..2, 4000.0, 2000.0, Duration::from_secs(10));
         drop(writer.join().unwrap());
         assert_eq!(latency.detection.count, 3, "{latency:?}");
         assert!(
@@ -325,6 +359,7 @@ mod tests {
         );
         assert_eq!(kinds["timed_peer_before_its_last"], 3, "{kinds:?}");
         assert_eq!(kinds["recover"], 1, "{kinds:?}");
+        assert_eq!((kinds["start@1"], kinds["live@1"]), (1, 1), "{kinds:?}");
     }
 }
 

@@ -113,6 +113,16 @@ enum Probe {
         last_id: u64,
         #[arg(long, default_value_t = 60)]
         timeout_s: u64,
+        /// Time only suspicions that crossed at or after this Unix time (ms): the kill, for a
+        /// peer to be killed may be suspected before it, as at the start (convicted at every
+        /// level if its first heartbeat came after the agent's first look).
+        #[arg(long)]
+        crossed_after_unix_ms: Option<f64>,
+        /// Count the other peers' suspicions that crossed before this Unix time (ms) apart
+        /// (`start@LEVEL`, not `live@LEVEL`): peers listed before they first sent, convicted
+        /// at the start, are not false suspicions of a steady stream.
+        #[arg(long)]
+        steady_after_unix_ms: Option<f64>,
     },
     /// A soak: loadgen with churn from namespace NS against a running agent, watched and
     /// checked (every silent period detected at phi 8, no steady peer suspected).
@@ -227,12 +237,19 @@ pub fn main() {
             first_id,
             last_id,
             timeout_s,
+            crossed_after_unix_ms,
+            steady_after_unix_ms,
         } => {
             let probe = bench::EventProbe::subscribe(&socket);
             // Tell the caller we are subscribed before any kill happens.
             println!("{{\"subscribed\":true}}");
-            let (latency, kinds) =
-                probe.collect(expected, first_id..last_id, Duration::from_secs(timeout_s));
+            let (latency, kinds) = probe.collect(
+                expected,
+                first_id..last_id,
+                crossed_after_unix_ms.unwrap_or(f64::NEG_INFINITY),
+                steady_after_unix_ms.unwrap_or(f64::NEG_INFINITY),
+                Duration::from_secs(timeout_s),
+            );
             serde_json::json!({
                 "latency_ms": latency.total,
                 "detection_ms": latency.detection,

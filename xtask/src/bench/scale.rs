@@ -88,19 +88,6 @@ pub(super) fn scale_run(
         ],
     )?;
     let killed = ((peers as f64 * KILL_FRACTION).round() as u64).max(1);
-    let mut events = Process::spawn(
-        Command::new(probe)
-            .args(["events", "--socket"])
-            .arg(&agent.socket)
-            .args(["--expected", &(killed * 3).to_string()])
-            .args(["--first-id", "1", "--last-id", &(killed + 1).to_string()])
-            .args(["--timeout-s", &(seconds + 40).to_string()])
-            .stdout(Stdio::piped()),
-    )?;
-    let subscribed = events.read_line()?;
-    if !subscribed.contains("subscribed") {
-        bail!("event probe: {subscribed}");
-    }
     // Timeline: 2 s to settle, `seconds` of steady load over which CPU is measured (nothing
     // else touches the agent then), the socket probe, the kill, 4 s for the events to land.
     let settle = 2.0;
@@ -108,6 +95,37 @@ pub(super) fn scale_run(
     let probe_at = settle + seconds_f;
     let kill_at = probe_at + 4.0;
     let total = kill_at + 4.0;
+    // The kill comes `kill_at` after the generator starts, which is after now: a suspicion of
+    // a killed peer that crossed before this is not its death's (its first heartbeat came
+    // after the agent's first look, and it was convicted at the start, say).
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs_f64()
+        * 1e3;
+    let not_before_kill_ms = now_ms + kill_at * 1e3;
+    // Peers listed before they first send are convicted at the start when the generator's
+    // first round comes after the agent's first look: true suspicions, counted apart from
+    // the steady stream's (after `settle`).
+    let steady_ms = now_ms + settle * 1e3;
+    let mut events = Process::spawn(
+        Command::new(probe)
+            .args(["events", "--socket"])
+            .arg(&agent.socket)
+            .args(["--expected", &(killed * 3).to_string()])
+            .args(["--first-id", "1", "--last-id", &(killed + 1).to_string()])
+            .args(["--timeout-s", &(seconds + 40).to_string()])
+            .args([
+                "--crossed-after-unix-ms",
+                &not_before_kill_ms.floor().to_string(),
+                "--steady-after-unix-ms",
+                &steady_ms.floor().to_string(),
+            ])
+            .stdout(Stdio::piped()),
+    )?;
+    let subscribed = events.read_line()?;
+    if !subscribed.contains("subscribed") {
+        bail!("event probe: {subscribed}");
+    }
     let before = agent.stats()?;
     let stats_from = Instant::now();
     let pid = agent.process.pid();
@@ -220,7 +238,7 @@ pub(super) fn render_scales(rows: &[ScaleRow]) -> String {
     let _ = writeln!(
         t,
         "\nEvent latency split: detection (the event's `at` less its `crossed_at`: the sweep; `at` is in whole ms, so this reads up to 1 ms low) and delivery (received less `at`: the socket and the subscriber), ms:\n\n\
-         | peers | detection p50/p99 | delivery p50/p99 | killed peers' silence at their top level p50/p99 (level) | suspect events received, all peers (timed: the killed ones'; lagged: the times the agent told the probe it had missed events) | live peers' suspicions by level | slots looked at between scans / slot reads / floors renewed, a second |\n|---:|---:|---:|---:|---:|---|---:|"
+         | peers | detection p50/p99 | delivery p50/p99 | killed peers' silence at their top level p50/p99 (level) | suspect events received, all peers (timed: the killed ones'; lagged: the times the agent told the probe it had missed events) | live peers' suspicions by level, steady (at the start: listed peers not yet sending) | slots looked at between scans / slot reads / floors renewed, a second |\n|---:|---:|---:|---:|---:|---|---:|"
     );
     for r in rows {
         let _ = writeln!(
@@ -255,22 +273,29 @@ fn timed_and_lagged(events: &serde_json::Value) -> String {
     }
 }
 
-/// The live peers' suspicions by level (`live@LEVEL` in the probe's counts), as `1: n, 8: m`;
-/// `none` when no live peer was suspected.
+/// The live peers' suspicions by level in the steady stream (`live@LEVEL` in the probe's
+/// counts), as `1: n, 8: m`, `none` when no live peer was suspected; then those at the start
+/// (`start@LEVEL`: peers convicted before they first sent), if any.
 fn live_suspicions(kinds: &serde_json::Value) -> String {
-    let mut by_level: Vec<(f64, u64)> = kinds
-        .as_object()
-        .into_iter()
-        .flatten()
-        .filter_map(|(k, v)| Some((k.strip_prefix("live@")?.parse().ok()?, v.as_u64()?)))
-        .collect();
-    if by_level.is_empty() {
-        return "none".into();
+    let by_level = |prefix: &str| {
+        let mut by_level: Vec<(f64, u64)> = kinds
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, v)| Some((k.strip_prefix(prefix)?.parse().ok()?, v.as_u64()?)))
+            .collect();
+        by_level.sort_by(|a, b| a.0.total_cmp(&b.0));
+        by_level
+            .iter()
+            .map(|(l, n)| format!("{l}: {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let (live, start) = (by_level("live@"), by_level("start@"));
+    let live = if live.is_empty() { "none".into() } else { live };
+    if start.is_empty() {
+        live
+    } else {
+        format!("{live} (at the start {start})")
     }
-    by_level.sort_by(|a, b| a.0.total_cmp(&b.0));
-    by_level
-        .iter()
-        .map(|(l, n)| format!("{l}: {n}"))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
