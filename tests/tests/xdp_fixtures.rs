@@ -1178,9 +1178,10 @@ fn a_suspected_peers_next_heartbeat_is_told_once() {
         fx.run(&Packet::heartbeat_v4(PEER + 1, 1).build());
         assert_eq!(fx.arrivals(), [], "{hook:?}: nobody asked");
         let slot = fx.slot(PEER);
-        assert!(fx.loaded.maps.table.tell_when_heard(slot, PEER));
-        assert!(
-            !fx.loaded.maps.table.tell_when_heard(slot, PEER + 7),
+        assert_eq!(fx.loaded.maps.table.tell_when_heard(slot, PEER), Some(true));
+        assert_eq!(
+            fx.loaded.maps.table.tell_when_heard(slot, PEER + 7),
+            None,
             "{hook:?}: another peer's slot is left alone"
         );
         // A duplicate is not a heartbeat heard.
@@ -1203,7 +1204,7 @@ fn a_suspected_peers_next_heartbeat_is_told_once() {
         assert_eq!(fx.arrivals(), [], "{hook:?}: not again");
         // Recorded and suspected: one line an arrival, the told one marked, the trace kept.
         assert!(fx.loaded.maps.table.set_traced(slot, PEER, true));
-        assert!(fx.loaded.maps.table.tell_when_heard(slot, PEER));
+        assert_eq!(fx.loaded.maps.table.tell_when_heard(slot, PEER), Some(true));
         for seq in [3, 4, 5] {
             fx.run(&Packet::heartbeat_v4(PEER, seq).build());
         }

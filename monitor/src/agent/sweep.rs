@@ -411,14 +411,14 @@ impl Agent {
     /// `word`: the kernel is asked to tell its next heartbeat (`PeerTable::tell_when_heard`),
     /// so its recovery, and the deadlines that count from it, do not wait for the next scan
     /// (a peer past its last level has no deadline left to be looked at again before). A
-    /// heartbeat stored before the kernel saw the ask is not told: the word, read again after
-    /// the line's lock was taken and given back, shows it, and the slot is looked at again at
-    /// once.
+    /// heartbeat recorded before the kernel saw the ask is not told, but its word is visible
+    /// once the ask returns: read again, it shows the heartbeat, and the slot is looked at
+    /// again at once (as it is when the ask could not be sure).
     fn tell_when_heard(&self, due: &mut DueSoon, slot: usize, id: u64, word: u64) {
-        if !self.table.tell_when_heard(slot as u32, id) {
+        let Some(settled) = self.table.tell_when_heard(slot as u32, id) else {
             return;
-        }
-        if self.table.last_heard(slot as u32) != word {
+        };
+        if !settled || self.table.last_heard(slot as u32) != word {
             due.arm_now(slot as u32);
         }
     }

@@ -14,7 +14,7 @@ use std::{
     mem::{offset_of, size_of},
     os::fd::{AsRawFd, BorrowedFd},
     ptr::NonNull,
-    sync::atomic::{AtomicU32, AtomicU64, Ordering, fence},
+    sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering, fence},
 };
 
 use monitor_common::{
@@ -31,6 +31,9 @@ const LINK_BITS: u64 = u32::MAX as u64;
 
 /// Attempts at a consistent copy before giving up on a slot that keeps changing.
 const READ_ATTEMPTS: usize = 64;
+/// How long an ask to be told (`tell_when_heard`) waits out a kernel writer holding the line:
+/// a heartbeat's section is well under a microsecond.
+const TELL_WAIT_SPINS: usize = 4096;
 /// Rounds of [`READ_ATTEMPTS`] a client's read makes before the slot is reported busy, with a
 /// short pause between rounds (at most about a millisecond in all).
 const BUSY_ROUNDS: u32 = 8;
@@ -403,35 +406,63 @@ impl PeerTable {
     }
 
     /// Asks the kernel to tell the next accepted heartbeat of the peer in `slot`
-    /// (`TELL_HEARD`: an `ArrivalRecord` with `ARRIVAL_HEARD`, once), if the slot still
-    /// belongs to `peer_id`. Returns whether it did. Takes the line's lock, as the kernel's
-    /// writers do: a heartbeat that finds it held is not recorded (`contended`), so this is
-    /// for the rare moment a peer becomes suspected, not for every look.
-    pub fn tell_when_heard(&self, slot: u32, peer_id: u64) -> bool {
-        self.set_tell(slot, peer_id, TELL_HEARD, true)
+    /// (`TELL_HEARD`: an `ArrivalRecord` with `ARRIVAL_HEARD`, once), if the slot's line is
+    /// still `peer_id`'s: None if it is not. Without the line's lock: a heartbeat that found
+    /// the lock held would not be recorded (`contended`), and a suspected peer's next
+    /// heartbeat is the one most likely to come while it is asked. The bit is set with an
+    /// atomic OR (a full fence on x86), then a kernel writer holding the line is waited out:
+    /// a heartbeat whose section began before the OR may have read the bit clear, and its
+    /// last-heard word is visible once its section ended. So after `Some(true)` a heartbeat
+    /// is either told or shown by the word, read again by the caller; `Some(false)`: the line
+    /// stayed held (a writer that died holding it), and the caller looks again anyway.
+    ///
+    /// The line's owner does not change under the caller: lines are given and taken under
+    /// the registry's write lock, and the caller (a sweep) holds it for reading.
+    pub fn tell_when_heard(&self, slot: u32, peer_id: u64) -> Option<bool> {
+        let line = self.line_of(slot)?;
+        (linked_slot(self.lock(line).load(Ordering::Acquire)) == Some(slot)
+            && self.line_id(line) == peer_id)
+            .then_some(())?;
+        self.tell_bits(line).fetch_or(TELL_HEARD, Ordering::SeqCst);
+        let lock = self.lock(line);
+        for _ in 0..TELL_WAIT_SPINS {
+            if lock.load(Ordering::Acquire) & LOCK_HELD == 0 {
+                return Some(true);
+            }
+            std::hint::spin_loop();
+        }
+        Some(false)
+    }
+
+    /// The line's `PeerHot::tell`, as an atomic byte: the agent sets and clears its bits with
+    /// atomic operations, so neither an ask nor a recording's bit can undo the other.
+    fn tell_bits(&self, line: u32) -> &AtomicU8 {
+        // SAFETY: in bounds of the mapping; a byte the agent only ever changes atomically and
+        // the kernel stores whole, under the line's lock.
+        unsafe { AtomicU8::from_ptr(&raw mut (*self.line_ptr(line)).hot.tell) }
     }
 
     /// Sets (`on`) or clears `bits` of the slot's `PeerHot::tell`, if the slot still belongs
-    /// to `peer_id`, under the line's lock (the kernel clears `TELL_HEARD` under it).
+    /// to `peer_id` (checked under the line's lock, as a recording starts or ends).
     fn set_tell(&self, slot: u32, peer_id: u64, bits: u8, on: bool) -> bool {
         let Some(line) = self.line_of(slot) else {
             return false;
         };
         let held = self.lock_line(line, false);
         let ptr = self.line_ptr(line);
-        // SAFETY: we hold the line's lock; plain integer fields.
-        let done = unsafe {
-            let ours = linked_slot(held) == Some(slot)
-                && std::ptr::read_volatile(&raw const (*ptr).hot.peer_id) == peer_id;
-            if ours {
-                let tell = &raw mut (*ptr).hot.tell;
-                let old = std::ptr::read_volatile(tell);
-                std::ptr::write_volatile(tell, if on { old | bits } else { old & !bits });
+        // SAFETY: we hold the line's lock; a plain integer field.
+        let ours = linked_slot(held) == Some(slot)
+            && unsafe { std::ptr::read_volatile(&raw const (*ptr).hot.peer_id) } == peer_id;
+        if ours {
+            let tell = self.tell_bits(line);
+            if on {
+                tell.fetch_or(bits, Ordering::Relaxed);
+            } else {
+                tell.fetch_and(!bits, Ordering::Relaxed);
             }
-            ours
-        };
+        }
         self.unlock_line(line, held, held & LINK_BITS);
-        done
+        ours
     }
 
     /// Takes the line's lock (its sequence counter from even to odd, as the kernel's writers do),
@@ -647,6 +678,40 @@ mod tests {
         let table = PeerTable::anonymous(capacity);
         table.fill(line, slot, &PeerSlot::admitted(id, 5));
         table
+    }
+
+    /// An ask to be told sets the bit without the lock, so a writer holding the line is
+    /// never kept waiting on the agent; it waits the writer out instead, and says when it
+    /// could not (the caller then looks again at once). Only the line's own peer is asked for,
+    /// and a recording's bit and an ask never undo each other.
+    #[test]
+    fn an_ask_to_be_told_sets_its_bit_without_the_lock_and_waits_out_a_writer() {
+        let table = with_peer(2, 1, 4, 7);
+        assert_eq!(table.tell_when_heard(1, 8), None, "another peer's");
+        assert_eq!(table.tell_when_heard(0, 7), None, "an empty slot");
+        let before = table.lock(4).load(Ordering::Relaxed);
+        assert_eq!(table.tell_when_heard(1, 7), Some(true));
+        assert_eq!(
+            table.lock(4).load(Ordering::Relaxed),
+            before,
+            "the lock untouched"
+        );
+        assert_eq!(table.record(1).map(|r| r.tell), Some(TELL_HEARD));
+        // A writer in its section (odd) that never leaves it: set, but not sure.
+        table.lock(4).fetch_add(LOCK_SEQ_ONE, Ordering::AcqRel);
+        assert_eq!(table.tell_when_heard(1, 7), Some(false));
+        table.lock(4).fetch_add(LOCK_SEQ_ONE, Ordering::AcqRel);
+        assert!(table.set_traced(1, 7, true));
+        assert_eq!(
+            table.record(1).map(|r| r.tell),
+            Some(TELL_HEARD | TELL_ARRIVALS)
+        );
+        assert!(table.set_traced(1, 7, false));
+        assert_eq!(
+            table.record(1).map(|r| r.tell),
+            Some(TELL_HEARD),
+            "the ask kept"
+        );
     }
 
     #[test]
