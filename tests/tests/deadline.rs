@@ -82,9 +82,9 @@ fn a_stopped_ten_ms_sender_is_suspected_at_each_crossing_between_scans() {
 
 /// A convicted peer heard again is looked at when its heartbeat arrives, not at the next scan:
 /// the agent asks the kernel to tell the next heartbeat of a peer it suspects (`TELL_HEARD`),
-/// and the kernel writes it to the arrivals ring as it records it. With scans a minute apart,
-/// and none yet (the peer was admitted on its first packet and watched by the due passes), the
-/// recovery comes within seconds only if the kernel told it.
+/// and the kernel writes it to the arrivals ring as it records it. With scans a minute apart
+/// (the first at the start, before the peer sent: it was admitted on its first packet and
+/// watched by the due passes), the recovery comes within seconds only if the kernel told it.
 #[test]
 fn a_convicted_sender_heard_again_recovers_as_the_kernel_tells_it_not_at_the_next_scan() {
     require_root();
@@ -112,6 +112,7 @@ fn a_convicted_sender_heard_again_recovers_as_the_kernel_tells_it_not_at_the_nex
         let peer = &peer["peer"];
         (peer["heartbeats"].as_u64()? >= 100 && peer["level"].is_null()).then_some(())
     });
+    let scans = agent.ask(json!({"op": "stats"}))["stats"]["sweeps"].clone();
     let mut watcher = agent.subscribe();
     drop(send); // SIGKILL
     let convicted = |e: &Value| e["event"] == "suspect" && e["id"] == 7 && e["level"] == json!(8.0);
@@ -130,7 +131,53 @@ fn a_convicted_sender_heard_again_recovers_as_the_kernel_tells_it_not_at_the_nex
         .expect("a recovery");
     assert_eq!(recovered["level"], json!(8.0), "{recovered}");
     let stats = &agent.ask(json!({"op": "stats"}))["stats"];
-    assert_eq!(stats["sweeps"], json!(0), "no scan ran: {stats}");
+    assert_eq!(
+        stats["sweeps"], scans,
+        "no scan ran since the kill: {stats}"
+    );
     assert!(stats["heard_told"].as_u64().unwrap() >= 1, "{stats}");
     drop(send);
+}
+
+/// A listed peer that never sends is suspected at each of its deadlines, counted from the
+/// agent's start, not when the first scan comes: the sweeper scans at once when it starts, and
+/// that scan arms the deadlines before the next. With scans a minute apart the first one once
+/// came a minute after the start, and raised every level at once there.
+#[test]
+fn a_listed_peer_that_never_sends_is_suspected_at_its_deadlines_from_the_start() {
+    require_root();
+    let pair = NetnsPair::new(92);
+    let dir = TempDir::new("hbmdl");
+    let agent = AgentProcess::start(
+        &pair,
+        &[
+            "--peers",
+            &dir.peers_file([7]),
+            "--levels",
+            "1,3,8",
+            // A second before the first level: time to subscribe after the start.
+            "--first-interval-ms",
+            "1000",
+            "--sweep-interval",
+            "60s",
+            "--stall-bound",
+            "120s",
+        ],
+    );
+    let mut watcher = agent.subscribe();
+    let events = events_until(&mut watcher, Duration::from_secs(10), |events| {
+        events
+            .iter()
+            .any(|e| e["event"] == "suspect" && e["level"] == json!(8.0))
+    });
+    let climb: Vec<&Value> = events.iter().filter(|e| e["event"] == "suspect").collect();
+    let levels: Vec<f64> = climb.iter().map(|e| e["level"].as_f64().unwrap()).collect();
+    assert_eq!(levels, [1.0, 3.0, 8.0], "{events:#?}");
+    for e in climb {
+        let late_ms = e["at"].as_f64().unwrap() - e["crossed_at"].as_f64().unwrap();
+        assert!(
+            late_ms < LATE_BOUND_MS,
+            "raised {late_ms:.1} ms after its crossing: {e}"
+        );
+    }
 }

@@ -302,13 +302,6 @@ impl Agent {
         self.due_looks.fetch_add(looks, Ordering::Relaxed);
     }
 
-    /// The first scan starts at `first_scan_ns`: until then the due passes arm the deadlines
-    /// that fall before it, as a scan's would (a peer admitted on its first packet is looked
-    /// at before any scan ran, and its deadlines are not left to the first scan).
-    pub(super) fn first_scan_at(&self, first_scan_ns: u64) {
-        self.trackers.lock().due.set_horizon(first_scan_ns);
-    }
-
     /// When the sweeper should next wake for a due slot (monotonic ns), if any is armed.
     pub(super) fn next_due_ns(&self) -> Option<u64> {
         self.trackers.lock().due.wake_ns()

@@ -64,9 +64,13 @@ fn sweep_loop(
     link_grace: Duration,
     mut notifier: Notifier,
 ) {
-    let mut next = std::time::Instant::now() + interval;
+    // The first scan at once: it gives the listed (or adopted) peers their trackers and arms
+    // the deadlines that fall before the next one. A first scan an interval after the start
+    // left a listed peer that never sent unlooked-at until then (its levels all raised at
+    // once, late by up to an interval), and nothing armed before it for a peer admitted on its
+    // first packet.
+    let mut next = std::time::Instant::now();
     let mut last = monotonic_ns();
-    agent.first_scan_at(last + interval.as_nanos() as u64);
     let mut hold_until = 0u64;
     let mut link_reader = LinkReader::new(agent.iface());
     let state = link_reader.read();
