@@ -241,6 +241,13 @@ impl<S: Source> Collector for AgentCollector<S> {
                 None,
                 stats.refloors,
             )?;
+            counter(
+                e,
+                "heard_told",
+                "Heartbeats of suspected peers the kernel told as they arrived, each peer looked at then rather than at the next scan",
+                None,
+                stats.heard_told,
+            )?;
             family(
                 e,
                 "config_reloads",
