@@ -181,3 +181,68 @@ fn a_listed_peer_that_never_sends_is_suspected_at_its_deadlines_from_the_start()
         );
     }
 }
+
+/// A measurement, not a test (ignored; it asserts nothing about time): a 10 ms sender stopped
+/// (SIGSTOP) until it is convicted, then resumed (SIGCONT), `ROUNDS` times (30); prints how long
+/// after the resume its `recover` event was raised (`at`, whole ms), p50 / p99 / max. With the
+/// kernel telling a suspected peer's next heartbeat it is the sender's own resume and first
+/// send; before, up to a scan more (50 ms). docs/tuning.md, "A suspected peer heard again":
+/// `cargo xtask test --fuzz-seconds 0 -- --test deadline recovery_delay -- --ignored
+/// --nocapture` (`MONITOR_BIN=...` for another build).
+#[test]
+#[ignore]
+fn recovery_delay_measurement() {
+    require_root();
+    let rounds: usize = std::env::var("ROUNDS").map_or(30, |v| v.parse().unwrap());
+    let pair = NetnsPair::new(93);
+    let agent = AgentProcess::start(
+        &pair,
+        &[
+            "--levels",
+            "1,3,8",
+            "--first-interval-ms",
+            "10",
+            "--min-std-ms",
+            "2",
+            "--stall-bound",
+            "2s",
+        ],
+    );
+    let send = spawn(sender(&pair, 7, "10ms", &[]));
+    wait_for(Duration::from_secs(15), "100 heartbeats of peer 7", || {
+        agent.peer_ids().contains(&7).then_some(())?;
+        let peer = &agent.ask(json!({"op": "peer", "id": 7}));
+        (peer["peer"]["heartbeats"].as_u64()? >= 100).then_some(())
+    });
+    let mut watcher = agent.subscribe();
+    let pid = send.0.id() as libc::pid_t;
+    let mut delays = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        // SAFETY: a signal to our own child.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        events_until(&mut watcher, Duration::from_secs(10), |events| {
+            events
+                .iter()
+                .any(|e| e["event"] == "suspect" && e["id"] == 7 && e["level"] == json!(8.0))
+        });
+        let resumed = integration_tests::soak::unix_ms();
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+        let events = events_until(&mut watcher, Duration::from_secs(10), |events| {
+            events
+                .iter()
+                .any(|e| e["event"] == "recover" && e["id"] == 7)
+        });
+        let recovered = events.iter().find(|e| e["event"] == "recover").unwrap();
+        delays.push(recovered["at"].as_f64().unwrap() - resumed);
+    }
+    delays.sort_by(f64::total_cmp);
+    let at = |q: f64| delays[((delays.len() - 1) as f64 * q).round() as usize];
+    eprintln!(
+        "recover raised after the resume, {rounds} rounds: p50 {:.1} p99 {:.1} max {:.1} ms (at in whole ms: up to 1 ms low); heard_told {}",
+        at(0.5),
+        at(0.99),
+        at(1.0),
+        agent.ask(json!({"op": "stats"}))["stats"]["heard_told"]
+    );
+}
