@@ -258,6 +258,10 @@ impl Agent {
         // Then a chunk at a time, the lock released in between: queries and the sweep (which
         // passes over the trackers not reached yet) wait for one chunk at most.
         for start in (0..slots).step_by(REDETECT_CHUNK) {
+            // The registry before the trackers, as the sweep takes them: a peer the change
+            // suspects is asked for its next heartbeat (`tell_when_heard`), which needs its
+            // line's owner to hold still.
+            let _registry = self.registry.read().expect("registry lock");
             let mut trackers = self.trackers.lock();
             if trackers.change.is_none() {
                 break;
@@ -266,7 +270,14 @@ impl Agent {
             let armed_before = trackers.due.earliest();
             for slot in start..(start + REDETECT_CHUNK).min(slots) {
                 let read = |ring| self.read_for_client(slot as u32, ring).ok();
+                let was_suspected = trackers.peers[slot].as_ref().map(|t| t.crossed() > 0);
                 trackers.catch_up(slot, &new, read, time, &mut emit);
+                if was_suspected == Some(false)
+                    && let Some(t) = trackers.peers[slot].as_ref().filter(|t| t.crossed() > 0)
+                {
+                    let (id, word) = (t.peer_id, trackers.watches[slot].word);
+                    self.tell_when_heard(&mut trackers.due, slot, id, word);
+                }
             }
             // A deadline brought before any the sweeper was to wake for: it wakes to plan again.
             let nearer = trackers.due.earliest() != armed_before;

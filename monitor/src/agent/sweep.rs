@@ -400,14 +400,14 @@ impl Agent {
         }
     }
 
-    /// `id`, in `slot`, was just suspected at its first level, from a look at the slot's
-    /// `word`: the kernel is asked to tell its next heartbeat (`PeerTable::tell_when_heard`),
+    /// `id`, in `slot`, was just suspected at its first level (by a look at the slot's `word`,
+    /// or by a detector change, `word` being the one its estimate accounts for): the kernel is asked to tell its next heartbeat (`PeerTable::tell_when_heard`),
     /// so its recovery, and the deadlines that count from it, do not wait for the next scan
     /// (a peer past its last level has no deadline left to be looked at again before). A
     /// heartbeat recorded before the kernel saw the ask is not told, but its word is visible
     /// once the ask returns: read again, it shows the heartbeat, and the slot is looked at
     /// again at once (as it is when the ask could not be sure).
-    fn tell_when_heard(&self, due: &mut DueSoon, slot: usize, id: u64, word: u64) {
+    pub(super) fn tell_when_heard(&self, due: &mut DueSoon, slot: usize, id: u64, word: u64) {
         let Some(settled) = self.table.tell_when_heard(slot as u32, id) else {
             return;
         };

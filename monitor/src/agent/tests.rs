@@ -521,6 +521,33 @@ fn a_detector_change_raises_only_the_levels_a_peer_is_newly_past() {
     assert_eq!(scrape.peers_at, [0, 0, 1], "past the new highest level");
 }
 
+/// A detector change that suspects a peer asks the kernel for its next heartbeat, as a sweep
+/// that suspects it does: its recovery does not wait for the next scan either.
+#[test]
+fn a_detector_change_that_suspects_a_peer_asks_to_be_told_its_next_heartbeat() {
+    let agent = agent(4, policy(&["10.0.0.0/8"], 0));
+    let mut events = agent.subscribe();
+    let slot = agent.admit(5).unwrap();
+    let now = crate::kernel::clock::monotonic_ns();
+    // 100 ms into its silence, with a first interval of 100 ms: phi about 0.3, below level 1.
+    agent.sweep(now + 100_000_000, false);
+    assert_eq!(suspected(&mut events), []);
+    assert_eq!(agent.table.record(slot).map(|r| r.tell), Some(0));
+    let lower = Levels::new(vec![0.2, 1.0, 3.0]).unwrap();
+    agent.set_detector_at(DetectorParams::DEFAULT, lower, move || {
+        crate::detector::tracker::SweepTime {
+            now_ns: now + 100_000_000,
+            wall_ms: 0.0,
+            hold: false,
+        }
+    });
+    assert_eq!(suspected(&mut events), [(5, 0.2)]);
+    assert_eq!(
+        agent.table.record(slot).map(|r| r.tell),
+        Some(monitor_common::maps::TELL_HEARD)
+    );
+}
+
 #[test]
 fn a_scrape_counts_peers_by_level_and_selects_the_asked_for_first() {
     use crate::serving::metrics::{PeerSeries, Source};
