@@ -335,6 +335,8 @@ impl Agent {
             return;
         }
         let (watch, floor) = (&mut watches[slot], &mut level_floors[slot]);
+        // Whether this look raises the first level (`tell_when_heard` after it).
+        let lowest_before = pass.lowest_crossed;
         let mut emit = |t: Transition| {
             if matches!(&t, Transition::Suspect(s) if s.level == lowest) {
                 pass.lowest_crossed += 1;
@@ -356,7 +358,6 @@ impl Agent {
         };
         let with_ring = detector.params.needs_ring();
         if let Some(t) = tracker.as_mut().filter(|t| t.peer_id == id) {
-            let was_suspected = t.crossed() > 0;
             match t.step(word, watch, floor, detector, time, &mut emit) {
                 SweepStep::Done => {}
                 SweepStep::Refloored => pass.refloors += 1,
@@ -369,9 +370,10 @@ impl Agent {
                     }
                 }
             }
-            let suspected = t.crossed() > 0;
             due.arm_watch(slot, watch, floor, time.now_ns);
-            if suspected && !was_suspected {
+            // A new suspicion, also one that began in the look that ended the last (a
+            // heartbeat seen late, its kernel's word lost to a full ring, and already old).
+            if pass.lowest_crossed > lowest_before {
                 self.tell_when_heard(due, slot, id, word);
             }
             return;
@@ -392,10 +394,9 @@ impl Agent {
         let (mut t, new_watch, new_floor) = PeerTracker::new(&record, &ring, detector);
         (*watch, *floor) = (new_watch, new_floor);
         t.observe(&record, &ring, watch, floor, detector, time, &mut emit);
-        let suspected = t.crossed() > 0;
         *tracker = Some(t);
         due.arm_watch(slot, watch, floor, time.now_ns);
-        if suspected {
+        if pass.lowest_crossed > lowest_before {
             self.tell_when_heard(due, slot, id, word);
         }
     }

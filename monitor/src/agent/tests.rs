@@ -521,6 +521,34 @@ fn a_detector_change_raises_only_the_levels_a_peer_is_newly_past() {
     assert_eq!(scrape.peers_at, [0, 0, 1], "past the new highest level");
 }
 
+/// A suspicion that begins in the same look as the recovery that ended the last one (the told
+/// heartbeat lost to a full ring, so the scan saw it, already old) asks to be told again: the
+/// kernel cleared the bit when it told of that heartbeat.
+#[test]
+fn a_suspicion_raised_in_the_look_that_saw_a_recovery_asks_to_be_told_again() {
+    use crate::serving::event::Event;
+    use monitor_common::maps::TELL_HEARD;
+    let agent = agent(4, policy(&["10.0.0.0/8"], 0));
+    let mut events = agent.subscribe();
+    let slot = agent.admit(5).unwrap();
+    let xdp = agent.detector().params.window_config();
+    let t0 = crate::kernel::clock::monotonic_ns();
+    agent.sweep(t0, false);
+    agent.sweep(t0 + 10_000_000_000, false);
+    assert_eq!(suspected(&mut events).len(), 3);
+    assert_eq!(agent.table.record(slot).map(|r| r.tell), Some(TELL_HEARD));
+    // Heard; the kernel's record of it never reaches the agent.
+    let told = agent.table.arrive(slot, t0 + 10_001_000_000, 1, &xdp);
+    assert!(told.is_some());
+    assert_eq!(agent.table.record(slot).map(|r| r.tell), Some(0));
+    // The scan ten seconds later sees the heartbeat and the silence after it.
+    agent.sweep(t0 + 20_000_000_000, false);
+    let seen: Vec<Event> = std::iter::from_fn(|| events.try_recv().ok()).collect();
+    assert!(matches!(seen.first(), Some(Event::Recover(_))), "{seen:?}");
+    assert_eq!(seen.len(), 4, "recovered, then every level again: {seen:?}");
+    assert_eq!(agent.table.record(slot).map(|r| r.tell), Some(TELL_HEARD));
+}
+
 /// A detector change that suspects a peer asks the kernel for its next heartbeat, as a sweep
 /// that suspects it does: its recovery does not wait for the next scan either.
 #[test]
