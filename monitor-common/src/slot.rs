@@ -39,7 +39,10 @@
 
 use crate::{
     config::{XDP_FLAG_GAPLESS_WINDOW, XDP_FLAG_REQUIRE_AUTH, XdpConfig},
-    maps::{MAX_INTERVAL_US, MAX_WINDOW, PeerSlot, SlotMut},
+    maps::{
+        ARRIVAL_HEARD, MAX_INTERVAL_US, MAX_WINDOW, PeerHot, PeerSlot, SlotMut, TELL_ARRIVALS,
+        TELL_HEARD,
+    },
 };
 
 /// The outage rule applies once the window holds this many samples (a mean of fewer is noise).
@@ -225,6 +228,23 @@ pub fn arrive_at(
         }
     }
     Outcome::Accepted { lost }
+}
+
+/// Under the line's lock, after an arrival: what of it the agent asked to be told
+/// (`PeerHot::tell`), as `ArrivalRecord::outcome`, if anything. A heartbeat the agent waits
+/// for (`TELL_HEARD`, set on a suspected peer) clears the bit it is told by. For almost every
+/// peer `tell` is zero: one load of a byte in the line the writer holds, and one branch.
+#[inline(always)]
+pub fn what_to_tell(hot: &mut PeerHot, outcome: Outcome) -> Option<u32> {
+    let tell = hot.tell;
+    if tell == 0 {
+        return None;
+    }
+    if tell & TELL_HEARD != 0 && matches!(outcome, Outcome::Accepted { .. }) {
+        hot.tell = tell & !TELL_HEARD;
+        return Some(outcome.code() | ARRIVAL_HEARD);
+    }
+    (tell & TELL_ARRIVALS != 0).then_some(outcome.code())
 }
 
 /// A packet of a passive source (`crate::passive`): no sequence numbers, so each one is the

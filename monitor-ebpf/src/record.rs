@@ -12,8 +12,8 @@ use monitor_common::{
     config::{XDP_FLAG_REQUIRE_AUTH, XdpConfig},
     index, last_heard,
     maps::{
-        ARRIVAL_HEARD, ArrivalRecord, Counters, HotLine, LOCK_HELD, LOCK_SEQ_ONE, PeerHot,
-        PeerState, SlotMut, TELL_ARRIVALS, TELL_HEARD, UnknownPeerReport, linked_slot,
+        ArrivalRecord, Counters, HotLine, LOCK_HELD, LOCK_SEQ_ONE, PeerHot, PeerState, SlotMut,
+        UnknownPeerReport, linked_slot,
     },
     passive::{self, SOURCE_BFD, SOURCE_HEARTBEAT},
     slot::{self, Outcome},
@@ -123,7 +123,7 @@ pub fn record<C: EbpfContext>(
             count_after_word(&mut counters.heartbeats);
         }
     }
-    let told = what_to_tell(&mut line.hot, outcome);
+    let told = slot::what_to_tell(&mut line.hot, outcome);
     unlock(&mut line.lock);
     if let Some(told) = told {
         tell_arrival(peer_id, now, hb.seq, hb.incarnation, told, counters);
@@ -187,7 +187,7 @@ pub fn record_passive(p: &Heartbeat, config: &XdpConfig, counters: &mut Counters
     } else {
         &mut counters.flow
     });
-    let told = what_to_tell(&mut line.hot, outcome);
+    let told = slot::what_to_tell(&mut line.hot, outcome);
     let (seq, incarnation) = (line.hot.last_seq, line.hot.incarnation);
     unlock(&mut line.lock);
     if let Some(told) = told {
@@ -281,24 +281,7 @@ fn lookup(peer_id: u64, config: &XdpConfig) -> Option<*mut HotLine> {
     None
 }
 
-/// Under the line's lock: what of this arrival the agent asked to be told (`PeerHot::tell`),
-/// as `ArrivalRecord::outcome`, if anything. A heartbeat the agent waits for (`TELL_HEARD`,
-/// set on a suspected peer) clears the bit it is told by. For almost every peer `tell` is
-/// zero: one load of a byte in the line this CPU holds, and one branch.
-#[inline(always)]
-fn what_to_tell(hot: &mut PeerHot, outcome: Outcome) -> Option<u32> {
-    let tell = hot.tell;
-    if tell == 0 {
-        return None;
-    }
-    if tell & TELL_HEARD != 0 && matches!(outcome, Outcome::Accepted { .. }) {
-        hot.tell = tell & !TELL_HEARD;
-        return Some(outcome.code() | ARRIVAL_HEARD);
-    }
-    (tell & TELL_ARRIVALS != 0).then_some(outcome.code())
-}
-
-/// Hands one arrival the agent asked for (`what_to_tell`) to the ARRIVALS ring: each arrival
+/// Hands one arrival the agent asked for (`slot::what_to_tell`) to the ARRIVALS ring: each arrival
 /// of a peer `monitor record` records, and the heartbeat that ends a suspicion.
 #[inline(always)]
 fn tell_arrival(

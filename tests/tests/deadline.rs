@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use integration_tests::{
-    agent_process::{AgentProcess, TempDir, events_until, sender, spawn},
+    agent_process::{AgentProcess, ChildGuard, TempDir, events_until, sender, spawn},
     netns::NetnsPair,
     require_root, wait_for,
 };
@@ -19,6 +19,30 @@ const SWEEP_INTERVAL_MS: f64 = 500.0;
 /// two-core machine, with room. A scan-bound event is later than this nine times out of ten,
 /// and three of them all this early, one in a thousand.
 const LATE_BOUND_MS: f64 = 50.0;
+
+/// An agent that watches 10 ms heartbeats (`--min-std-ms 2 --first-interval-ms 10`, levels
+/// 1, 3 and 8, and `extra`), and peer 7 sending every 10 ms, admitted on its first packet (the
+/// interface's own network), once 100 of its heartbeats are in.
+fn ten_ms_sender_watched(pair: &NetnsPair, extra: &[&str]) -> (AgentProcess, ChildGuard) {
+    let mut flags = vec![
+        "--levels",
+        "1,3,8",
+        "--first-interval-ms",
+        "10",
+        "--min-std-ms",
+        "2",
+    ];
+    flags.extend_from_slice(extra);
+    let agent = AgentProcess::start(pair, &flags);
+    let send = spawn(sender(pair, 7, "10ms", &[]));
+    wait_for(Duration::from_secs(15), "100 heartbeats of peer 7", || {
+        agent.peer_ids().contains(&7).then_some(())?;
+        let peer = &agent.ask(json!({"op": "peer", "id": 7}));
+        let peer = &peer["peer"];
+        (peer["heartbeats"].as_u64()? >= 100 && peer["level"].is_null()).then_some(())
+    });
+    (agent, send)
+}
 
 #[test]
 fn a_stopped_ten_ms_sender_is_suspected_at_each_crossing_between_scans() {
@@ -89,29 +113,8 @@ fn a_stopped_ten_ms_sender_is_suspected_at_each_crossing_between_scans() {
 fn a_convicted_sender_heard_again_recovers_as_the_kernel_tells_it_not_at_the_next_scan() {
     require_root();
     let pair = NetnsPair::new(91);
-    let agent = AgentProcess::start(
-        &pair,
-        &[
-            "--levels",
-            "1,3,8",
-            "--first-interval-ms",
-            "10",
-            "--min-std-ms",
-            "2",
-            "--sweep-interval",
-            "60s",
-            "--stall-bound",
-            "120s",
-        ],
-    );
-    let send = spawn(sender(&pair, 7, "10ms", &[]));
-    // Admitted on its first packet (the interface's own network).
-    wait_for(Duration::from_secs(15), "100 heartbeats of peer 7", || {
-        agent.peer_ids().contains(&7).then_some(())?;
-        let peer = &agent.ask(json!({"op": "peer", "id": 7}));
-        let peer = &peer["peer"];
-        (peer["heartbeats"].as_u64()? >= 100 && peer["level"].is_null()).then_some(())
-    });
+    let (agent, send) =
+        ten_ms_sender_watched(&pair, &["--sweep-interval", "60s", "--stall-bound", "120s"]);
     let scans = agent.ask(json!({"op": "stats"}))["stats"]["sweeps"].clone();
     let mut watcher = agent.subscribe();
     drop(send); // SIGKILL
@@ -195,25 +198,7 @@ fn recovery_delay_measurement() {
     require_root();
     let rounds: usize = std::env::var("ROUNDS").map_or(30, |v| v.parse().unwrap());
     let pair = NetnsPair::new(93);
-    let agent = AgentProcess::start(
-        &pair,
-        &[
-            "--levels",
-            "1,3,8",
-            "--first-interval-ms",
-            "10",
-            "--min-std-ms",
-            "2",
-            "--stall-bound",
-            "2s",
-        ],
-    );
-    let send = spawn(sender(&pair, 7, "10ms", &[]));
-    wait_for(Duration::from_secs(15), "100 heartbeats of peer 7", || {
-        agent.peer_ids().contains(&7).then_some(())?;
-        let peer = &agent.ask(json!({"op": "peer", "id": 7}));
-        (peer["peer"]["heartbeats"].as_u64()? >= 100).then_some(())
-    });
+    let (agent, send) = ten_ms_sender_watched(&pair, &["--stall-bound", "2s"]);
     let mut watcher = agent.subscribe();
     let pid = send.0.id() as libc::pid_t;
     let mut delays = Vec::with_capacity(rounds);
@@ -236,13 +221,12 @@ fn recovery_delay_measurement() {
         let recovered = events.iter().find(|e| e["event"] == "recover").unwrap();
         delays.push(recovered["at"].as_f64().unwrap() - resumed);
     }
-    delays.sort_by(f64::total_cmp);
-    let at = |q: f64| delays[((delays.len() - 1) as f64 * q).round() as usize];
+    let delays = integration_tests::bench::Percentiles::of(delays);
     eprintln!(
         "recover raised after the resume, {rounds} rounds: p50 {:.1} p99 {:.1} max {:.1} ms (at in whole ms: up to 1 ms low); heard_told {}",
-        at(0.5),
-        at(0.99),
-        at(1.0),
+        delays.p50,
+        delays.p99,
+        delays.max,
         agent.ask(json!({"op": "stats"}))["stats"]["heard_told"]
     );
 }

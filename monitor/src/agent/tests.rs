@@ -354,21 +354,26 @@ fn a_batch_is_published_in_order_and_counted_by_kind() {
 fn suspected(
     events: &mut tokio::sync::broadcast::Receiver<crate::serving::event::Event>,
 ) -> Vec<(u64, f64)> {
-    std::iter::from_fn(|| events.try_recv().ok())
-        .filter_map(|e| match e {
-            crate::serving::event::Event::Suspect(s) => Some((s.id, s.level)),
-            _ => None,
-        })
-        .collect()
+    suspects(events).iter().map(|s| (s.id, s.level)).collect()
 }
 
 /// The suspect events published since the last call, as (level, at, crossed_at).
 fn suspicions(
     events: &mut tokio::sync::broadcast::Receiver<crate::serving::event::Event>,
 ) -> Vec<(f64, u64, f64)> {
+    suspects(events)
+        .iter()
+        .map(|s| (s.level, s.at, s.crossed_at))
+        .collect()
+}
+
+/// The suspect events published since the last call, whole.
+fn suspects(
+    events: &mut tokio::sync::broadcast::Receiver<crate::serving::event::Event>,
+) -> Vec<crate::detector::tracker::Suspicion> {
     std::iter::from_fn(|| events.try_recv().ok())
         .filter_map(|e| match e {
-            crate::serving::event::Event::Suspect(s) => Some((s.level, s.at, s.crossed_at)),
+            crate::serving::event::Event::Suspect(s) => Some(s),
             _ => None,
         })
         .collect()
@@ -818,21 +823,12 @@ fn stop_half_of_twenty(
     phase_ms: u64,
     late: &mut impl FnMut(usize, u64) -> u64,
 ) -> (usize, Vec<crate::detector::tracker::Suspicion>) {
-    use crate::serving::event::Event;
     let peers = 20u64;
     let mut run = TenMs::new(peers, phase_ms * 1_000_000 + 123_457);
     let mut events = run.agent.subscribe();
     let start = run.now_ns;
     run.run(start + 3_000_000_000, late);
-    let suspicions = |events: &mut tokio::sync::broadcast::Receiver<Event>| {
-        std::iter::from_fn(|| events.try_recv().ok())
-            .filter_map(|e| match e {
-                Event::Suspect(s) => Some(s),
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-    };
-    let before = suspicions(&mut events).len();
+    let before = suspects(&mut events).len();
     let stopped_at = run.now_ns;
     run.stop((0..peers as usize).step_by(2));
     run.run(stopped_at + 200_000_000, late);
@@ -849,7 +845,7 @@ fn stop_half_of_twenty(
         );
     }
     drop(trackers);
-    (before, suspicions(&mut events))
+    (before, suspects(&mut events))
 }
 
 /// Asserts that the stopped peers' (odd ids) levels were raised once each after the stop

@@ -638,7 +638,8 @@ impl PeerTable {
     /// A heartbeat of `slot`'s peer (sequence `seq`, incarnation 1) arriving at `now_ns`,
     /// recorded as the kernel records it (`slot::arrive` under the line's lock) with the
     /// last-heard word it stores: what lets the agent's tests drive a peer on a virtual clock.
-    /// The arrival the kernel would tell the agent of, if the agent asked (`TELL_HEARD`).
+    /// The arrival the kernel would tell the agent of, if the agent asked
+    /// (`slot::what_to_tell`, the kernel's own rule).
     pub(crate) fn arrive(
         &self,
         slot: u32,
@@ -650,21 +651,16 @@ impl PeerTable {
         let line = self.line_of(slot).expect("a peer in the slot");
         let held = self.lock_line(line, false);
         let outcome = monitor_common::slot::arrive(&mut copy, now_ns, seq, 1, config);
-        // What the kernel tells of it (`TELL_HEARD` only: no test here records).
-        let heard = copy.hot.tell & TELL_HEARD != 0
-            && matches!(outcome, monitor_common::slot::Outcome::Accepted { .. });
-        if heard {
-            copy.hot.tell &= !TELL_HEARD;
-        }
+        let told = monitor_common::slot::what_to_tell(&mut copy.hot, outcome);
         // SAFETY: we hold the line's lock, and the line links to the slot.
         unsafe { self.write(line, slot, &copy) };
         self.unlock_line(line, held, held & LINK_BITS);
-        heard.then(|| monitor_common::maps::ArrivalRecord {
+        told.map(|outcome| monitor_common::maps::ArrivalRecord {
             peer_id: copy.hot.peer_id,
             at_ns: now_ns,
             seq,
             incarnation: 1,
-            outcome: outcome.code() | monitor_common::maps::ARRIVAL_HEARD,
+            outcome,
         })
     }
 }
