@@ -8,6 +8,7 @@
 
 pub mod auth;
 pub mod config;
+pub mod due;
 pub mod impair;
 pub mod index;
 pub mod last_heard;
