@@ -130,14 +130,33 @@ pub const fn bucket_for(at_ns: u64, now_ns: u64) -> u16 {
 /// once a second makes harmless).
 #[inline(always)]
 pub const fn is_due(b: u16, now_ns: u64, by_ns: u64) -> bool {
-    let now = bucket(now_ns);
-    let ahead = b.wrapping_sub(now) as i16;
-    let by = if by_ns <= now_ns {
-        0
-    } else {
-        bucket_for(by_ns, now_ns).wrapping_sub(now) as i16
-    };
-    ahead <= by
+    DueBy::new(now_ns, by_ns).holds(b)
+}
+
+/// [`is_due`] for one `now_ns` and `by_ns`, worked out once for a scan of every bucket.
+#[derive(Debug, Clone, Copy)]
+pub struct DueBy {
+    now: u16,
+    ahead: i16,
+}
+
+impl DueBy {
+    #[inline]
+    pub const fn new(now_ns: u64, by_ns: u64) -> Self {
+        let now = bucket(now_ns);
+        let ahead = if by_ns <= now_ns {
+            0
+        } else {
+            bucket_for(by_ns, now_ns).wrapping_sub(now) as i16
+        };
+        Self { now, ahead }
+    }
+
+    /// Whether a peer whose bucket is `b` is due.
+    #[inline(always)]
+    pub const fn holds(&self, b: u16) -> bool {
+        (b.wrapping_sub(self.now) as i16) <= self.ahead
+    }
 }
 
 #[cfg(test)]
