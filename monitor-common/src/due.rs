@@ -168,7 +168,7 @@ mod tests {
     #[test]
     fn a_covered_arrival_is_due_a_floor_later_and_any_other_at_once() {
         let w = watch(138 * MS, 100, 32);
-        let floor = (138 * MS >> FLOOR_UNIT_SHIFT) << FLOOR_UNIT_SHIFT;
+        let floor = ((138 * MS) >> FLOOR_UNIT_SHIFT) << FLOOR_UNIT_SHIFT;
         assert!(floor <= 138 * MS && 138 * MS - floor < 1 << FLOOR_UNIT_SHIFT);
         let now = 5_000 * MS;
         assert_eq!(due_at(w, 100, now), now, "the refresh's own count");

@@ -1221,3 +1221,99 @@ fn a_suspected_peers_next_heartbeat_is_told_once() {
         assert_eq!(fx.record(PEER).tell, TELL_ARRIVALS, "{hook:?}");
     }
 }
+
+/// The due bucket of `slot` as the kernel keeps it, read through the map (BPF_MAP_LOOKUP_ELEM
+/// of its line) rather than the agent's mapping, and checked against that mapping: the flat
+/// view the agent scans is the kernel's lines of `DUE_PER_LINE`.
+fn due_bucket(fx: &Fixture, slot: u32) -> u16 {
+    use monitor_common::due::{DUE_PER_LINE, DueLine, PEER_DUE_MAP};
+    let map = fx.loaded.ebpf.map(PEER_DUE_MAP).expect("PEER_DUE");
+    let lines: aya::maps::Array<_, DueLine> = aya::maps::Array::try_from(map).expect("an array");
+    let line = lines
+        .get(&(slot / DUE_PER_LINE as u32), 0)
+        .expect("a line in range");
+    let bucket = line[slot as usize % DUE_PER_LINE];
+    let mapped = &fx.loaded.maps.table.due_buckets()[slot as usize];
+    assert_eq!(
+        mapped.load(std::sync::atomic::Ordering::Relaxed),
+        bucket,
+        "slot {slot}: the agent's view"
+    );
+    bucket
+}
+
+/// Each accepted heartbeat stores the bucket of the time the agent must look at its peer if
+/// it is not heard again (`monitor_common::due`), by the watch the agent wrote: a heartbeat
+/// the watch's floor covers (its count 1 to `span - 1` past the one the floor was set at) is
+/// due the floor after its arrival; the one past the span, and any with no watch, at its
+/// arrival. A duplicate and a late heartbeat store nothing. Both hooks, in a slot of the
+/// second line of buckets.
+#[test]
+fn each_accepted_heartbeat_stores_when_the_agent_must_look() {
+    use monitor_common::{due, last_heard};
+    use std::sync::atomic::Ordering::Relaxed;
+    const MS: u64 = 1_000_000;
+    const ID: u64 = 34;
+    fn table(fx: &Fixture) -> &monitor::kernel::peer_table::PeerTable {
+        &fx.loaded.maps.table
+    }
+    for hook in [
+        monitor::kernel::program::Hook::Xdp,
+        monitor::kernel::program::Hook::Tc,
+    ] {
+        let mut fx = Fixture::new_hook(XdpConfig::DEFAULT, &[ID], hook);
+        let slot = fx.slot(ID);
+        assert_eq!(slot, 33, "its own slot, in the second line");
+        let arrive = |fx: &mut Fixture, seq| {
+            assert_eq!(fx.run(&Packet::heartbeat_v4(ID, seq).build()), XDP_DROP);
+            fx.record(ID).last_arrival_ns
+        };
+        let at = arrive(&mut fx, 1);
+        assert_eq!(due_bucket(&fx, slot), due::bucket(at), "{hook:?}: no watch");
+
+        // The floor set at the first heartbeat's count, covering the next two.
+        let refreshed = last_heard::count_of(table(&fx).last_heard(slot));
+        let watch = due::watch(138 * MS, refreshed, 3);
+        table(&fx).watch_words()[slot as usize].store(watch, Relaxed);
+        let floor = due::due_at(watch, refreshed + 1, 0);
+        assert!(floor > 137 * MS && floor <= 138 * MS, "{floor}");
+        for seq in [2, 3] {
+            let at = arrive(&mut fx, seq);
+            assert_eq!(
+                due_bucket(&fx, slot),
+                due::bucket(at + floor),
+                "{hook:?}: seq {seq}, covered"
+            );
+        }
+        let at = arrive(&mut fx, 4);
+        assert_eq!(
+            due_bucket(&fx, slot),
+            due::bucket(at),
+            "{hook:?}: past the span"
+        );
+
+        // The agent's own store after a look, which no refused heartbeat moves.
+        let looked = due::bucket(at).wrapping_add(1000);
+        table(&fx).due_buckets()[slot as usize].store(looked, Relaxed);
+        for seq in [4, 3] {
+            fx.run(&Packet::heartbeat_v4(ID, seq).build());
+        }
+        let r = fx.record(ID);
+        assert_eq!((r.heartbeats, r.duplicates, r.out_of_order), (4, 1, 1));
+        assert_eq!(due_bucket(&fx, slot), looked, "{hook:?}: refused ones");
+
+        // A floor that would cover the next heartbeat, then no watch: due at the arrival.
+        let refreshed = last_heard::count_of(table(&fx).last_heard(slot));
+        let watch = due::watch(138 * MS, refreshed, 3);
+        table(&fx).watch_words()[slot as usize].store(due::NO_WATCH, Relaxed);
+        let at = arrive(&mut fx, 5);
+        assert_eq!(due_bucket(&fx, slot), due::bucket(at), "{hook:?}: NO_WATCH");
+        table(&fx).watch_words()[slot as usize].store(watch, Relaxed);
+        let at = arrive(&mut fx, 6);
+        assert_eq!(
+            due_bucket(&fx, slot),
+            due::bucket(at + floor),
+            "{hook:?}: the same floor, covering"
+        );
+    }
+}
