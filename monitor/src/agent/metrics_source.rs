@@ -4,6 +4,7 @@ use std::sync::atomic::Ordering;
 
 use super::Agent;
 use crate::{
+    detector::tracker::WordWatch,
     kernel::clock::monotonic_ns,
     serving::metrics::{self, AgentMetrics, PeerSeries, Scrape, SelectedPeer},
 };
@@ -26,8 +27,17 @@ impl Agent {
         let mut budget_unmet = 0u64;
         {
             let trackers = self.trackers.lock();
-            for (t, watch) in trackers.peers.iter().zip(&trackers.watches) {
+            let words = self.table.last_heard_words();
+            for (slot, (t, watch)) in trackers.peers.iter().zip(&trackers.watches).enumerate() {
                 let Some(t) = t else { continue };
+                // The word as it is now: a sweep that looked only at the peers due
+                // (`monitor_common::due`) leaves a heard peer's watch on an older one.
+                let watch = &WordWatch {
+                    word: words
+                        .get(slot)
+                        .map_or(watch.word, |w| w.load(Ordering::Relaxed)),
+                    ..*watch
+                };
                 let crossed = t.crossed();
                 budget_unmet += t.estimate().budget_unmet() as u64;
                 peers_at[(crossed as usize).min(levels.len())] += 1;

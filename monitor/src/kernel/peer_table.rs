@@ -355,6 +355,67 @@ impl PeerTable {
         }
     }
 
+    /// The agent's half of the due buckets (`monitor_common::due`): `slot`'s floor as the
+    /// kernel is to keep it (`watch`), and the bucket of the agent's next look at it
+    /// (`look_at_ns`, at `now_ns`), after a look at the word `looked`. False if a heartbeat
+    /// came after `looked`: the slot is due now (its bucket says so) and the caller looks again.
+    ///
+    /// The danger is a heartbeat that reads the old watch while a new one is stored: a new
+    /// floor can be shorter, or gone (a level crossed), and its bucket would then be later than
+    /// the new watch allows. So a new watch is stored, then a full fence, then a kernel writer
+    /// holding the line is waited out (it loads the watch and stores the bucket under the
+    /// line's lock; a section that began after the fence loads the new watch). The bucket is
+    /// then read before the word (the kernel stores the word before the bucket): if the word is
+    /// still `looked`, the bucket read is not a newer heartbeat's, and the agent's replaces it
+    /// unless one came since (a compare-and-swap, which then fails, and the kernel's bucket,
+    /// made from the new watch, stands). A line held past the wait belongs to a writer that
+    /// died (the kernel's run to completion): no heartbeat of it can be recorded meanwhile.
+    pub fn publish_due(
+        &self,
+        slot: u32,
+        watch: u64,
+        looked: u64,
+        look_at_ns: u64,
+        now_ns: u64,
+    ) -> bool {
+        let (Some(kept), Some(bucket), Some(word)) = (
+            self.watch_words().get(slot as usize),
+            self.due_buckets().get(slot as usize),
+            self.last_heard_words().get(slot as usize),
+        ) else {
+            return true;
+        };
+        if kept.load(Ordering::Relaxed) != watch {
+            kept.store(watch, Ordering::Relaxed);
+            fence(Ordering::SeqCst);
+            if let Some(line) = self.line_of(slot) {
+                let lock = self.lock(line);
+                for _ in 0..TELL_WAIT_SPINS {
+                    if lock.load(Ordering::Acquire) & LOCK_HELD == 0 {
+                        break;
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+        }
+        let seen = bucket.load(Ordering::Acquire);
+        if word.load(Ordering::Acquire) != looked {
+            // Due now: the next scan's look, if not the caller's sooner.
+            let _ = bucket.compare_exchange(
+                seen,
+                due::bucket(now_ns),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
+            return false;
+        }
+        let mine = due::bucket_for(look_at_ns, now_ns);
+        if seen != mine {
+            let _ = bucket.compare_exchange(seen, mine, Ordering::AcqRel, Ordering::Relaxed);
+        }
+        true
+    }
+
     /// The slot's watch to `due::NO_WATCH`, for a peer new to the slot: it must not inherit
     /// the floor of the one before. Called holding the slot's line, so the kernel (which loads
     /// the watch under that lock, through the line's link) never meets the old floor with the
