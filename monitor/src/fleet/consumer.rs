@@ -115,7 +115,25 @@ impl Fleet {
 
     /// The whole bucket now, as a view; each malformed entry is skipped and its error
     /// returned alongside.
+    ///
+    /// A read that has not come to the bucket's end within [`SNAPSHOT_WITHIN`] is given up
+    /// and made again with a new consumer, [`SNAPSHOT_TRIES`] times in all, then an error:
+    /// one read in a full test run (tests/tests/fleet.rs) was seen to receive the server's
+    /// heartbeats for twenty minutes and never the message that ends the snapshot, while a
+    /// new read at that moment answered at once.
     pub async fn snapshot(&self) -> Result<Snapshot, FleetError> {
+        for _ in 0..SNAPSHOT_TRIES {
+            if let Ok(read) = tokio::time::timeout(SNAPSHOT_WITHIN, self.snapshot_once()).await {
+                return read;
+            }
+            log::debug!("fleet: reading the bucket: not done within {SNAPSHOT_WITHIN:?}; again");
+        }
+        Err(FleetError::JetStream(format!(
+            "reading the bucket: not done within {SNAPSHOT_WITHIN:?}, {SNAPSHOT_TRIES} times"
+        )))
+    }
+
+    async fn snapshot_once(&self) -> Result<Snapshot, FleetError> {
         let as_of_ms = unix_ms();
         let mut view = FleetView::default();
         let mut malformed = Vec::new();
@@ -238,6 +256,11 @@ where
     }
     Err(FleetError::js(what, last))
 }
+
+/// How long one read of the whole bucket may take (a few hundred keys, read in milliseconds),
+/// and how many reads a snapshot tries (`Fleet::snapshot`).
+const SNAPSHOT_WITHIN: Duration = Duration::from_secs(10);
+const SNAPSHOT_TRIES: u32 = 3;
 
 /// How often the server sends a heartbeat to an idle reader.
 pub const READER_HEARTBEAT: Duration = Duration::from_secs(1);
