@@ -8,7 +8,6 @@
 
 pub mod auth;
 pub mod config;
-pub mod due;
 pub mod impair;
 pub mod index;
 pub mod last_heard;

@@ -554,8 +554,7 @@ const _: () = assert!(MAX_WINDOW <= u8::MAX as usize);
 
 /// Version of everything a restarted agent reads from pinned maps: bump it whenever a map's
 /// layout or meaning changes, so an agent never misreads state pinned by another build.
-/// (16: the watches and due buckets, `crate::due`, beside the last-heard words.)
-pub const LAYOUT_VERSION: u32 = 16;
+pub const LAYOUT_VERSION: u32 = 15;
 /// "HBMPIN\0\0".
 pub const META_MAGIC: u64 = u64::from_le_bytes(*b"HBMPIN\0\0");
 

@@ -28,7 +28,7 @@ use aya_log_ebpf::warn;
 use monitor_common::{
     auth::{AuthKey, KEY_SLOTS},
     config::{XDP_FLAG_PASS_HEARTBEATS, XdpConfig},
-    due, index,
+    index,
     maps::{
         ARRIVALS_BYTES, BPF_F_MMAPABLE, Counters, DEFAULT_CAPACITY, HotLine, LOCAL_ADDRS_CAPACITY,
         LOCAL_FAST_ADDRS, LocalFast, PeerState, PinnedMeta, UNKNOWN_PEERS_BYTES,
@@ -55,18 +55,6 @@ static PEER_STATE: Array<PeerState> = Array::with_max_entries(DEFAULT_CAPACITY, 
 /// (`monitor_common::last_heard`): what the agent's sweep scans instead of the slots.
 #[map]
 static LAST_HEARD: Array<u64> = Array::with_max_entries(DEFAULT_CAPACITY, BPF_F_MMAPABLE);
-
-/// One watch per slot (`monitor_common::due::watch`): the floor the agent last set for the
-/// slot's peer, and the heartbeats it covers. Written by the agent, read with each arrival.
-#[map]
-static PEER_WATCH: Array<u64> = Array::with_max_entries(DEFAULT_CAPACITY, BPF_F_MMAPABLE);
-
-/// One due bucket per slot, [`due::DUE_PER_LINE`] to an element (`monitor_common::due`): when
-/// the agent must look at the peer if it is not heard again. Stored with each accepted arrival
-/// (and by the agent after a look); the agent scans them instead of the words.
-#[map]
-static PEER_DUE: Array<due::DueLine> =
-    Array::with_max_entries(due::due_lines_for(DEFAULT_CAPACITY), BPF_F_MMAPABLE);
 
 #[map]
 static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(1, 0);

@@ -10,7 +10,7 @@ use aya_log_ebpf::{debug, warn};
 use monitor_common::{
     auth::{KEY_CURRENT, KEY_PREVIOUS, siphash24_24},
     config::{XDP_FLAG_REQUIRE_AUTH, XdpConfig},
-    due, index, last_heard,
+    index, last_heard,
     maps::{
         ArrivalRecord, Counters, HotLine, LOCK_HELD, LOCK_SEQ_ONE, PeerHot, PeerState, SlotMut,
         UnknownPeerReport, linked_slot,
@@ -21,8 +21,7 @@ use monitor_common::{
 };
 
 use crate::{
-    ARRIVALS, AUTH_KEYS, LAST_HEARD, PEER_DUE, PEER_HOT, PEER_STATE, PEER_WATCH, UNKNOWN_PEERS,
-    parse::Heartbeat,
+    ARRIVALS, AUTH_KEYS, LAST_HEARD, PEER_HOT, PEER_STATE, UNKNOWN_PEERS, parse::Heartbeat,
 };
 const NS_PER_SEC: u64 = 1_000_000_000;
 
@@ -120,9 +119,7 @@ pub fn record<C: EbpfContext>(
             parts.cold.src_family = hb.src_family;
             parts.cold.src_port = hb.src_port;
             set_src_addr(&mut parts.cold.src_addr, hb.src_words);
-            // The word, its due bucket, then the count, in this order (`store_due`).
             store_last_heard(slot, parts.hot);
-            store_due(slot, parts.hot, now);
             count_after_word(&mut counters.heartbeats);
         }
     }
@@ -184,9 +181,7 @@ pub fn record_passive(p: &Heartbeat, config: &XdpConfig, counters: &mut Counters
     parts.cold.src_family = p.src_family;
     parts.cold.src_port = p.src_port;
     set_src_addr(&mut parts.cold.src_addr, p.src_words);
-    // As in `record`: the word, its due bucket, then the count.
     store_last_heard(slot, parts.hot);
-    store_due(slot, parts.hot, now);
     count_after_word(if p.source == SOURCE_BFD {
         &mut counters.bfd
     } else {
@@ -229,11 +224,11 @@ fn count_auth_failure(count: &mut u64) {
     }
 }
 
-/// Counts a stored word, after it (and after its due bucket): an agent that reads the count
-/// first and finds it unchanged since its last scan may leave the words alone
-/// (`monitor::agent::scan_skip`), so the count must not become visible before the word. The
-/// stores are volatile, which the compiler keeps in order (BPF has no compiler fence to say so
-/// otherwise), and x86-64 makes stores visible in program order.
+/// Counts a stored word, after it: an agent that reads the count first and finds it unchanged
+/// since its last scan may leave the words alone (`monitor::agent::scan_skip`), so the count
+/// must not become visible before the word. Both stores are volatile, which the compiler keeps
+/// in order (BPF has no compiler fence to say so otherwise), and x86-64 makes stores visible
+/// in program order.
 #[inline(always)]
 fn count_after_word(count: &mut u64) {
     let count: *mut u64 = count;
@@ -248,33 +243,6 @@ fn store_last_heard(index: u32, hot: &PeerHot) {
     if let Some(word) = LAST_HEARD.get_ptr_mut(index) {
         unsafe { core::ptr::write_volatile(word, last_heard::of_hot(hot)) };
     }
-}
-
-/// Stores the slot's due bucket after an accepted arrival at `now`, right after its last-heard
-/// word and before the count, under the hot line's lock: when the agent must look at the peer
-/// if it is not heard again (`monitor_common::due::due_at`, the rule of the watch the agent
-/// wrote). The order is the agent's protocol: a bucket it finds due leads it to the word, which
-/// is then this arrival's (or a newer one's), and a count it finds unchanged vouches for the
-/// buckets as for the words. Volatile stores keep program order in the compiler, x86-64 (TSO)
-/// keeps it in the visibility of stores, and the unlock (a compiler barrier, then a store)
-/// comes after all of them.
-#[inline(always)]
-fn store_due(index: u32, hot: &PeerHot, now: u64) {
-    let (Some(watch), Some(line)) = (
-        PEER_WATCH.get_ptr(index),
-        PEER_DUE.get_ptr_mut(index / due::DUE_PER_LINE as u32),
-    ) else {
-        return;
-    };
-    // SAFETY: in the map values. The agent stores a watch whole (one aligned u64), so a load
-    // sees the old watch or the new one; either gives a bucket it can act on.
-    let watch = unsafe { core::ptr::read_volatile(watch) };
-    let count = last_heard::count(hot.heartbeats as u64, hot.left_out);
-    let at = due::due_at(watch, count, now);
-    // The remainder bounds the index for the verifier as for the compiler.
-    let within = (index % due::DUE_PER_LINE as u32) as usize;
-    // SAFETY: in the map value; a u16 the agent also stores whole.
-    unsafe { core::ptr::write_volatile(&raw mut (*line)[within], due::bucket(at)) };
 }
 
 /// The hot line of `peer_id` (`monitor_common::index`): its own line if it has one (an id of 1

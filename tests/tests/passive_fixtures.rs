@@ -353,37 +353,3 @@ fn flow_packet_to(port: u16) -> Vec<u8> {
     p.payload = b"x".to_vec();
     p.build()
 }
-
-/// A passive source's packets store their slot's due bucket by the heartbeats' rule
-/// (`monitor_common::due`): a datagram the watch's floor covers is due the floor after its
-/// arrival, the one past the span and any with no watch at their arrival. Both hooks.
-#[test]
-fn a_flows_datagrams_store_when_the_agent_must_look() {
-    use monitor_common::{due, last_heard};
-    use std::sync::atomic::Ordering::Relaxed;
-    for hook in [Hook::Xdp, Hook::Tc] {
-        let config = XdpConfig {
-            flow_ports: [FLOW_PORT, 0, 0, 0],
-            ..XdpConfig::DEFAULT
-        };
-        let mut fx = Fixture::new_hook(config, &[], hook);
-        let id = passive::flow_peer_id(v4_words(), SRC_PORT);
-        fx.admit_as(id, SOURCE_FLOW);
-        let slot = fx.slot(id) as usize;
-        let arrive = |fx: &mut Fixture| {
-            assert_eq!(fx.run(&flow_packet(SRC_PORT, b"x")), XDP_PASS);
-            let at = fx.record(id).last_arrival_ns;
-            (at, fx.loaded.maps.table.due_buckets()[slot].load(Relaxed))
-        };
-        let (at, bucket) = arrive(&mut fx);
-        assert_eq!(bucket, due::bucket(at), "{hook:?}: no watch");
-        let refreshed = last_heard::count_of(fx.loaded.maps.table.last_heard(slot as u32));
-        let watch = due::watch(138_000_000, refreshed, 2);
-        fx.loaded.maps.table.watch_words()[slot].store(watch, Relaxed);
-        let floor = due::due_at(watch, refreshed + 1, 0);
-        let (at, bucket) = arrive(&mut fx);
-        assert_eq!(bucket, due::bucket(at + floor), "{hook:?}: covered");
-        let (at, bucket) = arrive(&mut fx);
-        assert_eq!(bucket, due::bucket(at), "{hook:?}: past the span");
-    }
-}

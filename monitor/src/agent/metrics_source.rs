@@ -4,7 +4,6 @@ use std::sync::atomic::Ordering;
 
 use super::Agent;
 use crate::{
-    detector::tracker::WordWatch,
     kernel::clock::monotonic_ns,
     serving::metrics::{self, AgentMetrics, PeerSeries, Scrape, SelectedPeer},
 };
@@ -27,17 +26,8 @@ impl Agent {
         let mut budget_unmet = 0u64;
         {
             let trackers = self.trackers.lock();
-            let words = self.table.last_heard_words();
-            for (slot, (t, watch)) in trackers.peers.iter().zip(&trackers.watches).enumerate() {
+            for (t, watch) in trackers.peers.iter().zip(&trackers.watches) {
                 let Some(t) = t else { continue };
-                // The word as it is now: a sweep that looked only at the peers due
-                // (`monitor_common::due`) leaves a heard peer's watch on an older one.
-                let watch = &WordWatch {
-                    word: words
-                        .get(slot)
-                        .map_or(watch.word, |w| w.load(Ordering::Relaxed)),
-                    ..*watch
-                };
                 let crossed = t.crossed();
                 budget_unmet += t.estimate().budget_unmet() as u64;
                 peers_at[(crossed as usize).min(levels.len())] += 1;

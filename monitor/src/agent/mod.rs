@@ -110,10 +110,6 @@ pub struct Agent {
     heard_told: AtomicU64,
     /// Scans that left the words alone (`scan_skip`).
     scans_skipped: AtomicU64,
-    /// Scans that looked only at the peers the kernel's due buckets said were due, and the
-    /// slots they looked at.
-    scans_told: AtomicU64,
-    told_looks: AtomicU64,
 }
 
 /// The sweep's state of every slot, in three dense arrays indexed by slot: what every sweep
@@ -187,9 +183,6 @@ pub struct AgentParts {
 impl Agent {
     pub fn new(parts: AgentParts) -> Self {
         let capacity = parts.registry.capacity() as usize;
-        // Floors another agent set (pinned state adopted, a live upgrade) were made under its
-        // detector: until this agent sets its own, every arrival makes its peer due at once.
-        parts.table.clear_watches();
         let (events, _) = broadcast::channel(EVENT_BUFFER);
         Self {
             table: parts.table,
@@ -231,8 +224,6 @@ impl Agent {
             due_looks: AtomicU64::new(0),
             heard_told: AtomicU64::new(0),
             scans_skipped: AtomicU64::new(0),
-            scans_told: AtomicU64::new(0),
-            told_looks: AtomicU64::new(0),
         }
     }
 

@@ -272,8 +272,6 @@ impl Agent {
                 let read = |ring| self.read_for_client(slot as u32, ring).ok();
                 let was_suspected = trackers.peers[slot].as_ref().map(|t| t.crossed() > 0);
                 trackers.catch_up(slot, &new, read, time, &mut emit);
-                // The kernel keeps the new floor, and the look the new detector wants.
-                self.publish_due(&mut trackers, slot, time.now_ns);
                 if was_suspected == Some(false)
                     && let Some(t) = trackers.peers[slot].as_ref().filter(|t| t.crossed() > 0)
                 {

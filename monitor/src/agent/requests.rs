@@ -312,8 +312,6 @@ impl Agent {
             due_looks: self.due_looks.load(Ordering::Relaxed),
             heard_told: self.heard_told.load(Ordering::Relaxed),
             scans_skipped: self.scans_skipped.load(Ordering::Relaxed),
-            scans_told: self.scans_told.load(Ordering::Relaxed),
-            told_looks: self.told_looks.load(Ordering::Relaxed),
             stalls: self.stalls.load(Ordering::Relaxed),
             events: self.events_sent.load(Ordering::Relaxed),
             subscribers: self.events.receiver_count(),

@@ -53,18 +53,6 @@ impl ScanSkip {
             && now_ns.saturating_sub(self.scanned_ns) < FULL_SCAN_AT_LEAST_NS
     }
 
-    /// Whether the scan of `now_ns` may look only at the peers the kernel's due buckets say
-    /// are due before the next (`monitor_common::due`): as for leaving the words alone, the
-    /// last full scan ran clean and less than `FULL_SCAN_AT_LEAST_NS` ago, nothing is busy,
-    /// and the program keeps its stores in order (`stored` is read: x86-64, where the bucket
-    /// stored after a word is visible after it, which `PeerTable::publish_due` relies on).
-    pub fn buckets_suffice(&self, stored: Option<u64>, now_ns: u64, busy: bool) -> bool {
-        !busy
-            && self.clean
-            && stored.is_some()
-            && now_ns.saturating_sub(self.scanned_ns) < FULL_SCAN_AT_LEAST_NS
-    }
-
     /// A full scan begins.
     pub fn begin(&mut self) {
         self.cleared = false;

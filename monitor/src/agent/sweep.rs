@@ -6,13 +6,7 @@ use std::sync::atomic::Ordering;
 
 use monitor_common::passive::{SOURCE_BFD, bfd_diag_name, bfd_state_name};
 
-use monitor_common::due;
-
-use super::{
-    Agent, Trackers,
-    due_soon::{DUE_TICK_NS, DueSoon},
-    passive, wall_ms,
-};
+use super::{Agent, Trackers, due_soon::DueSoon, passive, wall_ms};
 use crate::{
     detector::tracker::{
         DetectorConfig, LevelFloor, PeerTracker, SweepStep, SweepTime, Transition, WordWatch,
@@ -54,17 +48,6 @@ fn prefetch<T>(at: &T) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = at;
-}
-
-/// What a sweep does with the words.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Scan {
-    /// Nothing moved and nothing comes due before the next sweep (`scan_skip`).
-    Skip,
-    /// Only the peers the kernel's due buckets say are due before the next sweep.
-    Due,
-    /// Every word.
-    Full,
 }
 
 /// How often silent peers are checked against `--expire-after`.
@@ -167,36 +150,26 @@ impl Agent {
         // Read before any word is loaded: a word stored after this read moves the count the
         // next scan compares (`scan_skip`).
         let stored = self.program.words_stored();
-        let scan = {
+        let skip = {
             let mut trackers = self.trackers.lock();
-            let busy = hold || trackers.change.is_some();
-            let scan = if trackers.skip.may_skip(
+            let skip = trackers.skip.may_skip(
                 stored,
                 now_ns,
                 next_scan_ns,
                 trackers.due.earliest_unarmed(),
-                busy,
-            ) {
-                Scan::Skip
-            } else if trackers.skip.buckets_suffice(stored, now_ns, busy) {
-                Scan::Due
-            } else {
-                Scan::Full
-            };
+                hold || trackers.change.is_some(),
+            );
             trackers.due.set_horizon(next_scan_ns);
-            if scan == Scan::Full {
+            if !skip {
                 trackers.due.begin_scan();
                 trackers.skip.begin();
             }
-            scan
+            skip
         };
         // Left alone, the words are passed over whole; a full scan notes what it ran on.
-        let used = if scan == Scan::Skip { 0 } else { used };
+        let used = if skip { 0 } else { used };
         let mut clean = true;
-        let mut told_looks = 0u64;
         let words = &self.table.last_heard_words()[..used];
-        let buckets = self.table.due_buckets();
-        let due_by = due::DueBy::new(now_ns, next_scan_ns);
         // In chunks, each under the trackers lock: a query that needs the trackers (`suspects`,
         // `peers`' QoS, a metrics scrape) waits for one chunk, not for the whole sweep.
         // A chunk also ends once it raised `HANDOVER_EVENTS`: a mass failure's events reach
@@ -212,21 +185,6 @@ impl Agent {
             let detector = self.detector();
             let mut slot = start;
             while slot < end && pass.events.len() < HANDOVER_EVENTS {
-                if scan == Scan::Due {
-                    // Only the peers the kernel's buckets say are due before the next scan
-                    // (2 bytes a peer, 32 to a line): a peer heard on time has moved its
-                    // bucket on.
-                    let due = buckets
-                        .get(slot)
-                        .is_none_or(|b| due_by.holds(b.load(Ordering::Relaxed)));
-                    if due {
-                        told_looks += 1;
-                        let word = words[slot].load(Ordering::Relaxed);
-                        self.look(&mut pass, &mut trackers, &detector, (slot, word), true);
-                    }
-                    slot += 1;
-                    continue;
-                }
                 // The lines a few dozen slots on, asked for now: the words' lines are written
                 // by the kernel on another core (each a transfer between caches), and the
                 // floors are read only for heard peers, a pattern the prefetchers miss.
@@ -237,7 +195,9 @@ impl Agent {
                     trackers.prefetch(slot + PREFETCH_SLOTS);
                 }
                 let word = words[slot].load(Ordering::Relaxed);
-                self.look(&mut pass, &mut trackers, &detector, (slot, word), false);
+                if !trackers.take_in_passing(slot, word, pass.time) {
+                    self.look_at_slot(&mut pass, &mut trackers, &detector, slot, word);
+                }
                 slot += 1;
             }
             start = slot;
@@ -258,15 +218,10 @@ impl Agent {
             }
         }
         let mut trackers = self.trackers.lock();
-        match scan {
-            Scan::Skip => {
-                self.scans_skipped.fetch_add(1, Ordering::Relaxed);
-            }
-            Scan::Due => {
-                self.scans_told.fetch_add(1, Ordering::Relaxed);
-                self.told_looks.fetch_add(told_looks, Ordering::Relaxed);
-            }
-            Scan::Full => trackers.skip.scanned(stored, now_ns, clean),
+        if skip {
+            self.scans_skipped.fetch_add(1, Ordering::Relaxed);
+        } else {
+            trackers.skip.scanned(stored, now_ns, clean);
         }
         let expired = self.expired(&registry, &trackers, now_ns);
         drop(trackers);
@@ -328,7 +283,9 @@ impl Agent {
                     continue;
                 };
                 let word = word.load(Ordering::Relaxed);
-                self.look(&mut pass, &mut trackers, &detector, (slot, word), false);
+                if !trackers.take_in_passing(slot, word, pass.time) {
+                    self.look_at_slot(&mut pass, &mut trackers, &detector, slot, word);
+                }
             }
             looks += taken as u64;
             // Stopped short for a hand-over (more may be due), or out of due slots.
@@ -348,53 +305,6 @@ impl Agent {
     /// When the sweeper should next wake for a due slot (monotonic ns), if any is armed.
     pub(super) fn next_due_ns(&self) -> Option<u64> {
         self.trackers.lock().due.wake_ns()
-    }
-
-    /// A look at `slot`, whose word is `word`, by a scan or a due pass: taken in passing if
-    /// it can be, by `look_at_slot` otherwise; then, unless the slot was quiet (nothing moved,
-    /// so the kernel's bucket is still the agent's last), the kernel is told the slot's floor
-    /// and the agent's next look at it (`publish_due`). `handed_on`: the kernel's bucket said
-    /// the slot was due, and it is told again even if quiet, or a bucket held far ahead that
-    /// came round (`due::bucket_for`) would hand the slot on at every sweep.
-    #[inline(always)]
-    fn look(
-        &self,
-        pass: &mut Pass,
-        trackers: &mut Trackers,
-        detector: &DetectorConfig,
-        (slot, word): (usize, u64),
-        handed_on: bool,
-    ) {
-        let quiet = trackers.watches[slot].is_quiet(word, pass.time.now_ns);
-        if !trackers.take_in_passing(slot, word, pass.time) {
-            self.look_at_slot(pass, trackers, detector, slot, word);
-        }
-        if handed_on || !quiet {
-            self.publish_due(trackers, slot, pass.time.now_ns);
-        }
-    }
-
-    /// Tells the kernel `slot`'s floor (its watch, `LevelFloor::kernel_watch`) and when the
-    /// agent must look at it next if it is not heard (its watch's deadline), for the due
-    /// buckets a scan may go by (`monitor_common::due`). A heartbeat that came after the word
-    /// the watch accounts for makes the slot due now instead, and it is looked at within a
-    /// tick (`PeerTable::publish_due`). Nothing for a tracker a detector change has not
-    /// reached: the change tells it (`reload::catch_up`).
-    pub(super) fn publish_due(&self, trackers: &mut Trackers, slot: usize, now_ns: u64) {
-        if trackers.pending(slot) {
-            return;
-        }
-        let (watch, floor) = (&trackers.watches[slot], &trackers.level_floors[slot]);
-        let settled = self.table.publish_due(
-            slot as u32,
-            floor.kernel_watch(),
-            watch.word,
-            watch.deadline_ns,
-            now_ns,
-        );
-        if !settled {
-            trackers.due.arm(slot, now_ns + DUE_TICK_NS, now_ns);
-        }
     }
 
     /// A slot whose watch was not quiet (a heartbeat since, or a deadline reached): the one
@@ -546,13 +456,7 @@ impl Agent {
             .iter()
             .filter(|&(id, slot)| {
                 trackers.of(slot, id).is_some_and(|t| {
-                    // The word as it is now, not as the watch last accounted for it (a sweep
-                    // that looked only at the peers due leaves a heard peer's watch behind).
-                    let watch = WordWatch {
-                        word: self.table.last_heard(slot),
-                        ..trackers.watches[slot as usize]
-                    };
-                    let last = t.last_arrival_ns(&watch, now_ns);
+                    let last = t.last_arrival_ns(&trackers.watches[slot as usize], now_ns);
                     now_ns.saturating_sub(last) > bound
                 })
             })

@@ -20,23 +20,6 @@ use crate::{
     serving::server::{Handler, Response},
 };
 
-/// A program that counts the words it stores (`TenMs::told`), as the real one does on x86-64.
-struct CountsWords(std::sync::Arc<std::sync::atomic::AtomicU64>);
-
-impl ProgramStats for CountsWords {
-    fn counters(&self) -> Result<CounterTotals, String> {
-        Ok(CounterTotals::default())
-    }
-
-    fn run_stats(&self) -> XdpRunStats {
-        XdpRunStats::default()
-    }
-
-    fn words_stored(&self) -> Option<u64> {
-        Some(self.0.load(std::sync::atomic::Ordering::Relaxed))
-    }
-}
-
 /// A program that has counted a few heartbeats and never ran.
 struct CountedOnly;
 
@@ -731,12 +714,6 @@ fn burst_delivery_timing() {
 /// kernel records them (`PeerTable::arrive`).
 struct TenMs {
     agent: Agent,
-    /// The senders' interval and the scans' (10 and 50 ms unless `TenMs::steady` says).
-    interval_ns: u64,
-    scan_ns: u64,
-    /// The program's count of stored words (`ProgramStats::words_stored`), when the agent is
-    /// told when to look (`TenMs::told`): each arrival counts one.
-    stored: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
     xdp: monitor_common::config::XdpConfig,
     slots: Vec<u32>,
     /// Each peer's schedule (a send every 10 ms), and when its next heartbeat arrives (the
@@ -753,36 +730,15 @@ const TEN_MS: u64 = 10_000_000;
 
 impl TenMs {
     fn new(peers: u64, phase_ns: u64) -> Self {
-        Self::steady(peers, phase_ns, TEN_MS, SCAN_NS, false)
-    }
-
-    /// The same, the program counting its stored words as the real one does on x86-64, so
-    /// that a sweep may look only at the peers the due buckets say are due (`scan_skip`).
-    fn told(peers: u64, phase_ns: u64) -> Self {
-        Self::steady(peers, phase_ns, TEN_MS, SCAN_NS, true)
-    }
-
-    /// Peers sending every `interval_ns` (watched with `--first-interval-ms` at it, and a 2 ms
-    /// deviation floor at 10 ms), scanned every `scan_ns`; `told`: as in `TenMs::told`.
-    fn steady(peers: u64, phase_ns: u64, interval_ns: u64, scan_ns: u64, told: bool) -> Self {
         let params = DetectorParams {
-            min_std_ms: if interval_ns <= TEN_MS {
-                2.0
-            } else {
-                DetectorParams::DEFAULT.min_std_ms
-            },
-            first_interval_ms: interval_ns as f64 / 1e6,
+            min_std_ms: 2.0,
+            first_interval_ms: 10.0,
             ..DetectorParams::DEFAULT
-        };
-        let stored = told.then(|| std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0)));
-        let program: Box<dyn ProgramStats> = match &stored {
-            Some(count) => Box::new(CountsWords(count.clone())),
-            None => Box::new(CountedOnly),
         };
         let agent = Agent::new(AgentParts {
             table: PeerTable::anonymous(peers as u32),
             registry: Registry::new(PeerIndex::anonymous(peers as u32), peers as u32),
-            program,
+            program: Box::new(CountedOnly),
             detector: DetectorConfig::new(params.clone(), Levels::default()),
             iface: "test0".into(),
             mode: "none".into(),
@@ -795,12 +751,9 @@ impl TenMs {
         let now_ns = crate::kernel::clock::monotonic_ns();
         // The peers' schedules spread over one interval, as independent senders' are.
         let scheduled: Vec<u64> = (0..peers)
-            .map(|i| now_ns + 1 + i * interval_ns / peers)
+            .map(|i| now_ns + 1 + i * TEN_MS / peers)
             .collect();
         Self {
-            interval_ns,
-            scan_ns,
-            stored,
             xdp: params.window_config(),
             agent,
             slots,
@@ -835,14 +788,11 @@ impl TenMs {
                 Some((at, peer)) if at == t => {
                     self.seq[peer] += 1;
                     let seq = self.seq[peer];
-                    let told = self.agent.table.arrive(self.slots[peer], t, seq, &self.xdp);
-                    if let Some(count) = &self.stored {
-                        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    if let Some(told) = told {
+                    if let Some(told) = self.agent.table.arrive(self.slots[peer], t, seq, &self.xdp)
+                    {
                         self.agent.on_arrival(told);
                     }
-                    self.scheduled[peer] += self.interval_ns;
+                    self.scheduled[peer] += TEN_MS;
                     // A sender held up sends the rest late too, in order.
                     let next = self.scheduled[peer] + late(peer, seq + 1);
                     self.arrives[peer] = Some(next.max(t + 1));
@@ -850,8 +800,8 @@ impl TenMs {
                 _ if due == t => self.agent.run_due(t, false),
                 _ => {
                     self.agent.run_due(t, false);
-                    self.agent.sweep_until(t, false, t + self.scan_ns);
-                    self.next_scan_ns += self.scan_ns;
+                    self.agent.sweep_until(t, false, t + SCAN_NS);
+                    self.next_scan_ns += SCAN_NS;
                 }
             }
         }
@@ -873,17 +823,8 @@ fn stop_half_of_twenty(
     phase_ms: u64,
     late: &mut impl FnMut(usize, u64) -> u64,
 ) -> (usize, Vec<crate::detector::tracker::Suspicion>) {
-    let mut run = TenMs::new(20, phase_ms * 1_000_000 + 123_457);
-    stop_half_of_twenty_as(&mut run, phase_ms, late)
-}
-
-/// `stop_half_of_twenty` on the run given (20 peers).
-fn stop_half_of_twenty_as(
-    run: &mut TenMs,
-    phase_ms: u64,
-    late: &mut impl FnMut(usize, u64) -> u64,
-) -> (usize, Vec<crate::detector::tracker::Suspicion>) {
     let peers = 20u64;
+    let mut run = TenMs::new(peers, phase_ms * 1_000_000 + 123_457);
     let mut events = run.agent.subscribe();
     let start = run.now_ns;
     run.run(start + 3_000_000_000, late);
@@ -1042,134 +983,4 @@ fn a_convicted_peer_heard_again_is_looked_at_when_the_kernel_tells_it() {
             "level {level}: {at} against {crossed_at}"
         );
     }
-}
-
-/// An agent told when to look (the kernel's due buckets, `monitor_common::due`) raises every
-/// level of a stopped 10 ms sender at its deadline, at every phase of its scans, as one that
-/// scans every word does, and suspects no live peer on a clean path. Its sweeps look only at
-/// the peers due, with a scan of every word once a second.
-#[test]
-fn an_agent_told_when_to_look_raises_ten_ms_deadlines_at_every_phase() {
-    for phase_ms in 0..50u64 {
-        let mut rng = fastrand::Rng::with_seed(phase_ms);
-        let mut run = TenMs::told(20, phase_ms * 1_000_000 + 123_457);
-        let (before, after) =
-            stop_half_of_twenty_as(&mut run, phase_ms, &mut |_, _| rng.u64(0..2_000_000));
-        assert_eq!(before, 0, "phase {phase_ms} ms: a live peer suspected");
-        assert!(
-            after.iter().all(|s| s.id % 2 == 1),
-            "phase {phase_ms} ms: a live peer suspected: {after:?}"
-        );
-        assert_raised_at_their_deadlines(phase_ms, &after, true);
-        let stats = run.agent.stats().unwrap();
-        let (sweeps, scans_told) = (stats.sweeps, stats.scans_told);
-        assert!(
-            scans_told * 10 > sweeps * 8,
-            "phase {phase_ms} ms: {scans_told} of {sweeps} sweeps looked only at the peers due"
-        );
-    }
-}
-
-/// The same with heartbeats held up to 30 ms now and then: peers suspected, convicted and
-/// heard again are looked at as the kernel tells them, and their levels, when they stop, are
-/// raised at their deadlines.
-#[test]
-fn an_agent_told_when_to_look_raises_the_deadlines_of_peers_heard_again() {
-    for phase_ms in (0..50u64).step_by(3) {
-        let mut rng = fastrand::Rng::with_seed(phase_ms);
-        let mut late = |_: usize, _: u64| {
-            let held = if rng.u32(0..50) == 0 {
-                rng.u64(0..30_000_000)
-            } else {
-                0
-            };
-            rng.u64(0..2_000_000) + held
-        };
-        let mut run = TenMs::told(20, phase_ms * 1_000_000 + 123_457);
-        let (before, after) = stop_half_of_twenty_as(&mut run, phase_ms, &mut late);
-        assert!(before > 0, "phase {phase_ms} ms: no peer suspected");
-        assert_raised_at_their_deadlines(phase_ms, &after, false);
-    }
-}
-
-/// What the kernel's due buckets save: 200 peers at 100 ms, scanned every 25 ms. Once the
-/// windows are full, a sweep told when to look hands on only the peers whose floor's span ran
-/// out (one heartbeat in 32) and none heard on time, where a scan of the words looks at every
-/// heartbeat; the peers that stop are still suspected at each level's deadline.
-#[test]
-fn an_agent_told_when_to_look_looks_at_a_steady_stream_a_span_at_a_time() {
-    let peers = 200u64;
-    let mut run = TenMs::steady(peers, 7_000_000, 100_000_000, 25_000_000, true);
-    let mut events = run.agent.subscribe();
-    let mut late = {
-        let mut rng = fastrand::Rng::with_seed(7);
-        move |_: usize, _: u64| rng.u64(0..2_000_000)
-    };
-    let start = run.now_ns;
-    run.run(start + 20_000_000_000, &mut late);
-    let stats = |run: &TenMs| {
-        let s = run.agent.stats().unwrap();
-        (s.told_looks, s.due_looks, s.scans_told, s.sweeps)
-    };
-    let before = stats(&run);
-    run.run(start + 30_000_000_000, &mut late);
-    let after = stats(&run);
-    let heartbeats = peers * 100;
-    let told_looks = after.0 - before.0;
-    let sweeps = after.3 - before.3;
-    let scans_told = after.2 - before.2;
-    // A floor covers at most 32 heartbeats; the kernel hands the peer on as its span runs
-    // out, and on nothing else.
-    assert!(
-        told_looks * 16 < heartbeats && told_looks * 64 > heartbeats,
-        "{told_looks} looks for {heartbeats} heartbeats"
-    );
-    assert!(
-        scans_told * 10 > sweeps * 9,
-        "{scans_told} of {sweeps} sweeps looked only at the peers due"
-    );
-    assert!(suspects(&mut events).is_empty(), "a live peer suspected");
-    let stopped_at = run.now_ns;
-    run.stop((0..peers as usize).step_by(2));
-    run.run(stopped_at + 2_000_000_000, &mut late);
-    let after: Vec<_> = suspects(&mut events);
-    assert!(after.iter().all(|s| s.id % 2 == 1), "{after:?}");
-    assert_eq!(after.len(), 3 * peers as usize / 2, "{after:?}");
-    for s in after {
-        assert!(
-            s.at as f64 - s.crossed_at < 1.0,
-            "peer {} level {} raised {:.1} ms after its crossing",
-            s.id,
-            s.level,
-            s.at as f64 - s.crossed_at
-        );
-    }
-}
-
-/// A sender that speeds up for good (100 to 25 ms) brings its crossings nearer than the floors
-/// the kernel kept for it: each floor holds only for its span, after which the peer is due at
-/// once and its floor renewed. When the peers stop, each level is raised at its deadline.
-#[test]
-fn a_sender_that_speeds_up_is_suspected_at_its_deadlines_when_it_stops() {
-    let peers = 20u64;
-    let mut run = TenMs::steady(peers, 3_000_000, 100_000_000, 25_000_000, true);
-    let mut events = run.agent.subscribe();
-    let mut late = {
-        let mut rng = fastrand::Rng::with_seed(11);
-        move |_: usize, _: u64| rng.u64(0..2_000_000)
-    };
-    let start = run.now_ns;
-    run.run(start + 15_000_000_000, &mut late);
-    run.interval_ns = 25_000_000;
-    run.run(start + 25_000_000_000, &mut late);
-    let _ = suspects(&mut events);
-    let stopped_at = run.now_ns;
-    run.stop((0..peers as usize).step_by(2));
-    run.run(stopped_at + 1_000_000_000, &mut late);
-    let after = suspects(&mut events);
-    assert_raised_at_their_deadlines(0, &after, true);
-    assert!(
-        run.agent.stats().unwrap().scans_told > 0,
-        "the sweeps looked only at the peers due"
-    );
 }

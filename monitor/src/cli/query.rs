@@ -198,15 +198,8 @@ fn print_stats(s: &AgentStats) {
         (start, None) => println!("program        {start}, tag {}", o.tag),
     }
     println!(
-        "uptime         {:.1} s, {} sweeps ({} left the words alone, {} looked only at the {} peers due), {} stalls, {} slot reads ({} floors renewed without one)",
-        s.uptime_s,
-        s.sweeps,
-        s.scans_skipped,
-        s.scans_told,
-        s.told_looks,
-        s.stalls,
-        s.refreshes,
-        s.refloors
+        "uptime         {:.1} s, {} sweeps ({} left the words alone), {} stalls, {} slot reads ({} floors renewed without one)",
+        s.uptime_s, s.sweeps, s.scans_skipped, s.stalls, s.refreshes, s.refloors
     );
     println!(
         "due passes     {} ({} slots looked at between scans; {} suspected peers heard, as the kernel told them)",

@@ -227,10 +227,8 @@ pub struct RunArgs {
     /// program is verified.
     #[arg(long, value_enum, default_value_t = monitor::kernel::program::KernelLog::Off)]
     kernel_log: monitor::kernel::program::KernelLog,
-    /// How often a sweep runs: it looks at the peers the kernel says are due before the next
-    /// (on x86-64; elsewhere, and at least once a second, at every peer's last-heard word), and
-    /// a deadline that falls before the next sweep is armed and raised at its time
-    /// (docs/tuning.md, "Events at their deadline", "An agent the kernel tells when to look").
+    /// How often every peer's last-heard word is scanned; a deadline that falls before the
+    /// next scan is armed and raised at its time (docs/tuning.md, "Events at their deadline").
     #[arg(long, default_value = "50ms", value_parser = parse_duration, help_heading = "Detector")]
     sweep_interval: Duration,
     /// If the agent itself is not scheduled for longer than this, new suspicions are held for

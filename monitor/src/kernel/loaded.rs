@@ -2,7 +2,7 @@
 //! the agent runs on, and what the packet-fixture tests drive through BPF_PROG_TEST_RUN.
 
 use crate::kernel::maps::KernelMaps;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::AsFd;
 
 use aya::{
     Ebpf,
@@ -10,7 +10,6 @@ use aya::{
 };
 use monitor_common::{
     config::XdpConfig,
-    due::{PEER_DUE_MAP, PEER_WATCH_MAP},
     last_heard::LAST_HEARD_MAP,
     maps::{
         ARRIVALS_MAP, AUTH_KEYS_MAP, COUNTERS_MAP, META_MAP, PEER_HOT_MAP, PEER_STATE_MAP,
@@ -20,7 +19,7 @@ use monitor_common::{
 
 use crate::{
     kernel::peer_index::PeerIndex,
-    kernel::peer_table::{PeerTable, PeerTableError, TableFds},
+    kernel::peer_table::{PeerTable, PeerTableError},
     kernel::program::{self, ProgramLoadError},
     kernel::registry::Registry,
 };
@@ -79,17 +78,26 @@ impl LoadedProgram {
         if let Some(dir) = pin_dir {
             crate::kernel::pinning::pin_maps(dir, &ebpf)?;
         }
-        let table = PeerTable::map(
-            TableFds {
-                hot: array_fd(&ebpf, PEER_HOT_MAP)?,
-                state: array_fd(&ebpf, PEER_STATE_MAP)?,
-                last_heard: array_fd(&ebpf, LAST_HEARD_MAP)?,
-                watch: array_fd(&ebpf, PEER_WATCH_MAP)?,
-                due: array_fd(&ebpf, PEER_DUE_MAP)?,
-            },
-            capacity,
-            monitor_common::index::lines_for(capacity),
-        )?;
+        let table = match (
+            ebpf.map(PEER_HOT_MAP),
+            ebpf.map(PEER_STATE_MAP),
+            ebpf.map(LAST_HEARD_MAP),
+        ) {
+            (Some(Map::Array(hot)), Some(Map::Array(state)), Some(Map::Array(words))) => {
+                PeerTable::map(
+                    hot.fd().as_fd(),
+                    state.fd().as_fd(),
+                    words.fd().as_fd(),
+                    capacity,
+                    monitor_common::index::lines_for(capacity),
+                )?
+            }
+            (Some(Map::Array(_)), Some(Map::Array(_)), _) => {
+                return Err(LoadedError::MissingMap(LAST_HEARD_MAP));
+            }
+            (Some(Map::Array(_)), _, _) => return Err(LoadedError::MissingMap(PEER_STATE_MAP)),
+            _ => return Err(LoadedError::MissingMap(PEER_HOT_MAP)),
+        };
         let index = PeerIndex::new(capacity, config.index_key);
         let counters = take(&mut ebpf, COUNTERS_MAP, PerCpuArray::try_from)?;
         let unknown_reports = take(&mut ebpf, UNKNOWN_PEERS_MAP, RingBuf::try_from)?;
@@ -112,15 +120,6 @@ impl LoadedProgram {
             },
             meta,
         })
-    }
-}
-
-/// The fd of the array map `name` of `ebpf`, borrowed from it (the table maps it and keeps
-/// only the mapping).
-fn array_fd<'a>(ebpf: &'a Ebpf, name: &'static str) -> Result<BorrowedFd<'a>, LoadedError> {
-    match ebpf.map(name) {
-        Some(Map::Array(array)) => Ok(array.fd().as_fd()),
-        _ => Err(LoadedError::MissingMap(name)),
     }
 }
 

@@ -7,7 +7,7 @@ use monitor_common::{auth::AuthKey, maps::Counters};
 use crate::kernel::{peer_table::PeerTable, registry::Registry};
 
 pub struct KernelMaps {
-    /// The peer slots, their last-heard words, watches and due buckets (mmapped).
+    /// The peer slots and their last-heard words (mmapped).
     pub table: PeerTable,
     /// Slot allocation and the id index.
     pub registry: Registry,

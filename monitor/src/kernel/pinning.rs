@@ -29,7 +29,6 @@ use aya::{
 };
 use aya_obj::programs::XdpAttachType;
 use monitor_common::{
-    due::{PEER_DUE_MAP, PEER_WATCH_MAP, due_lines_for},
     last_heard::LAST_HEARD_MAP,
     maps::{
         ARRIVALS_MAP, AUTH_KEYS_MAP, COUNTERS_MAP, LAYOUT_VERSION, LOCAL_ADDRS_MAP, LOCAL_FAST_MAP,
@@ -39,14 +38,12 @@ use monitor_common::{
 };
 
 use crate::{
-    kernel::peer_index::PeerIndex,
-    kernel::peer_table::{PeerTable, TableFds},
-    kernel::program,
+    kernel::peer_index::PeerIndex, kernel::peer_table::PeerTable, kernel::program,
     kernel::registry::Registry,
 };
 
 /// Every map, in the order they are pinned.
-pub const MAPS: [&str; 12] = [
+pub const MAPS: [&str; 10] = [
     PEER_HOT_MAP,
     PEER_STATE_MAP,
     COUNTERS_MAP,
@@ -57,8 +54,6 @@ pub const MAPS: [&str; 12] = [
     LOCAL_ADDRS_MAP,
     LOCAL_FAST_MAP,
     LAST_HEARD_MAP,
-    PEER_WATCH_MAP,
-    PEER_DUE_MAP,
 ];
 const LINK: &str = "link";
 const PROG: &str = "prog";
@@ -222,8 +217,7 @@ pub fn object_layouts(capacity: u32) -> Result<Vec<(&'static str, MapLayout)>, S
                 .ok_or_else(|| format!("this build's eBPF object has no map {name}"))?;
             let max_entries = match name {
                 PEER_HOT_MAP => monitor_common::index::lines_for(capacity),
-                PEER_STATE_MAP | LAST_HEARD_MAP | PEER_WATCH_MAP => capacity,
-                PEER_DUE_MAP => due_lines_for(capacity),
+                PEER_STATE_MAP | LAST_HEARD_MAP => capacity,
                 _ => map.max_entries(),
             };
             Ok((
@@ -483,23 +477,11 @@ pub fn adopt(dir: &Path, expected: &PinnedMeta) -> Result<Adopted, PinError> {
         open(dir, PEER_HOT_MAP)?,
         open(dir, PEER_STATE_MAP)?,
         open(dir, LAST_HEARD_MAP)?,
-        open(dir, PEER_WATCH_MAP)?,
-        open(dir, PEER_DUE_MAP)?,
     ) {
-        (
-            Map::Array(hot),
-            Map::Array(state),
-            Map::Array(words),
-            Map::Array(watches),
-            Map::Array(due),
-        ) => PeerTable::map(
-            TableFds {
-                hot: hot.fd().as_fd(),
-                state: state.fd().as_fd(),
-                last_heard: words.fd().as_fd(),
-                watch: watches.fd().as_fd(),
-                due: due.fd().as_fd(),
-            },
+        (Map::Array(hot), Map::Array(state), Map::Array(words)) => PeerTable::map(
+            hot.fd().as_fd(),
+            state.fd().as_fd(),
+            words.fd().as_fd(),
             meta.capacity,
             monitor_common::index::lines_for(meta.capacity),
         )
@@ -507,7 +489,7 @@ pub fn adopt(dir: &Path, expected: &PinnedMeta) -> Result<Adopted, PinError> {
         _ => {
             return Err(aya_err(
                 dir,
-                "PEER_HOT, PEER_STATE, LAST_HEARD, PEER_WATCH or PEER_DUE is not an array",
+                "PEER_HOT, PEER_STATE or LAST_HEARD is not an array",
             ));
         }
     };
@@ -610,20 +592,6 @@ mod tests {
         );
         assert_eq!(of(PEER_STATE_MAP).max_entries, 1000);
         assert_eq!(of(LAST_HEARD_MAP).max_entries, 1000);
-        assert_eq!(of(PEER_WATCH_MAP).max_entries, 1000);
-        assert_eq!(of(PEER_WATCH_MAP).value_size, 8);
-        assert_eq!(of(PEER_DUE_MAP).max_entries, due_lines_for(1000));
-        assert_eq!(
-            of(PEER_DUE_MAP).value_size as usize,
-            size_of::<monitor_common::due::DueLine>()
-        );
-        for name in [LAST_HEARD_MAP, PEER_WATCH_MAP, PEER_DUE_MAP] {
-            assert_eq!(
-                of(name).flags,
-                monitor_common::maps::BPF_F_MMAPABLE,
-                "{name}: the agent maps it"
-            );
-        }
         assert_eq!(
             of(PEER_HOT_MAP).max_entries,
             monitor_common::index::lines_for(1000)

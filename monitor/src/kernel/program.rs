@@ -11,7 +11,6 @@ use aya::{
 };
 use monitor_common::{
     config::{CONFIG_SYMBOL, XdpConfig},
-    due::{PEER_DUE_MAP, PEER_WATCH_MAP, due_lines_for},
     index,
     last_heard::LAST_HEARD_MAP,
     maps::{MAX_WINDOW, PEER_HOT_MAP, PEER_STATE_MAP},
@@ -215,9 +214,7 @@ fn load_object(
         .override_global(aya_log::LEVEL, &level, false)
         .map_max_entries(PEER_HOT_MAP, index::lines_for(capacity))
         .map_max_entries(PEER_STATE_MAP, capacity)
-        .map_max_entries(LAST_HEARD_MAP, capacity)
-        .map_max_entries(PEER_WATCH_MAP, capacity)
-        .map_max_entries(PEER_DUE_MAP, due_lines_for(capacity));
+        .map_max_entries(LAST_HEARD_MAP, capacity);
     for (name, path) in &pinned {
         loader.map_pin_path(name, path.as_path());
     }

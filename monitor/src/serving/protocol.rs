@@ -204,13 +204,6 @@ pub struct AgentStats {
     /// before the next (docs/tuning.md, "An idle agent leaves the words alone").
     #[serde(default)]
     pub scans_skipped: u64,
-    /// Sweeps that looked only at the peers the kernel's due buckets said were due before the
-    /// next, not at every word (docs/tuning.md, "An agent the kernel tells when to look").
-    #[serde(default)]
-    pub scans_told: u64,
-    /// Slots those sweeps looked at.
-    #[serde(default)]
-    pub told_looks: u64,
     /// Events published, and subscribers connected now.
     pub events: u64,
     pub subscribers: usize,

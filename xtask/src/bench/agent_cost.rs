@@ -107,10 +107,6 @@ pub(super) struct AgentCost {
     /// an agent without them).
     due_passes_per_s: f64,
     due_looks_per_s: f64,
-    /// Sweeps a second that looked only at the peers the kernel's due buckets said were due,
-    /// and the slots they looked at (0 for an agent without them).
-    scans_told_per_s: f64,
-    told_looks_per_s: f64,
     /// The scan floor beside the agent, under the same stream, right after the agent's
     /// window: `hbm-bench scan-floor`'s CPU, percent of a core (a scan of every word every
     /// 50 ms that only compares and stores: what a scanning agent cannot go below).
@@ -181,8 +177,6 @@ pub(super) fn agent_cost(
                 events_per_s: delta("events") / wall,
                 due_passes_per_s: delta("due_passes") / wall,
                 due_looks_per_s: delta("due_looks") / wall,
-                scans_told_per_s: delta("scans_told").max(0.0) / wall,
-                told_looks_per_s: delta("told_looks").max(0.0) / wall,
                 scan_floor_pct: scan_floor["cpu_percent"].as_f64().unwrap_or(f64::NAN),
             });
         }
@@ -203,16 +197,16 @@ pub(super) fn render_agent_cost(peers: u64, rows: &[AgentCost]) -> String {
     );
     let _ = writeln!(
         t,
-        "| peers | rate per peer | sent pps | agent CPU % of a core | scan floor % | agent / scan floor | refreshes/s | refreshes per heartbeat | floors renewed without a read/s | events/s | due passes/s (slots looked at/s) | sweeps told when to look/s (slots looked at/s) |"
+        "| peers | rate per peer | sent pps | agent CPU % of a core | scan floor % | agent / scan floor | refreshes/s | refreshes per heartbeat | floors renewed without a read/s | events/s | due passes/s (slots looked at/s) |"
     );
     let _ = writeln!(
         t,
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for r in rows {
         let _ = writeln!(
             t,
-            "| {}{} | {} Hz | {:.0} | {:.2} | {:.2} | {:.1}x | {:.0} | {:.3} | {:.0} | {:.0} | {:.0} ({:.0}) | {:.0} ({:.0}) |",
+            "| {}{} | {} Hz | {:.0} | {:.2} | {:.2} | {:.1}x | {:.0} | {:.3} | {:.0} | {:.0} | {:.0} ({:.0}) |",
             r.peers,
             r.tag,
             r.rate_hz,
@@ -226,8 +220,6 @@ pub(super) fn render_agent_cost(peers: u64, rows: &[AgentCost]) -> String {
             r.events_per_s,
             r.due_passes_per_s,
             r.due_looks_per_s,
-            r.scans_told_per_s,
-            r.told_looks_per_s,
         );
     }
     // Each agent's summary, in the order they were measured.
@@ -337,8 +329,6 @@ mod tests {
             events_per_s: 0.0,
             due_passes_per_s: 0.0,
             due_looks_per_s: 0.0,
-            scans_told_per_s: 0.0,
-            told_looks_per_s: 0.0,
             scan_floor_pct: 0.0,
         };
         let rows = [

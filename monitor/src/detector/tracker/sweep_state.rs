@@ -2,7 +2,7 @@
 //! words: the watch (the word last accounted for and the next deadline) and the level floor
 //! (whether heartbeats since can be taken without the tracker).
 
-use monitor_common::{due, last_heard};
+use monitor_common::last_heard;
 
 use super::SweepTime;
 
@@ -202,18 +202,6 @@ impl LevelFloor {
         last_heard::heartbeats_since(watch.word, word).is_some_and(|n| n > 0)
             && self.covers(word).is_some()
             && now_ns < last_heard::arrival_near(word, now_ns).saturating_add(self.floor_ns)
-    }
-
-    /// The watch the kernel keeps for this floor (`monitor_common::due::watch`): the floor,
-    /// the count it was set at and the heartbeats it covers, so that an arrival it covers
-    /// stores a bucket a floor later and any other the bucket of now. No floor (also while a
-    /// level is crossed): every arrival is due at once.
-    pub fn kernel_watch(&self) -> u64 {
-        if self.floor_ns == NO_FLOOR {
-            due::NO_WATCH
-        } else {
-            due::watch(self.floor_ns, self.refreshed as u64, self.heartbeats)
-        }
     }
 
     /// Heartbeats between the refresh and `word`, if within the floor's span.

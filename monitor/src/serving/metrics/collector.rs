@@ -248,20 +248,6 @@ impl<S: Source> Collector for AgentCollector<S> {
                 None,
                 stats.heard_told,
             )?;
-            counter(
-                e,
-                "sweeps_told",
-                "Sweeps that looked only at the peers the kernel's due buckets said were due, not at every word",
-                None,
-                stats.scans_told,
-            )?;
-            counter(
-                e,
-                "told_looks",
-                "Peers those sweeps looked at",
-                None,
-                stats.told_looks,
-            )?;
             family(
                 e,
                 "config_reloads",

@@ -35,8 +35,6 @@ impl Source for Fake {
                 due_looks: 0,
                 heard_told: 0,
                 scans_skipped: 0,
-                scans_told: 0,
-                told_looks: 0,
                 stalls: 1,
                 events: 7,
                 subscribers: 2,
