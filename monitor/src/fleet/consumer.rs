@@ -257,9 +257,11 @@ where
     Err(FleetError::js(what, last))
 }
 
-/// How long one read of the whole bucket may take (a few hundred keys, read in milliseconds),
-/// and how many reads a snapshot tries (`Fleet::snapshot`).
-const SNAPSHOT_WITHIN: Duration = Duration::from_secs(10);
+/// How long one read of the whole bucket may take, and how many reads a snapshot tries
+/// (`Fleet::snapshot`). A few hundred keys are read in milliseconds; the rest is room for a
+/// consumer's creation, which may take all of its tries after a node is lost (1.5 + 3 + 4.5 s,
+/// `CREATE_TRY`), so that a slow read that would succeed is not given up for a new one.
+const SNAPSHOT_WITHIN: Duration = Duration::from_secs(20);
 const SNAPSHOT_TRIES: u32 = 3;
 
 /// How often the server sends a heartbeat to an idle reader.
