@@ -402,8 +402,9 @@ impl Agent {
     }
 
     /// `id`, in `slot`, was just suspected at its first level (by a look at the slot's `word`,
-    /// or by a detector change, `word` being the one its estimate accounts for): the kernel is asked to tell its next heartbeat (`PeerTable::tell_when_heard`),
-    /// so its recovery, and the deadlines that count from it, do not wait for the next scan
+    /// or by a detector change, `word` being the one its estimate accounts for): the kernel is
+    /// asked to tell its next heartbeat (`PeerTable::tell_when_heard`), so its recovery, and
+    /// the deadlines that count from it, do not wait for the next scan
     /// (a peer past its last level has no deadline left to be looked at again before). A
     /// heartbeat recorded before the kernel saw the ask is not told, but its word is visible
     /// once the ask returns: read again, it shows the heartbeat, and the slot is looked at
