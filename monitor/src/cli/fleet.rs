@@ -387,8 +387,17 @@ async fn watch(fleet: &Fleet, rule: Rule, json_out: bool) -> Result<ExitCode, Fl
                         }
                     }
                 }
-                _ = tick.tick(), if started => {
-                    for c in convictions.update_all(&view, unix_ms(), rule) {
+                _ = tick.tick() => {
+                    // The snapshot may also end with no entry: the consumer's idle heartbeat.
+                    let at = if started {
+                        unix_ms()
+                    } else if reader.current() {
+                        started = true;
+                        read_from
+                    } else {
+                        continue;
+                    };
+                    for c in convictions.update_all(&view, at, rule) {
                         print_change(&c, json_out);
                     }
                 }

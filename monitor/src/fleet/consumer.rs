@@ -94,7 +94,7 @@ impl Fleet {
             return Ok(None);
         };
         let prefix = format!("$KV.{}.", super::BUCKET);
-        let (delivery, initial) = Delivery::create(
+        let (delivery, empty) = Delivery::create(
             &self.js,
             &stream,
             "reading the bucket",
@@ -108,7 +108,7 @@ impl Fleet {
         Ok(Some(BucketReader {
             delivery,
             prefix,
-            current: initial == 0,
+            current: empty,
             follow,
         }))
     }
@@ -116,11 +116,12 @@ impl Fleet {
     /// The whole bucket now, as a view; each malformed entry is skipped and its error
     /// returned alongside.
     ///
-    /// A read that has not come to the bucket's end within [`SNAPSHOT_WITHIN`] is given up
-    /// and made again with a new consumer, [`SNAPSHOT_TRIES`] times in all, then an error:
-    /// one read in a full test run (tests/tests/fleet.rs) was seen to receive the server's
-    /// heartbeats for twenty minutes and never the message that ends the snapshot, while a
-    /// new read at that moment answered at once.
+    /// The read ends at the message the server sends with nothing pending after it, or at
+    /// the consumer's first idle heartbeat (see `control`: one read in a full test run
+    /// received heartbeats for twenty minutes and never a message with nothing pending). A
+    /// read that has not come to the bucket's end within [`SNAPSHOT_WITHIN`] all the same is
+    /// given up and made again with a new consumer, [`SNAPSHOT_TRIES`] times in all, then an
+    /// error.
     pub async fn snapshot(&self) -> Result<Snapshot, FleetError> {
         for _ in 0..SNAPSHOT_TRIES {
             if let Ok(read) = tokio::time::timeout(SNAPSHOT_WITHIN, self.snapshot_once()).await {
@@ -285,16 +286,18 @@ const SILENCE: Duration = READER_HEARTBEAT.saturating_mul(3);
 impl Delivery {
     /// Subscribes, then creates the consumer delivering there; a fresh subscription for
     /// each try, so that a consumer created late by a try given up on delivers to nobody.
-    /// Returns the messages pending when the consumer was made, too.
+    /// Returns, too, whether the consumer had nothing to deliver when it was made: nothing
+    /// pending and nothing delivered yet (a consumer may deliver before the server reports
+    /// its pending count, which then leaves out what is already on its way; ADR-8's rule).
     async fn create(
         js: &jetstream::Context,
         stream: &jetstream::stream::Stream,
         what: &'static str,
         config: push::Config,
-    ) -> Result<(Self, u64), FleetError> {
+    ) -> Result<(Self, bool), FleetError> {
         let js = js.clone();
         let client = js.client();
-        let (subscriber, pending) = create_consumer(what, || {
+        let (subscriber, empty) = create_consumer(what, || {
             let client = client.clone();
             let config = config.clone();
             async move {
@@ -306,7 +309,9 @@ impl Delivery {
                         ..config
                     })
                     .await?;
-                Ok::<_, async_nats::Error>((subscriber, consumer.cached_info().num_pending))
+                let info = consumer.cached_info();
+                let empty = info.num_pending == 0 && info.delivered.consumer_sequence == 0;
+                Ok::<_, async_nats::Error>((subscriber, empty))
             }
         })
         .await?;
@@ -317,16 +322,17 @@ impl Delivery {
             consumer_seq: 0,
             deadline: tokio::time::Instant::now() + SILENCE,
         };
-        Ok((delivery, pending))
+        Ok((delivery, empty))
     }
 
-    fn lost(&self, why: String) -> Option<Result<jetstream::Message, FleetError>> {
+    fn lost(&self, why: String) -> Option<Result<Delivered, FleetError>> {
         Some(Err(FleetError::JetStream(format!("{}: {why}", self.what))))
     }
 
-    /// The next message; an error when the consumer is lost or fell out of step, `None`
-    /// when the connection is closed.
-    async fn next(&mut self) -> Option<Result<jetstream::Message, FleetError>> {
+    /// The next message, or word that the consumer has delivered everything it had; an
+    /// error when the consumer is lost or fell out of step, `None` when the connection is
+    /// closed.
+    async fn next(&mut self) -> Option<Result<Delivered, FleetError>> {
         loop {
             // The deadline is kept across calls: `next` may be cancelled (in a `select!`)
             // and called again any number of times, and nothing after the message is taken
@@ -338,31 +344,14 @@ impl Delivery {
                 Ok(Some(m)) => m,
             };
             self.deadline = tokio::time::Instant::now() + SILENCE;
-            if let Some(status) = message.status {
-                if status != async_nats::StatusCode::IDLE_HEARTBEAT {
-                    return self.lost(format!(
-                        "the server says {status} {}",
-                        message.description.as_deref().unwrap_or("")
-                    ));
-                }
-                // A flow-control request asks for a reply; a heartbeat tells the consumer's
-                // last sequence number, which must be the last one taken here.
-                if let Some(reply) = message.reply {
-                    let client = self.js.client();
-                    tokio::spawn(async move { client.publish(reply, Bytes::new()).await });
-                }
-                let last = message
-                    .headers
-                    .as_ref()
-                    .and_then(|h| h.get("Nats-Last-Consumer"))
-                    .and_then(|v| v.as_str().parse::<u64>().ok());
-                if let Some(last) = last
-                    && last != self.consumer_seq
-                {
-                    return self.lost(format!(
-                        "the consumer delivered {last} messages, {} arrived",
-                        self.consumer_seq
-                    ));
+            if message.status.is_some() {
+                match control(&message, self.consumer_seq) {
+                    Control::Answer(subject) => {
+                        let client = self.js.client();
+                        tokio::spawn(async move { client.publish(subject, Bytes::new()).await });
+                    }
+                    Control::CaughtUp => return Some(Ok(Delivered::CaughtUp)),
+                    Control::Lost(why) => return self.lost(why),
                 }
                 continue;
             }
@@ -381,8 +370,86 @@ impl Delivery {
                 ));
             }
             self.consumer_seq = consumer_seq;
-            return Some(Ok(message));
+            return Some(Ok(Delivered::Message(message)));
         }
+    }
+}
+
+/// What a reader's consumer delivered.
+enum Delivered {
+    /// A stored message.
+    Message(jetstream::Message),
+    /// An idle heartbeat: the consumer has sent every message it had, all of them taken
+    /// here, and waits for new ones.
+    CaughtUp,
+}
+
+/// What a status message from the server asks of a reader.
+#[derive(Debug, PartialEq, Eq)]
+enum Control {
+    /// Publish an empty message to this subject: a flow-control request's reply subject, or
+    /// the one a heartbeat names while the consumer waits for that reply.
+    Answer(async_nats::Subject),
+    /// An idle heartbeat with nothing owed: everything the consumer had is here.
+    CaughtUp,
+    /// The consumer is lost or out of step: read again.
+    Lost(String),
+}
+
+/// Reads a status message (`message.status` is set) of a reader's consumer that has
+/// delivered `taken` messages, all taken.
+///
+/// A flow-control request carries a reply subject. A heartbeat sent while the consumer
+/// waits for that reply names its subject in `Nats-Consumer-Stalled`: the reply was lost
+/// or not yet sent, and the consumer delivers nothing until one comes, so it is answered
+/// again (every NATS client does; unanswered, the consumer stalls for good, heartbeats and
+/// all). Any other heartbeat means the consumer had nothing to send for a heartbeat's
+/// period, which it tells without relying on the per-message pending count: nats-server
+/// 2.9 keeps that count by increments and decrements, and a race with a key's old value
+/// being removed (every write removes one, at one value per key) can leave it above 0 for
+/// good; a snapshot that waited for it was seen to wait twenty minutes in a test run.
+fn control(message: &async_nats::Message, taken: u64) -> Control {
+    let header = |name: &str| {
+        message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(name))
+            .map(|v| v.as_str().to_string())
+    };
+    if message.status != Some(async_nats::StatusCode::IDLE_HEARTBEAT) {
+        return Control::Lost(format!(
+            "the server says {} {}",
+            message.status.map(|s| s.to_string()).unwrap_or_default(),
+            message.description.as_deref().unwrap_or("")
+        ));
+    }
+    // Only the server's flow-control subjects are answered: a status message naming any
+    // other subject would have the reader publish there under its own credentials.
+    let flow_control = |subject: &str| {
+        subject
+            .strip_prefix("$JS.FC.")
+            .is_some_and(|rest| !rest.is_empty())
+    };
+    if let Some(reply) = &message.reply {
+        return if flow_control(reply) {
+            Control::Answer(reply.clone())
+        } else {
+            Control::Lost(format!("a flow-control request answered to {reply:?}"))
+        };
+    }
+    // A heartbeat tells the consumer's last sequence number, which must be the last one
+    // taken here.
+    if let Some(last) = header("Nats-Last-Consumer").and_then(|v| v.parse::<u64>().ok())
+        && last != taken
+    {
+        return Control::Lost(format!(
+            "the consumer delivered {last} messages, {taken} arrived"
+        ));
+    }
+    match header("Nats-Consumer-Stalled") {
+        None => Control::CaughtUp,
+        Some(subject) if flow_control(&subject) => Control::Answer(subject.into()),
+        Some(subject) => Control::Lost(format!("a stalled consumer answered to {subject:?}")),
     }
 }
 
@@ -428,7 +495,8 @@ pub struct BucketReader {
 }
 
 impl BucketReader {
-    /// Whether every value that existed when reading began has been returned.
+    /// Whether every value that existed when reading began has been returned: the last
+    /// message pending when it was sent, or the consumer idle with every message taken.
     pub fn current(&self) -> bool {
         self.current
     }
@@ -436,12 +504,17 @@ impl BucketReader {
     /// The next entry; `None` once the snapshot is read (without `follow`) or the
     /// connection is gone for good.
     pub async fn next(&mut self) -> Option<Result<BucketEntry, FleetError>> {
-        if self.current && !self.follow {
-            return None;
-        }
-        let message = match self.delivery.next().await? {
-            Ok(m) => m,
-            Err(e) => return Some(Err(e)),
+        let message = loop {
+            if self.current && !self.follow {
+                return None;
+            }
+            match self.delivery.next().await? {
+                Ok(Delivered::Message(m)) => break m,
+                // Set before the next wait, so that a caller that cancels `next` (in a
+                // `select!`) sees it through `current`.
+                Ok(Delivered::CaughtUp) => self.current = true,
+                Err(e) => return Some(Err(e)),
+            }
         };
         let info = match message.info() {
             Ok(i) => i,
@@ -495,7 +568,8 @@ impl EventReader {
     pub async fn next(&mut self) -> Option<Result<RawEvent, FleetError>> {
         loop {
             let message = match self.delivery.next().await? {
-                Ok(m) => m,
+                Ok(Delivered::Message(m)) => m,
+                Ok(Delivered::CaughtUp) => continue,
                 Err(e) => return Some(Err(e)),
             };
             let stream_seq = match message.info() {
@@ -512,5 +586,123 @@ impl EventReader {
                 stream_seq,
             }));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use async_nats::{HeaderMap, Message, StatusCode};
+
+    use super::{Control, control};
+
+    /// A status message as nats-server 2.9 sends a push consumer's subscriber.
+    fn status(
+        code: StatusCode,
+        description: &str,
+        reply: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> Message {
+        let mut map = HeaderMap::new();
+        for (name, value) in headers {
+            map.insert(*name, *value);
+        }
+        Message {
+            subject: "_INBOX.reader".into(),
+            reply: reply.map(Into::into),
+            payload: Default::default(),
+            headers: Some(map),
+            status: Some(code),
+            description: Some(description.into()),
+            length: 0,
+        }
+    }
+
+    #[test]
+    fn a_flow_control_request_is_answered_on_its_reply_subject() {
+        let m = status(
+            StatusCode::IDLE_HEARTBEAT,
+            "FlowControl Request",
+            Some("$JS.FC.KV_b.x.1"),
+            &[],
+        );
+        assert_eq!(control(&m, 7), Control::Answer("$JS.FC.KV_b.x.1".into()));
+    }
+
+    #[test]
+    fn a_heartbeat_of_a_consumer_stalled_on_flow_control_is_answered_not_taken_as_the_end() {
+        let m = status(
+            StatusCode::IDLE_HEARTBEAT,
+            "Idle Heartbeat",
+            None,
+            &[
+                ("Nats-Last-Consumer", "7"),
+                ("Nats-Last-Stream", "40"),
+                ("Nats-Consumer-Stalled", "$JS.FC.KV_b.x.2"),
+            ],
+        );
+        assert_eq!(control(&m, 7), Control::Answer("$JS.FC.KV_b.x.2".into()));
+    }
+
+    #[test]
+    fn only_flow_control_subjects_are_answered() {
+        let request = status(
+            StatusCode::IDLE_HEARTBEAT,
+            "FlowControl Request",
+            Some("$JS.API.STREAM.PURGE.KV_b"),
+            &[],
+        );
+        assert!(matches!(control(&request, 0), Control::Lost(_)));
+        let stalled = status(
+            StatusCode::IDLE_HEARTBEAT,
+            "Idle Heartbeat",
+            None,
+            &[("Nats-Consumer-Stalled", "heartbeat.events.obs-b")],
+        );
+        assert!(matches!(control(&stalled, 0), Control::Lost(_)));
+    }
+
+    #[test]
+    fn an_idle_heartbeat_after_every_message_is_taken_ends_the_snapshot() {
+        let m = status(
+            StatusCode::IDLE_HEARTBEAT,
+            "Idle Heartbeat",
+            None,
+            &[("Nats-Last-Consumer", "7"), ("Nats-Last-Stream", "40")],
+        );
+        assert_eq!(control(&m, 7), Control::CaughtUp);
+        // Before the consumer delivered anything, a heartbeat says the same.
+        let m = status(StatusCode::IDLE_HEARTBEAT, "Idle Heartbeat", None, &[]);
+        assert_eq!(control(&m, 0), Control::CaughtUp);
+    }
+
+    #[test]
+    fn a_heartbeat_counting_messages_that_did_not_arrive_loses_the_consumer() {
+        let m = status(
+            StatusCode::IDLE_HEARTBEAT,
+            "Idle Heartbeat",
+            None,
+            &[("Nats-Last-Consumer", "9")],
+        );
+        let Control::Lost(why) = control(&m, 7) else {
+            panic!("a gap must end the reader");
+        };
+        assert!(why.contains("delivered 9 messages, 7 arrived"), "{why}");
+    }
+
+    #[test]
+    fn any_other_status_loses_the_consumer() {
+        let m = status(
+            StatusCode::REQUEST_TERMINATED,
+            "Consumer Deleted",
+            None,
+            &[],
+        );
+        let Control::Lost(why) = control(&m, 3) else {
+            panic!("a deleted consumer must end the reader");
+        };
+        assert!(
+            why.contains("409") && why.contains("Consumer Deleted"),
+            "{why}"
+        );
     }
 }
