@@ -121,3 +121,93 @@ fn a_link_down_convicts_nobody_and_a_peer_that_died_meanwhile_is_convicted_after
         "{stats}"
     );
 }
+
+/// The window a scan leaves: with the default 50 ms scan, the link was read only at scans,
+/// while a 10 ms sender's deadlines (level 1 about 12 ms after its last heartbeat, level 8
+/// under 30 ms) are raised by due passes between them. A link lost just after a scan let those
+/// passes convict every peer before the next scan saw it down. Five losses at the phases they
+/// fall on: no peer may be suspected at any level.
+#[test]
+fn a_link_lost_between_scans_convicts_none_of_its_fast_peers() {
+    require_root();
+    let pair = NetnsPair::new(172);
+    let dir = TempDir::new("hbmlinkfast");
+    let agent = AgentProcess::start(
+        &pair,
+        &[
+            "--peers",
+            &dir.peers_file([1, 2]),
+            "--levels",
+            "1,3,8",
+            "--first-interval-ms",
+            "10",
+            "--min-std-ms",
+            "2",
+            "--link-grace",
+            "300ms",
+        ],
+    );
+    let _senders = [1, 2].map(|id| spawn(sender(&pair, id, "10ms", &["--incarnation", "1"])));
+    let peer = |id: u64| agent.ask(json!({"op": "peer", "id": id}))["peer"].clone();
+    let heartbeats = |id: u64| peer(id)["heartbeats"].as_u64().unwrap_or(0);
+    wait_for(
+        Duration::from_secs(15),
+        "both peers' windows settled",
+        || (heartbeats(1) >= 150 && heartbeats(2) >= 150).then_some(()),
+    );
+    let mut watcher = agent.subscribe();
+    let mut seen = Vec::new();
+    for round in 1..=5u64 {
+        ip(&["-n", &pair.ns_b, "link", "set", &pair.iface_b, "down"]);
+        seen.extend(events_until(&mut watcher, Duration::from_secs(5), |e| {
+            e.iter().any(|e| is(e, "link_down"))
+        }));
+        // Silent past every level's deadline (level 8 comes within 30 ms).
+        wait_for(Duration::from_secs(5), "100 ms of silence", || {
+            (peer(1)["silence_ms"].as_f64()? > 100.0 && peer(2)["silence_ms"].as_f64()? > 100.0)
+                .then_some(())
+        });
+        ip(&["-n", &pair.ns_b, "link", "set", &pair.iface_b, "up"]);
+        seen.extend(events_until(&mut watcher, Duration::from_secs(5), |e| {
+            e.iter().any(|e| is(e, "link_up"))
+        }));
+        let (h1, h2) = (heartbeats(1), heartbeats(2));
+        wait_for(
+            Duration::from_secs(10),
+            "heard again, the grace over",
+            || {
+                let stats = agent.ask(json!({"op": "stats"}));
+                (heartbeats(1) > h1 + 20
+                    && heartbeats(2) > h2 + 20
+                    && stats["stats"]["link"]["holding"] == json!(false))
+                .then_some(())
+            },
+        );
+        let stats = agent.ask(json!({"op": "stats"}));
+        assert_eq!(
+            stats["stats"]["link"]["changes"],
+            json!(2 * round),
+            "round {round}: {stats}"
+        );
+    }
+    // Anything raised by the last round's end is in the stream by the time a poll answers.
+    let _ = agent.ask(json!({"op": "stats"}));
+    watcher
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    while let Ok(line) = watcher.read_line() {
+        seen.push(serde_json::from_str(&line).unwrap());
+    }
+    let wrongly: Vec<&Value> = seen.iter().filter(|e| is(e, "suspect")).collect();
+    integration_tests::attack::AttackRow {
+        attack: "the monitored link lost between two scans",
+        load: "5 losses of 100 ms, 2 peers at 100 Hz, default 50 ms scan".into(),
+        wrongly_convicted: Some(wrongly.len() as u64),
+        ..Default::default()
+    }
+    .report();
+    assert!(
+        wrongly.is_empty(),
+        "live peers suspected while the link was down: {wrongly:#?}"
+    );
+}

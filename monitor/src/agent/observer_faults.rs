@@ -76,10 +76,21 @@ fn sys_file(iface: &str, name: &str) -> String {
 /// is gone: its open files answer ENODEV) the files are dropped, that read goes by the path,
 /// and the next one opens them again. Open files follow the device, not its name: a renamed
 /// interface, to which the program stays attached, is still watched.
+///
+/// It also keeps `carrier_down_count` open: the kernel counts a carrier loss the moment the
+/// driver reports it, under no lock, where `carrier` and `operstate` wait for the rtnl lock
+/// and linkwatch (a veth whose far end is set down reads "up" for the 30 ms the far end's
+/// close holds that lock). So a pass between scans can ask whether the carrier was lost since
+/// the last read ([`Self::lost_carrier_since_read`]), and a read can tell a link that went down
+/// and came back between two reads ([`Self::read_since`]).
 #[derive(Debug)]
 pub struct LinkReader {
     iface: String,
     open: Option<[std::fs::File; 3]>,
+    /// `carrier_down_count` (kernels before 4.16 have none: then no loss between reads is seen).
+    downs: Option<std::fs::File>,
+    /// Its value at the last read.
+    downs_at_read: Option<u64>,
 }
 
 impl LinkReader {
@@ -87,10 +98,48 @@ impl LinkReader {
         Self {
             iface: iface.into(),
             open: None,
+            downs: None,
+            downs_at_read: None,
         }
     }
 
     pub fn read(&mut self) -> LinkState {
+        self.read_since().0
+    }
+
+    /// The state now, and whether the carrier was lost since the last read (also if it is
+    /// back: a flap the reads fell on either side of). The count is read first: a loss
+    /// between the two reads shows in the state.
+    pub fn read_since(&mut self) -> (LinkState, bool) {
+        let downs = self.downs_now();
+        let lost = matches!((self.downs_at_read, downs), (Some(a), Some(b)) if a != b);
+        self.downs_at_read = downs;
+        (self.state(), lost)
+    }
+
+    /// Whether the carrier was lost since the last read: one reread of an open file, for a
+    /// pass about to raise suspicions between scans (`Agent::run_due_asking`).
+    pub fn lost_carrier_since_read(&mut self) -> bool {
+        let downs = self.downs_now();
+        matches!((self.downs_at_read, downs), (Some(a), Some(b)) if a != b)
+    }
+
+    fn downs_now(&mut self) -> Option<u64> {
+        if self.downs.is_none() {
+            self.downs = std::fs::File::open(sys_file(&self.iface, "carrier_down_count")).ok();
+        }
+        let text = reread(self.downs.as_ref()?);
+        match text.ok().and_then(|t| t.trim().parse().ok()) {
+            Some(downs) => Some(downs),
+            None => {
+                // Gone with its interface: opened again at the next read.
+                self.downs = None;
+                None
+            }
+        }
+    }
+
+    fn state(&mut self) -> LinkState {
         if self.open.is_none() {
             let open = |name| std::fs::File::open(sys_file(&self.iface, name));
             self.open = match (open("flags"), open("carrier"), open("operstate")) {
@@ -262,6 +311,24 @@ mod tests {
         let mut gone = LinkReader::new("hbm-no-such-if");
         assert_eq!(gone.read(), LinkState::Down("absent".into()));
         assert!(gone.open.is_none());
+    }
+
+    #[test]
+    fn the_reader_counts_carrier_losses_between_reads() {
+        // Loopback never loses its carrier; a loss itself is made on a veth in
+        // tests/tests/observer_faults.rs.
+        let mut reader = LinkReader::new("lo");
+        assert_eq!(reader.read_since(), (LinkState::Up, false));
+        assert!(reader.downs.is_some() && reader.downs_at_read.is_some());
+        assert!(!reader.lost_carrier_since_read());
+        // A count that moved since the read is a loss, until the next read.
+        reader.downs_at_read = reader.downs_at_read.map(|d| d + 1);
+        assert!(reader.lost_carrier_since_read());
+        assert_eq!(reader.read_since(), (LinkState::Up, true));
+        assert!(!reader.lost_carrier_since_read());
+        let mut gone = LinkReader::new("hbm-no-such-if");
+        assert_eq!(gone.read_since(), (LinkState::Down("absent".into()), false));
+        assert!(!gone.lost_carrier_since_read());
     }
 
     const S: u64 = 1_000_000_000;

@@ -214,7 +214,7 @@ impl Agent {
             // straight back, chunk after chunk, while the query waits out the whole sweep.
             parking_lot::MutexGuard::unlock_fair(trackers);
             if due_now {
-                self.run_due_under(&registry, now, hold);
+                self.run_due_under(&registry, now, hold, &mut || false);
             }
         }
         let mut trackers = self.trackers.lock();
@@ -246,11 +246,26 @@ impl Agent {
     /// A slot whose word and deadline have not moved since it was armed (a heartbeat pushed
     /// the deadline out) costs the compare a scan would have made.
     pub fn run_due(&self, now_ns: u64, hold: bool) {
+        self.run_due_asking(now_ns, hold, &mut || false);
+    }
+
+    /// [`Self::run_due`], where new suspicions are also held if `hold_after_all` says so when
+    /// asked: once, before the pass's first look at a slot whose deadline came with no
+    /// heartbeat since its watch, which is before anything can be raised (a pass that only
+    /// moves heard peers on asks nothing). The sweeper asks whether the link's carrier was lost since its last read
+    /// (one reread of an open file): a link lost just after a scan silences every peer at
+    /// once, and a fast sender's deadlines come before the next scan would read the link.
+    pub fn run_due_asking(
+        &self,
+        now_ns: u64,
+        hold: bool,
+        hold_after_all: &mut dyn FnMut() -> bool,
+    ) {
         if !self.anything_due(now_ns) {
             return;
         }
         let registry = self.registry.read().expect("registry lock");
-        self.run_due_under(&registry, now_ns, hold);
+        self.run_due_under(&registry, now_ns, hold, hold_after_all);
     }
 
     /// Whether a slot is armed for `now_ns` or earlier.
@@ -264,8 +279,15 @@ impl Agent {
 
     /// [`Self::run_due`] with the registry's read lock already held: by the sweeper between
     /// scans, and by a scan between its chunks.
-    fn run_due_under(&self, registry: &Registry, now_ns: u64, hold: bool) {
+    fn run_due_under(
+        &self,
+        registry: &Registry,
+        now_ns: u64,
+        hold: bool,
+        hold_after_all: &mut dyn FnMut() -> bool,
+    ) {
         let mut pass = Pass::new(registry, now_ns, hold);
+        let mut asked = false;
         let words = &self.table.last_heard_words()[..registry.slots_in_use() as usize];
         let mut looks = 0u64;
         // In chunks, as the scan (a silence shared by many peers arms them all at once).
@@ -284,6 +306,14 @@ impl Agent {
                 };
                 let word = word.load(Ordering::Relaxed);
                 if !trackers.take_in_passing(slot, word, pass.time) {
+                    // Only a slot not heard since its watch can have a level raised.
+                    if !pass.time.hold
+                        && !asked
+                        && trackers.watches.get(slot).is_some_and(|w| w.word == word)
+                    {
+                        asked = true;
+                        pass.time.hold = hold_after_all();
+                    }
                     self.look_at_slot(&mut pass, &mut trackers, &detector, slot, word);
                 }
             }

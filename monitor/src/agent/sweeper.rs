@@ -123,9 +123,24 @@ fn sweep_loop(
             );
         }
         if woke < next {
-            // A due slot, or a poke: the link as last read, the clock as now.
+            // A due slot, or a poke: the link as last read, the clock as now, and the
+            // carrier's loss counter reread if the pass is about to raise (see `run_due_asking`).
             let link_holds = link.as_ref().is_some_and(|link| link.holding(now));
-            agent.run_due(now, now < hold_until || link_holds);
+            let mut lost = false;
+            agent.run_due_asking(now, now < hold_until || link_holds, &mut || {
+                lost = link.is_some() && link_reader.lost_carrier_since_read();
+                lost
+            });
+            if lost && let Some(link) = link.as_mut() {
+                // Down until a scan reads it up (and then held for the grace).
+                observe_link(
+                    agent,
+                    link,
+                    &LinkState::Down("no carrier".into()),
+                    now,
+                    link_grace,
+                );
+            }
             last = monotonic_ns();
             continue;
         }
@@ -134,25 +149,18 @@ fn sweep_loop(
         } else {
             next + interval
         };
-        // Two rereads of open sysfs files a scan: a link change is seen within a scan.
-        let state = link.as_ref().map(|_| link_reader.read());
-        let event = link
-            .as_mut()
-            .zip(state.as_ref())
-            .and_then(|(link, state)| link.observe(state, now, wall_ms() as u64));
-        if let (Some(event), Some(state), Some(link)) = (event, &state, &link) {
-            match &state {
-                LinkState::Down(operstate) => log::warn!(
-                    "{}: link down ({operstate}); holding new suspicions until it is up",
-                    agent.iface()
-                ),
-                LinkState::Up => log::warn!(
-                    "{}: link up again; new suspicions held for {link_grace:?} more",
-                    agent.iface()
-                ),
+        // Three rereads of open sysfs files a scan: a link change is seen within a scan, and
+        // a loss between two scans (down and up again) as one.
+        if let Some(link) = link.as_mut() {
+            let (state, lost) = link_reader.read_since();
+            // A link read up that lost its carrier since it was last read up came back
+            // unseen: taken down and up again, so suspicions are held for the grace while
+            // its peers are heard again.
+            if lost && link.is_up() && state == LinkState::Up {
+                let flapped = LinkState::Down(FLAPPED.into());
+                observe_link(agent, link, &flapped, now, link_grace);
             }
-            agent.note_link(link);
-            agent.publish(event);
+            observe_link(agent, link, &state, now, link_grace);
         }
         let link_holds = link.as_ref().is_some_and(|link| link.holding(now));
         // Due slots first (those armed for up to now), then the scan, which arms the slots due
@@ -165,4 +173,33 @@ fn sweep_loop(
         // The watchdog hears from the sweep itself: a stalled sweep stops the pings.
         notifier.tick(agent);
     }
+}
+
+/// The `state` of a `link_down` event for a link that lost its carrier and had it back between
+/// two reads.
+const FLAPPED: &str = "down and up again between two reads";
+
+/// Observes `state` read at `now`; logs and publishes the event of a change.
+fn observe_link(
+    agent: &Agent,
+    link: &mut LinkWatch,
+    state: &LinkState,
+    now: u64,
+    link_grace: Duration,
+) {
+    let Some(event) = link.observe(state, now, wall_ms() as u64) else {
+        return;
+    };
+    match state {
+        LinkState::Down(operstate) => log::warn!(
+            "{}: link down ({operstate}); holding new suspicions until it is up",
+            agent.iface()
+        ),
+        LinkState::Up => log::warn!(
+            "{}: link up again; new suspicions held for {link_grace:?} more",
+            agent.iface()
+        ),
+    }
+    agent.note_link(link);
+    agent.publish(event);
 }
