@@ -56,7 +56,8 @@ pub struct LoadgenArgs {
     #[arg(long)]
     auth_key_file: Option<std::path::PathBuf>,
     /// Send from the kernel: an XDP program stamps and transmits the frames (BPF_PROG_RUN with
-    /// live frames, Linux 5.18+), several times the rate of the default sendmmsg sender.
+    /// live frames, Linux 5.18+), faster than the default sender (sendmmsg, 64 heartbeats a
+    /// message through UDP GSO: about a million a second on one core here).
     /// IPv4 targets over Ethernet (a veth or NIC) only; needs root (CAP_BPF, CAP_NET_ADMIN)
     /// and, on a veth, an XDP program or GRO on the receiving end. Not with --jitter.
     #[arg(long)]

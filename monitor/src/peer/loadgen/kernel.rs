@@ -23,7 +23,9 @@ use aya::{
 use monitor_common::loadgen::{LG_NEXT_N, LG_SENT, LG_SILENT, LoadgenPlan, PAYLOAD_OFFSET};
 use serde::{Deserialize, Serialize};
 
-use super::{LoadgenConfig, LoadgenError, LoadgenReport, Sent, ethtool::XmitCount, frame, unix_ms};
+use super::{
+    LoadgenConfig, LoadgenError, LoadgenReport, Sent, SentBy, ethtool::XmitCount, frame, unix_ms,
+};
 
 /// The generator's XDP object, built with the monitor's by build.rs (empty when bpf-linker
 /// was missing at build time).
@@ -180,6 +182,7 @@ pub(super) fn run(
         send_errors: refused,
         duration_s,
         killed_at_unix_ms: killed_at,
+        by: SentBy::Kernel,
     };
     let schedule = KernelSchedule {
         iface: path.iface,

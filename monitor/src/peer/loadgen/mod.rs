@@ -3,9 +3,9 @@
 //! Heartbeat n (counting over all peers) is due at n / (peers x rate): peer n mod peers, with
 //! sequence number n / peers. So every peer sends exactly every 1/rate seconds, the peers are
 //! spread evenly over the period, and the stream is as smooth as a real fleet. Two ways to send
-//! it: sendmmsg batches from one connected socket (`socket`), or, with `kernel`, an XDP program
-//! that stamps and transmits frames through BPF_PROG_RUN in live-frame mode (`kernel`), several
-//! times faster.
+//! it: sendmmsg batches from one connected socket, 64 heartbeats a message through UDP GSO
+//! (`socket`), or, with `kernel`, an XDP program that stamps and transmits frames through
+//! BPF_PROG_RUN in live-frame mode (`kernel`).
 
 mod ethtool;
 pub mod frame;
@@ -140,6 +140,22 @@ pub struct LoadgenReport {
     /// With `--kernel`: the plan, how closely it was kept, and what the kernel spent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel: Option<KernelSchedule>,
+    /// How the heartbeats were sent: rates differ several times between the three.
+    #[serde(default)]
+    pub sent_by: SentBy,
+}
+
+/// How a run sent its heartbeats.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SentBy {
+    /// sendmmsg, up to 64 heartbeats a message cut into datagrams by the kernel (UDP GSO).
+    #[default]
+    UdpGso,
+    /// sendmmsg, one heartbeat a message (a kernel that refuses UDP GSO).
+    Sendmmsg,
+    /// The kernel generator (`--kernel`).
+    Kernel,
 }
 
 /// What a run sent, as both generators count it.
@@ -151,6 +167,7 @@ pub(super) struct Sent {
     pub duration_s: f64,
     /// Unix time (ms) of the kill, if it came.
     pub killed_at_unix_ms: Option<f64>,
+    pub by: SentBy,
 }
 
 impl LoadgenReport {
@@ -178,6 +195,7 @@ impl LoadgenReport {
             killed_at_unix_ms: sent.killed_at_unix_ms,
             churn,
             kernel,
+            sent_by: sent.by,
         }
     }
 }
