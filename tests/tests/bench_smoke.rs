@@ -63,6 +63,11 @@ fn loadgen_counts_match_the_kernel_and_every_killed_peer_is_detected() {
     // 64 heartbeats a message, cut by the kernel (UDP GSO): each still its own datagram of
     // exactly one heartbeat, or the kernel's count below would not match.
     assert_eq!(report["sent_by"], json!("udp-gso"));
+    // How late it sent, against a quarter of the interval.
+    let lateness = &report["lateness"];
+    assert_eq!(lateness["slack_ms"], json!(25.0), "10 Hz: {report}");
+    assert!(lateness["late"].is_u64(), "{report}");
+    assert!(lateness["max_late_ms"].as_f64() >= Some(0.0), "{report}");
     let sent = report["sent"].as_u64().unwrap();
     assert!(sent > 0);
     // Everything sent has crossed the veth once the kernel counted that many (any more would

@@ -60,6 +60,9 @@ pub(super) struct ScaleRow {
     due_looks_per_s: f64,
     refreshes_per_s: f64,
     refloors_per_s: f64,
+    /// The generator's report of how late it sent (`lateness`: `late`, `slack_ms`,
+    /// `max_late_ms`), null when it has none.
+    lateness: Value,
 }
 
 pub(super) fn scale_run(
@@ -169,6 +172,7 @@ pub(super) fn scale_run(
         tag: variant.tag(),
         requested_pps: peers as f64 * rate_hz,
         achieved_pps: sent["achieved_pps"].as_f64().unwrap_or(0.0),
+        lateness: sent["lateness"].clone(),
         sent: sent["sent"].as_u64().unwrap_or(0),
         recorded: agent::recorded(&before, &after),
         kernel_ns: agent::kernel_ns_per_packet(&before, &after).unwrap_or(f64::NAN),
@@ -238,12 +242,12 @@ pub(super) fn render_scales(rows: &[ScaleRow]) -> String {
     let _ = writeln!(
         t,
         "\nEvent latency split: detection (the event's `at` less its `crossed_at`: the sweep; `at` is in whole ms, so this reads up to 1 ms low) and delivery (received less `at`: the socket and the subscriber), ms:\n\n\
-         | peers | detection p50/p99 | delivery p50/p99 | killed peers' silence at their top level p50/p99 (level) | suspect events received, all peers (timed: the killed ones'; lagged: the times the agent told the probe it had missed events) | live peers' suspicions by level, steady (at the start: listed peers not yet sending) | slots looked at between scans / slot reads / floors renewed, a second |\n|---:|---:|---:|---:|---:|---|---:|"
+         | peers | detection p50/p99 | delivery p50/p99 | killed peers' silence at their top level p50/p99 (level) | suspect events received, all peers (timed: the killed ones'; lagged: the times the agent told the probe it had missed events) | live peers' suspicions by level, steady (at the start: listed peers not yet sending) | heartbeats the generator sent over a quarter interval late (max ms late) | slots looked at between scans / slot reads / floors renewed, a second |\n|---:|---:|---:|---:|---:|---|---:|---:|"
     );
     for r in rows {
         let _ = writeln!(
             t,
-            "| {}{} | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} / {:.1} ({}) | {} ({}) | {} | {:.0} / {:.0} / {:.0} |",
+            "| {}{} | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} / {:.1} ({}) | {} ({}) | {} | {} | {:.0} / {:.0} / {:.0} |",
             r.peers,
             r.tag,
             f(&r.events, &["detection_ms", "p50"]),
@@ -256,6 +260,7 @@ pub(super) fn render_scales(rows: &[ScaleRow]) -> String {
             r.events["events"]["suspect"],
             timed_and_lagged(&r.events),
             live_suspicions(&r.events["events"]),
+            generator_late(&r.lateness),
             r.due_looks_per_s,
             r.refreshes_per_s,
             r.refloors_per_s,
@@ -270,6 +275,15 @@ fn timed_and_lagged(events: &serde_json::Value) -> String {
     match events["events"]["lagged"].as_u64() {
         Some(n) if n > 0 => format!("{timed}; lagged {n}"),
         _ => timed.to_string(),
+    }
+}
+
+/// How late the generator sent: what a live peer's suspicion may be, rather than the path's
+/// or the agent's doing.
+fn generator_late(lateness: &Value) -> String {
+    match (lateness["late"].as_u64(), lateness["max_late_ms"].as_f64()) {
+        (Some(late), Some(max)) => format!("{late} ({max:.1})"),
+        _ => "-".into(),
     }
 }
 

@@ -143,6 +143,22 @@ pub struct LoadgenReport {
     /// How the heartbeats were sent: rates differ several times between the three.
     #[serde(default)]
     pub sent_by: SentBy,
+    /// The userspace generator's: how late heartbeats went out against their schedule (the
+    /// kernel generator's is in `kernel`). A receiver that suspects a live peer may be seeing
+    /// this, not the path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lateness: Option<Lateness>,
+}
+
+/// How late the userspace generator sent its heartbeats.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Lateness {
+    /// The latest a heartbeat went out after it was due (its send call's return), ms.
+    pub max_late_ms: f64,
+    /// A quarter of the interval, ms.
+    pub slack_ms: f64,
+    /// Heartbeats that went out later than the slack after they were due.
+    pub late: u64,
 }
 
 /// How a run sent its heartbeats.
@@ -196,6 +212,7 @@ impl LoadgenReport {
             churn,
             kernel,
             sent_by: sent.by,
+            lateness: None,
         }
     }
 }

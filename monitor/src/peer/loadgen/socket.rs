@@ -16,7 +16,7 @@ use std::{
 
 use monitor_common::wire::{HEADER_LEN, HeartbeatHeader};
 
-use super::{LoadgenConfig, LoadgenError, LoadgenReport, Sent, SentBy, unix_ms};
+use super::{Lateness, LoadgenConfig, LoadgenError, LoadgenReport, Sent, SentBy, unix_ms};
 
 /// Packets per sendmmsg call.
 pub const BATCH: usize = 256;
@@ -30,13 +30,35 @@ const UDP_SEGMENT: libc::c_int = 103;
 
 struct Batch {
     packets: Vec<[u8; HEADER_LEN]>,
+    /// When each packet was due, ns from the start.
+    due_ns: Vec<u64>,
     /// Send with UDP GSO; cleared for good the first time the kernel refuses it.
     gso: bool,
+    start: Instant,
+    lateness: Lateness,
+    slack_ns: u64,
 }
 
 impl Batch {
-    /// Sends every packet; returns (sent, refused).
+    fn push(&mut self, packet: [u8; HEADER_LEN], due_ns: u64) {
+        self.packets.push(packet);
+        self.due_ns.push(due_ns);
+    }
+
+    /// Sends every packet, and counts how late each went; returns (sent, refused).
     fn flush(&mut self, fd: i32) -> (u64, u64) {
+        let counts = self.send(fd);
+        let sent_ns = self.start.elapsed().as_nanos() as u64;
+        for &due in &self.due_ns {
+            let late = sent_ns.saturating_sub(due);
+            self.lateness.max_late_ms = self.lateness.max_late_ms.max(late as f64 / 1e6);
+            self.lateness.late += u64::from(late > self.slack_ns);
+        }
+        self.due_ns.clear();
+        counts
+    }
+
+    fn send(&mut self, fd: i32) -> (u64, u64) {
         if self.gso {
             match self.flush_gso(fd) {
                 Some(counts) => return counts,
@@ -196,17 +218,25 @@ pub(super) fn run(
     let jitter_ns = config.jitter.as_nanos() as u64;
     let mut rng = fastrand::Rng::new();
     let mut pending: BinaryHeap<Reverse<(u64, u64)>> = BinaryHeap::new();
+    let slack_ns = (0.25e9 / config.rate_hz) as u64;
     let mut batch = Batch {
         packets: Vec::with_capacity(BATCH),
+        due_ns: Vec::with_capacity(BATCH),
         gso: true,
+        start: Instant::now(),
+        lateness: Lateness {
+            slack_ms: slack_ns as f64 / 1e6,
+            ..Default::default()
+        },
+        slack_ns,
     };
     let (mut sent, mut refused) = (0u64, 0u64);
     let mut next_n = 0u64;
     let mut killed_at = None;
-    let start = Instant::now();
+    let start = batch.start;
     let churn = config.churn_schedule();
 
-    let push = |batch: &mut Batch, n: u64| {
+    let push = |batch: &mut Batch, n: u64, due_ns: u64| {
         let mut header = HeartbeatHeader::new(
             config.first_id + config.peer_index(n),
             config.incarnation,
@@ -215,7 +245,7 @@ pub(super) fn run(
         if let Some(key) = &config.key {
             crate::peer::auth_key::sign(&mut header, key);
         }
-        batch.packets.push(header.to_bytes());
+        batch.push(header.to_bytes(), due_ns);
     };
 
     while !stop.load(Ordering::Relaxed) {
@@ -247,7 +277,7 @@ pub(super) fn run(
                 }
             }
             if jitter_ns == 0 {
-                push(&mut batch, n);
+                push(&mut batch, n, (n as f64 / total_rate * 1e9) as u64);
                 if batch.packets.len() == BATCH {
                     let (s, r) = batch.flush(fd);
                     sent += s;
@@ -263,7 +293,7 @@ pub(super) fn run(
                 break;
             }
             pending.pop();
-            push(&mut batch, n);
+            push(&mut batch, n, at);
             if batch.packets.len() == BATCH {
                 let (s, r) = batch.flush(fd);
                 sent += s;
@@ -296,5 +326,7 @@ pub(super) fn run(
             SentBy::Sendmmsg
         },
     };
-    Ok(LoadgenReport::of(config, sent, churn, None))
+    let mut report = LoadgenReport::of(config, sent, churn, None);
+    report.lateness = Some(batch.lateness);
+    Ok(report)
 }
