@@ -289,6 +289,45 @@ impl FleetNet {
     }
 }
 
+impl FleetNet {
+    /// Publishes every `(subject, payload)` in order on one connection, without credentials,
+    /// and waits for the server to have taken them all (a PING answered after the last).
+    pub fn publish_many_raw(&self, port: u16, messages: Vec<(String, Vec<u8>)>) {
+        let ns = self.nats_ns.clone();
+        std::thread::spawn(move || {
+            enter_netns(&ns);
+            let s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            let mut reader = BufReader::new(s.try_clone().unwrap());
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            assert!(line.starts_with("INFO"), "{line}");
+            let mut out = std::io::BufWriter::new(s);
+            write!(out, "CONNECT {{\"verbose\":false,\"pedantic\":false}}\r\n").unwrap();
+            for (subject, payload) in &messages {
+                write!(out, "PUB {subject} {}\r\n", payload.len()).unwrap();
+                out.write_all(payload).unwrap();
+                out.write_all(b"\r\n").unwrap();
+            }
+            out.write_all(b"PING\r\n").unwrap();
+            out.flush().unwrap();
+            loop {
+                line.clear();
+                assert!(
+                    reader.read_line(&mut line).unwrap() > 0,
+                    "connection closed"
+                );
+                assert!(!line.starts_with("-ERR"), "{line}");
+                if line.starts_with("PONG") {
+                    return;
+                }
+            }
+        })
+        .join()
+        .expect("raw publish");
+    }
+}
+
 /// Moves this thread into the network namespace `ns`.
 pub fn enter_netns(ns: &str) {
     use std::os::fd::AsRawFd;

@@ -903,6 +903,59 @@ fn a_burst_of_suspicions_is_published_and_consumed_whole() {
     assert_eq!(stats["stats"]["peers"], json!(PEERS));
 }
 
+/// A bucket of a mass outage is read whole through the server's flow control. A snapshot of
+/// a few hundred verdicts never meets it (nats-server 2.9 asks a consumer for a flow-control
+/// reply after about 1 MB), while a fleet's verdicts on 50,000 failed peers are tens of MB; a
+/// reader that left a request unanswered would stall for good (docs/fleet.md, "Where a bucket
+/// read ends"). 12,000 verdicts of one live observer (about 3 MB as the consumer delivers
+/// them): every query sees them all.
+#[test]
+fn a_bucket_larger_than_flow_control_allows_unanswered_is_read_whole() {
+    require_root();
+    let _serial = serial();
+    const VERDICTS: u64 = 12_000;
+    let net = FleetNet::new(1);
+    let _nats = NatsServer::start(&net.nats_ns, 4222);
+    let o = &net.observers[0];
+    let _observer = Observer::start(o, &format!("nats://{}:4222", o.nats_addr), &[]);
+    wait_for("a live observer", Duration::from_secs(20), || {
+        (live_observers(&net, LOCAL).len() == 1).then_some(())
+    });
+    // Verdicts of obs-a's on peers it does not watch: the reader cannot tell them from its
+    // own, and obs-a rewrites only its liveness meanwhile.
+    let verdict = forged_verdict();
+    let messages = (0..VERDICTS)
+        .map(|i| {
+            (
+                format!("$KV.heartbeat-verdicts.{}.{}", 100_000 + i, o.name),
+                verdict.clone(),
+            )
+        })
+        .collect();
+    net.publish_many_raw(4222, messages);
+    let mut reads = 0;
+    wait_for(
+        "every verdict in a query's snapshot",
+        Duration::from_secs(60),
+        || {
+            reads += 1;
+            let reply = net.fleet(LOCAL, &["query", "suspects", "--quorum", "1"]);
+            assert_eq!(reply["ok"], json!(true), "{reply}");
+            (suspect_ids(&reply).len() as u64 == VERDICTS).then_some(())
+        },
+    );
+    // Stored once, read whole every time after.
+    for _ in 0..3 {
+        let reply = net.fleet(LOCAL, &["query", "suspects", "--quorum", "1"]);
+        assert_eq!(
+            suspect_ids(&reply).len() as u64,
+            VERDICTS,
+            "a later read of the same bucket"
+        );
+    }
+    println!("{VERDICTS} verdicts read whole after {reads} queries");
+}
+
 /// One suspect event as a consumer in the NATS namespace received it.
 struct Received {
     id: u64,
