@@ -252,9 +252,10 @@ impl Agent {
     /// [`Self::run_due`], where new suspicions are also held if `hold_after_all` says so when
     /// asked: once, before the pass's first look at a slot whose deadline came with no
     /// heartbeat since its watch, which is before anything can be raised (a pass that only
-    /// moves heard peers on asks nothing). The sweeper asks whether the link's carrier was lost since its last read
-    /// (one reread of an open file): a link lost just after a scan silences every peer at
-    /// once, and a fast sender's deadlines come before the next scan would read the link.
+    /// moves heard peers on asks nothing). The sweeper asks whether the link's carrier was
+    /// lost since its last read (one reread of an open file): a link lost just after a scan
+    /// silences every peer at once, and a fast sender's deadlines come before the next scan
+    /// would read the link.
     pub fn run_due_asking(
         &self,
         now_ns: u64,
