@@ -112,7 +112,7 @@ impl LinkReader {
     /// between the two reads shows in the state.
     pub fn read_since(&mut self) -> (LinkState, bool) {
         let downs = self.downs_now();
-        let lost = matches!((self.downs_at_read, downs), (Some(a), Some(b)) if a != b);
+        let lost = moved(self.downs_at_read, downs);
         self.downs_at_read = downs;
         (self.state(), lost)
     }
@@ -121,7 +121,7 @@ impl LinkReader {
     /// pass about to raise suspicions between scans (`Agent::run_due_asking`).
     pub fn lost_carrier_since_read(&mut self) -> bool {
         let downs = self.downs_now();
-        matches!((self.downs_at_read, downs), (Some(a), Some(b)) if a != b)
+        moved(self.downs_at_read, downs)
     }
 
     fn downs_now(&mut self) -> Option<u64> {
@@ -156,6 +156,11 @@ impl LinkReader {
         };
         LinkState::from_files(Ok(flags_text), || reread(carrier), || reread(operstate))
     }
+}
+
+/// Whether the carrier-loss count moved between two reads (unknown on either side: no).
+fn moved(then: Option<u64>, now: Option<u64>) -> bool {
+    matches!((then, now), (Some(a), Some(b)) if a != b)
 }
 
 /// An open sysfs file's contents now.

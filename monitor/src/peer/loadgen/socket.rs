@@ -60,7 +60,7 @@ impl Batch {
 
     fn send(&mut self, fd: i32) -> (u64, u64) {
         if self.gso {
-            match self.flush_gso(fd) {
+            match self.send_messages(fd, GSO_SEGMENTS) {
                 Some(counts) => return counts,
                 None => {
                     log::info!("UDP GSO refused by this kernel: one heartbeat a message");
@@ -68,21 +68,25 @@ impl Batch {
                 }
             }
         }
-        self.flush_plain(fd)
+        self.send_messages(fd, 1)
+            .expect("a message without GSO is never refused as GSO")
     }
 
-    /// Sends the packets [`GSO_SEGMENTS`] to a message; `None`, with nothing sent, when the
-    /// kernel refuses GSO itself (EINVAL, EIO, ENOPROTOOPT on the first message).
-    fn flush_gso(&mut self, fd: i32) -> Option<(u64, u64)> {
-        let groups = self.packets.len().div_ceil(GSO_SEGMENTS);
+    /// Sends the packets `per_message` to a message, with a `UDP_SEGMENT` control message of
+    /// one heartbeat's size when that is more than one; returns (sent, refused), or `None`,
+    /// with nothing sent, when the kernel refuses GSO itself (EINVAL, EIO, ENOPROTOOPT,
+    /// EOPNOTSUPP on the first message).
+    fn send_messages(&mut self, fd: i32, per_message: usize) -> Option<(u64, u64)> {
+        let gso = per_message > 1;
+        let groups = self.packets.len().div_ceil(per_message);
         // SAFETY: CMSG_SPACE only computes a size.
         let space = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
         // u64s, so that every control buffer is aligned for a cmsghdr.
-        let words = space.div_ceil(8);
+        let words = if gso { space.div_ceil(8) } else { 1 };
         let mut control = vec![0u64; words * groups];
         let mut iovecs: Vec<libc::iovec> = self
             .packets
-            .chunks_mut(GSO_SEGMENTS)
+            .chunks_mut(per_message)
             .map(|group| libc::iovec {
                 iov_base: group.as_mut_ptr().cast(),
                 iov_len: group.len() * HEADER_LEN,
@@ -92,19 +96,22 @@ impl Batch {
             .iter_mut()
             .zip(control.chunks_mut(words))
             .map(|(iov, control)| {
-                // SAFETY: an all-zero msghdr is valid; the control buffer is `space` bytes,
-                // aligned, and holds exactly one cmsghdr with a u16 of data.
+                // SAFETY: an all-zero msghdr is valid (no name, no control data); with GSO
+                // the control buffer is `space` bytes, aligned, and holds exactly one
+                // cmsghdr with a u16 of data.
                 unsafe {
                     let mut h: libc::mmsghdr = std::mem::zeroed();
                     h.msg_hdr.msg_iov = iov;
                     h.msg_hdr.msg_iovlen = 1;
-                    h.msg_hdr.msg_control = control.as_mut_ptr().cast();
-                    h.msg_hdr.msg_controllen = space;
-                    let cmsg = libc::CMSG_FIRSTHDR(&h.msg_hdr);
-                    (*cmsg).cmsg_level = libc::SOL_UDP;
-                    (*cmsg).cmsg_type = UDP_SEGMENT;
-                    (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
-                    std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast(), HEADER_LEN as u16);
+                    if gso {
+                        h.msg_hdr.msg_control = control.as_mut_ptr().cast();
+                        h.msg_hdr.msg_controllen = space;
+                        let cmsg = libc::CMSG_FIRSTHDR(&h.msg_hdr);
+                        (*cmsg).cmsg_level = libc::SOL_UDP;
+                        (*cmsg).cmsg_type = UDP_SEGMENT;
+                        (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
+                        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast(), HEADER_LEN as u16);
+                    }
                     h
                 }
             })
@@ -118,8 +125,8 @@ impl Batch {
             let n = unsafe { libc::sendmmsg(fd, left.as_mut_ptr(), left.len() as u32, 0) };
             if n < 0 {
                 let error = std::io::Error::last_os_error().raw_os_error();
-                if done == 0
-                    && sent == 0
+                if gso
+                    && done == 0
                     && matches!(
                         error,
                         Some(libc::EINVAL | libc::EIO | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
@@ -141,44 +148,6 @@ impl Batch {
         }
         self.packets.clear();
         Some((sent, refused))
-    }
-
-    /// Sends the packets one a message.
-    fn flush_plain(&mut self, fd: i32) -> (u64, u64) {
-        let mut iovecs: Vec<libc::iovec> = self
-            .packets
-            .iter_mut()
-            .map(|p| libc::iovec {
-                iov_base: p.as_mut_ptr().cast(),
-                iov_len: HEADER_LEN,
-            })
-            .collect();
-        let mut headers: Vec<libc::mmsghdr> = iovecs
-            .iter_mut()
-            .map(|iov| {
-                // SAFETY: an all-zero msghdr is valid (no name, no control data).
-                let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
-                h.msg_hdr.msg_iov = iov;
-                h.msg_hdr.msg_iovlen = 1;
-                h
-            })
-            .collect();
-        let (mut sent, mut refused, mut done) = (0u64, 0u64, 0usize);
-        while done < headers.len() {
-            let left = &mut headers[done..];
-            // SAFETY: headers and the iovecs/packets they point at outlive the call.
-            let n = unsafe { libc::sendmmsg(fd, left.as_mut_ptr(), left.len() as u32, 0) };
-            if n < 0 {
-                // The first packet of the rest was refused (ENOBUFS, ECONNREFUSED...): skip it.
-                refused += 1;
-                done += 1;
-            } else {
-                sent += n as u64;
-                done += n as usize;
-            }
-        }
-        self.packets.clear();
-        (sent, refused)
     }
 }
 
@@ -329,4 +298,54 @@ pub(super) fn run(
     let mut report = LoadgenReport::of(config, sent, churn, None);
     report.lateness = Some(batch.lateness);
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sends 100 numbered heartbeats through a batch over loopback and returns the datagrams
+    /// received.
+    fn sent_through(gso: bool) -> (Vec<Vec<u8>>, bool) {
+        let receiver = UdpSocket::bind("127.0.0.1:0").unwrap();
+        receiver
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        let sender = UdpSocket::bind("127.0.0.1:0").unwrap();
+        sender.connect(receiver.local_addr().unwrap()).unwrap();
+        let mut batch = Batch {
+            packets: Vec::new(),
+            due_ns: Vec::new(),
+            gso,
+            start: Instant::now(),
+            lateness: Lateness::default(),
+            slack_ns: 0,
+        };
+        for n in 0..100u64 {
+            batch.push(HeartbeatHeader::new(1 + n, 7, n).to_bytes(), 0);
+        }
+        assert_eq!(batch.flush(sender.as_raw_fd()), (100, 0));
+        let mut received = Vec::new();
+        let mut buf = [0u8; 2048];
+        while received.len() < 100 {
+            let n = receiver.recv(&mut buf).unwrap();
+            received.push(buf[..n].to_vec());
+        }
+        (received, batch.gso)
+    }
+
+    #[test]
+    fn each_heartbeat_arrives_as_its_own_datagram_with_or_without_gso() {
+        for gso in [true, false] {
+            let (received, still_gso) = sent_through(gso);
+            assert_eq!(still_gso, gso, "this kernel takes UDP GSO");
+            for (n, datagram) in received.iter().enumerate() {
+                assert_eq!(
+                    datagram.as_slice(),
+                    HeartbeatHeader::new(1 + n as u64, 7, n as u64).to_bytes(),
+                    "heartbeat {n}, gso {gso}"
+                );
+            }
+        }
+    }
 }
