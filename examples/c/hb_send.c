@@ -19,7 +19,11 @@
  *   --self-test           check SipHash-2-4 and the encoding against known answers; exit 0/1
  *
  * Heartbeats go out on a fixed schedule (start + k * interval), so one late wake-up does not
- * shift every later heartbeat. Sequence numbers start at 0 in each incarnation.
+ * shift every later heartbeat. A heartbeat sent more than half an interval late is a stall (a
+ * stopped process, a paused VM, a starved CPU): the schedule starts again from it, and the
+ * missed heartbeats are not sent in a burst, whose near-zero intervals would distort the
+ * monitor's window (docs/tuning.md, "A sender after a stall"). Sequence numbers start at 0 in each incarnation and count only
+ * heartbeats sent.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -371,13 +375,20 @@ static void add_ns(struct timespec *t, uint64_t ns)
     t->tv_nsec = (long)(total % 1000000000u);
 }
 
+/* Nanoseconds from `a` to `b`, 0 if `b` is not later. */
+static uint64_t ns_between(const struct timespec *a, const struct timespec *b)
+{
+    int64_t ns = (int64_t)(b->tv_sec - a->tv_sec) * 1000000000 + (b->tv_nsec - a->tv_nsec);
+    return ns > 0 ? (uint64_t)ns : 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *to = NULL, *key_file = NULL;
     uint64_t id = 0, interval_ms = 100, count = 0, incarnation, seq, value;
     int have_id = 0, have_count = 0, have_incarnation = 0, dry_run = 0, fd = -1, i;
     struct key key;
-    struct timespec start, due;
+    struct timespec due, now;
     uint8_t hb[HB_LEN];
 
     incarnation = (uint64_t)time(NULL);
@@ -456,7 +467,7 @@ int main(int argc, char **argv)
             return 1;
     }
 
-    clock_gettime(CLOCK_MONOTONIC, &start);
+    clock_gettime(CLOCK_MONOTONIC, &due);
     for (seq = 0; !have_count || seq < count; seq++) {
         encode(hb, id, (uint32_t)incarnation, seq, key_file ? &key : NULL);
         if (dry_run) {
@@ -465,15 +476,19 @@ int main(int argc, char **argv)
             printf("\n");
             continue;
         }
-        /* Due at start + seq * interval, whenever the previous send happened. */
-        due = start;
-        add_ns(&due, seq * interval_ms * UINT64_C(1000000));
+        /* Due one interval after the previous one was due, whenever it was sent... */
         while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &due, NULL) == EINTR)
             ;
+        /* ...unless this one is over half an interval late: a stall, after which the schedule
+         * starts again from now (see the comment at the top). */
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (ns_between(&due, &now) > interval_ms * UINT64_C(500000))
+            due = now;
         /* A transient error (no route yet, ICMP feedback) must not stop a heartbeat sender. */
         if (send(fd, hb, HB_LEN, 0) != HB_LEN)
             fprintf(stderr, "hb_send: sending heartbeat %llu: %s\n", (unsigned long long)seq,
                     strerror(errno));
+        add_ns(&due, interval_ms * UINT64_C(1000000));
     }
     if (fd >= 0)
         close(fd);

@@ -9,7 +9,11 @@ Standard library only, Python 3.9 or later:
 
 The options are those of `monitor send` (run with --help). Heartbeats go out on a fixed
 schedule (start + k * interval), so one late wake-up does not shift every later heartbeat.
-Sequence numbers start at 0 in each incarnation.
+A heartbeat sent more than half an interval late is a stall (a stopped process, a paused VM, a
+starved CPU): the schedule starts again from it, and the missed heartbeats are not sent in a
+burst, whose near-zero intervals would distort the monitor's window (docs/tuning.md, "A
+sender after a stall"). Sequence numbers start
+at 0 in each incarnation and count only heartbeats sent.
 
 To embed it, import this file and call `encode(peer_id, incarnation, seq, key)` for the 32
 bytes of one heartbeat (`key` from `parse_key` or `read_key_file`, or None), or `send_loop`.
@@ -118,13 +122,20 @@ def read_key_file(path):
 
 def send_loop(sock, peer_id, incarnation, interval_s, count=None, key=None):
     """Sends heartbeats 0, 1, ... on `sock` (connected) every interval_s seconds on a fixed
-    schedule, `count` of them (None: forever). Returns how many were sent."""
-    start = time.monotonic()
+    schedule that a stall starts again, `count` of them (None: forever). Returns how many were
+    sent."""
+    due = time.monotonic()
     seq = 0
     while count is None or seq < count:
-        delay = start + seq * interval_s - time.monotonic()
+        delay = due - time.monotonic()
         if delay > 0:
             time.sleep(delay)
+        # Over half an interval late: a stall, after which the schedule starts again from now
+        # rather than sending the missed heartbeats in a burst (see the top of this file).
+        now = time.monotonic()
+        if now - due > interval_s / 2:
+            due = now
+        due += interval_s
         try:
             sock.send(encode(peer_id, incarnation, seq, key))
         except OSError as e:

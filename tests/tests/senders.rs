@@ -377,3 +377,156 @@ fn signed_heartbeats_count_under_the_agents_key_and_not_under_another() {
     assert_eq!(stats["kernel"]["auth_failures"], json!(20), "{stats}");
     assert_eq!(stats["kernel"]["malformed"], json!(0), "{stats}");
 }
+
+/// One heartbeat as a socket on loopback took it: its sequence number and the kernel's
+/// receive time (SO_TIMESTAMPNS, so the test's own scheduling does not move it).
+struct Arrival {
+    seq: u64,
+    at: Duration,
+}
+
+/// A UDP socket on 127.0.0.1 that asks the kernel to stamp each datagram as it arrives.
+fn stamped_socket() -> std::net::UdpSocket {
+    use std::os::fd::AsRawFd;
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let on: libc::c_int = 1;
+    // SAFETY: a valid socket and a c_int option of the right size.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_TIMESTAMPNS,
+            (&raw const on).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "SO_TIMESTAMPNS: {}", std::io::Error::last_os_error());
+    socket
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    socket
+}
+
+/// The next heartbeat on `socket` with its kernel receive time; None after 5 s of silence.
+fn next_arrival(socket: &std::net::UdpSocket) -> Option<Arrival> {
+    use std::os::fd::AsRawFd;
+    let mut buf = [0u8; 256];
+    let mut control = [0u64; 16];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain data; every pointer set below outlives the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &raw mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = size_of_val(&control);
+    // SAFETY: as above.
+    let n = unsafe { libc::recvmsg(socket.as_raw_fd(), &raw mut msg, 0) };
+    if n < 0 {
+        let err = std::io::Error::last_os_error();
+        assert!(
+            matches!(err.kind(), std::io::ErrorKind::WouldBlock),
+            "recvmsg: {err}"
+        );
+        return None;
+    }
+    let header = HeartbeatHeader::decode(&buf[..n as usize]).expect("a heartbeat");
+    // SAFETY: walking the control buffer recvmsg filled, with the kernel's own macros.
+    let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(&raw const msg) };
+    while !cmsg.is_null() {
+        // SAFETY: a header CMSG_FIRSTHDR/CMSG_NXTHDR returned is inside `control`.
+        let (level, kind) = unsafe { ((*cmsg).cmsg_level, (*cmsg).cmsg_type) };
+        if level == libc::SOL_SOCKET && kind == libc::SCM_TIMESTAMPNS {
+            // SAFETY: SCM_TIMESTAMPNS carries one timespec, possibly unaligned.
+            let ts: libc::timespec =
+                unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast()) };
+            return Some(Arrival {
+                seq: header.seq(),
+                at: Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32),
+            });
+        }
+        // SAFETY: as above.
+        cmsg = unsafe { libc::CMSG_NXTHDR(&raw const msg, cmsg) };
+    }
+    panic!("a datagram without its SCM_TIMESTAMPNS");
+}
+
+/// A sender stalled for 300 ms (SIGSTOP, as a paused VM, a frozen cgroup or a starved CPU
+/// stalls it) sends nothing for the slots it missed: it starts its schedule again from the
+/// moment it runs. Sending them in a burst, as the senders did, put a run of near-zero
+/// intervals in the receiver's window, which widens it for a window's length (docs/tuning.md,
+/// "A sender after a stall"); and numbering heartbeats it never sent would make the stall look
+/// like loss. So,
+/// for the Rust, C and Python senders: after the stall no heartbeat comes less than half an
+/// interval after the one before, and the sequence has no gap.
+#[test]
+fn a_stalled_sender_resumes_on_a_new_schedule_without_a_burst() {
+    if !tools_present() {
+        return;
+    }
+    let senders = Senders::build();
+    const INTERVAL_MS: u64 = 20;
+    let socket = stamped_socket();
+    let to = socket.local_addr().unwrap().to_string();
+    let (interval, interval_ms) = (INTERVAL_MS.to_string(), format!("{INTERVAL_MS}ms"));
+    let common = ["--to", &to, "--id", "5", "--incarnation", "9", "--interval"];
+    let mut rust = Command::new(integration_tests::monitor_bin());
+    rust.arg("send")
+        .args(common)
+        .arg(&interval_ms)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null());
+    let with_interval: Vec<&str> = common.iter().copied().chain([interval.as_str()]).collect();
+    let [(_, c), (_, python)] = senders.both(None, &with_interval);
+    for (name, cmd) in [("Rust", rust), ("C", c), ("Python", python)] {
+        let sender = integration_tests::agent_process::spawn(cmd);
+        let pid = sender.0.id() as libc::pid_t;
+        let mut arrivals = Vec::new();
+        let take = |arrivals: &mut Vec<Arrival>, n: usize| {
+            for _ in 0..n {
+                let a = next_arrival(&socket)
+                    .unwrap_or_else(|| panic!("{name} sender: no heartbeat within 5 s"));
+                arrivals.push(a);
+            }
+        };
+        take(&mut arrivals, 5);
+        // SAFETY: signalling our own child, which is alive (it just sent).
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        // The stall itself is the input: 15 slots missed.
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+        take(&mut arrivals, 40);
+        drop(sender);
+
+        let gaps: Vec<(u64, Duration)> = arrivals
+            .windows(2)
+            .map(|w| (w[1].seq, w[1].at.saturating_sub(w[0].at)))
+            .collect();
+        let seqs: Vec<u64> = arrivals.iter().map(|a| a.seq).collect();
+        let first = seqs[0];
+        assert_eq!(
+            seqs,
+            (first..first + seqs.len() as u64).collect::<Vec<_>>(),
+            "{name} sender: the sequence has a gap or a repeat"
+        );
+        let stall = gaps
+            .iter()
+            .position(|&(_, gap)| gap >= Duration::from_millis(250))
+            .unwrap_or_else(|| panic!("{name} sender: no stall in the gaps {gaps:?}"));
+        let half = Duration::from_millis(INTERVAL_MS / 2);
+        let short: Vec<_> = gaps[stall + 1..]
+            .iter()
+            .filter(|&&(_, gap)| gap < half)
+            .collect();
+        assert!(
+            short.is_empty(),
+            "{name} sender: after the stall {} heartbeats (of {}) came less than {half:?} after \
+             the one before, (seq, gap): {short:?}",
+            short.len(),
+            gaps.len() - stall - 1
+        );
+    }
+}

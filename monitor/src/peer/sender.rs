@@ -146,7 +146,8 @@ pub fn heartbeat(id: u64, incarnation: u32, seq: u64, key: Option<&AuthKey>) -> 
 
 /// Sends heartbeats on a fixed schedule (start + k * interval, plus jitter), so sleeping late
 /// once does not shift every later heartbeat, until `config.count` are sent or `keep_going`
-/// (asked before each heartbeat) returns false. Blocks the calling thread; returns how many
+/// (asked before each heartbeat) returns false. A stall (see [`Schedule`]) starts the schedule
+/// again from the moment the sender runs, rather than sending the missed heartbeats at once. Blocks the calling thread; returns how many
 /// were sent. Fails only if the socket cannot be set up; an error sending one heartbeat (no
 /// route yet, ICMP feedback) is logged and the next one goes out on time.
 pub fn run(config: &SenderConfig, mut keep_going: impl FnMut() -> bool) -> io::Result<u64> {
@@ -158,14 +159,14 @@ pub fn run(config: &SenderConfig, mut keep_going: impl FnMut() -> bool) -> io::R
     let socket = UdpSocket::bind(bind)?;
     socket.connect(config.to)?;
     let mut rng = fastrand::Rng::new();
-    let start = Instant::now();
+    let mut schedule = Schedule::new(Instant::now(), config.interval);
     let mut sent = 0u64;
     while config.count.is_none_or(|c| sent < c) && keep_going() {
-        let nominal = start + config.interval * u32::try_from(sent).unwrap_or(u32::MAX);
-        let due = jittered(nominal, config.jitter, &mut rng);
+        let due = jittered(schedule.nominal(), config.jitter, &mut rng);
         if let Some(wait) = due.checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
         }
+        schedule.sending(due, Instant::now());
         let datagram = heartbeat(
             config.id,
             config.incarnation,
@@ -180,6 +181,48 @@ pub fn run(config: &SenderConfig, mut keep_going: impl FnMut() -> bool) -> io::R
         sent += 1;
     }
     Ok(sent)
+}
+
+/// When each heartbeat is due: start + k * interval while the sender keeps up, so a late
+/// wake-up does not shift the heartbeats after it.
+///
+/// A heartbeat sent more than half an interval after it was due is a stall (a stopped process,
+/// a paused VM, a frozen cgroup, a starved CPU), and the schedule starts again from it: the
+/// slots the stall took are not made up. Sending them at once, as a fixed schedule would, puts
+/// a run of near-zero intervals in the receiver's window, which widens it for a window's
+/// length (replayed in docs/tuning.md, "A sender after a stall": a 20 ms sender's level-8
+/// detection p99 went from 31 to 54 ms), and the stall itself is a silence that no catch-up
+/// hides. So no heartbeat goes out less than half an interval after the one before (less the
+/// jitter asked for), and the sequence numbers count only heartbeats sent: a stall does not
+/// look like loss.
+#[derive(Debug, Clone, Copy)]
+pub struct Schedule {
+    nominal: Instant,
+    interval: Duration,
+}
+
+impl Schedule {
+    /// The first heartbeat is due at `start`.
+    pub fn new(start: Instant, interval: Duration) -> Self {
+        Self {
+            nominal: start,
+            interval,
+        }
+    }
+
+    /// When the next heartbeat is due (before jitter).
+    pub fn nominal(&self) -> Instant {
+        self.nominal
+    }
+
+    /// The next heartbeat, due at `due` (its nominal time plus jitter), goes out at `now`:
+    /// moves the schedule on to the one after it.
+    pub fn sending(&mut self, due: Instant, now: Instant) {
+        if now.saturating_duration_since(due) > self.interval / 2 {
+            self.nominal = now;
+        }
+        self.nominal += self.interval;
+    }
 }
 
 fn jittered(nominal: Instant, jitter: Duration, rng: &mut fastrand::Rng) -> Instant {
@@ -205,6 +248,67 @@ mod tests {
     };
 
     use super::*;
+
+    /// Where each of `wakes` (ms after the start) puts the heartbeats: the schedule's nominal
+    /// time for each, as ms after the start.
+    fn nominals(interval_ms: u64, wakes: &[u64]) -> Vec<u64> {
+        let start = Instant::now();
+        let ms = Duration::from_millis;
+        let mut schedule = Schedule::new(start, ms(interval_ms));
+        wakes
+            .iter()
+            .map(|&wake| {
+                let due = schedule.nominal();
+                let sent_at = (start + ms(wake)).max(due);
+                schedule.sending(due, sent_at);
+                (schedule.nominal() - start).as_millis() as u64
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_late_wake_up_keeps_the_schedule() {
+        // Woken 30 ms late for the third heartbeat (under half of 100 ms): the fourth is still
+        // due at 300 ms, not 330.
+        assert_eq!(nominals(100, &[0, 100, 230, 300]), [100, 200, 300, 400]);
+    }
+
+    #[test]
+    fn a_stall_starts_the_schedule_again_instead_of_a_burst() {
+        // Stalled from 150 to 520 ms: the heartbeat due at 200 goes out at 520, and the next
+        // is due 100 ms after it, not at once for the slots 300, 400 and 500.
+        assert_eq!(nominals(100, &[0, 100, 520, 600]), [100, 200, 620, 720]);
+        // Just over half an interval late is a stall; exactly half is not.
+        assert_eq!(nominals(100, &[0, 151]), [100, 251]);
+        assert_eq!(nominals(100, &[0, 150]), [100, 200]);
+    }
+
+    #[test]
+    fn no_heartbeat_follows_the_one_before_within_half_an_interval() {
+        // Whatever the wake-ups, two sends (each at its wake or its due time, whichever is
+        // later) are at least half an interval apart.
+        let mut rng = fastrand::Rng::with_seed(7);
+        let start = Instant::now();
+        let interval = Duration::from_millis(20);
+        let mut schedule = Schedule::new(start, interval);
+        let mut clock = start;
+        let mut last: Option<Instant> = None;
+        for _ in 0..10_000 {
+            let due = schedule.nominal();
+            // Woken on time, a little late, or after a stall of up to ten intervals.
+            let late = match rng.u8(0..10) {
+                0 => Duration::from_micros(rng.u64(0..200_000)),
+                1..=3 => Duration::from_micros(rng.u64(0..15_000)),
+                _ => Duration::ZERO,
+            };
+            clock = clock.max(due) + late;
+            schedule.sending(due, clock);
+            if let Some(last) = last {
+                assert!(clock - last >= interval / 2, "{:?} apart", clock - last);
+            }
+            last = Some(clock);
+        }
+    }
 
     #[test]
     fn a_heartbeat_is_the_header_and_signed_with_a_key() {
