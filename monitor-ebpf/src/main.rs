@@ -19,9 +19,11 @@ mod record;
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
+    bindings::{__sk_buff, TC_ACT_OK, TC_ACT_SHOT, xdp_action},
+    cty::c_void,
+    helpers::generated::{bpf_loop, bpf_skb_load_bytes},
     macros::{classifier, map, xdp},
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, ProgramArray, RingBuf},
     programs::{TcContext, XdpContext},
 };
 use aya_log_ebpf::warn;
@@ -33,9 +35,10 @@ use monitor_common::{
         ARRIVALS_BYTES, BPF_F_MMAPABLE, Counters, DEFAULT_CAPACITY, HotLine, LOCAL_ADDRS_CAPACITY,
         LOCAL_FAST_ADDRS, LocalFast, PeerState, PinnedMeta, UNKNOWN_PEERS_BYTES,
     },
+    wire::HEADER_LEN,
 };
 
-use crate::parse::{Packet, Parsed};
+use crate::parse::{Heartbeat, Packet, Parsed, Sender};
 
 /// Written by the agent before load (aya `override_global`); read-only to the program.
 #[unsafe(no_mangle)]
@@ -123,9 +126,29 @@ enum Verdict {
     Drop,
 }
 
+/// What differs between the hooks once a packet is parsed.
+trait Hook: Packet + EbpfContext + Sized {
+    /// Records an accepted heartbeat (`record::record`).
+    fn record(&self, hb: &Heartbeat, config: &XdpConfig, counters: &mut Counters);
+    /// Records a batch's heartbeats after the first (`Packet::gso`, which only the TC hook
+    /// sees) and says whether every datagram in it was one.
+    fn rest_of_batch(&self, first: &Heartbeat, counters: &mut Counters) -> bool;
+}
+
+impl Hook for XdpContext {
+    #[inline(always)]
+    fn record(&self, hb: &Heartbeat, config: &XdpConfig, counters: &mut Counters) {
+        record::record(self, hb, config, counters);
+    }
+    #[inline(always)]
+    fn rest_of_batch(&self, _first: &Heartbeat, _counters: &mut Counters) -> bool {
+        true
+    }
+}
+
 /// The one path of both hooks: parse, count, record.
 #[inline(always)]
-fn handle<C: Packet + EbpfContext>(ctx: &C) -> Verdict {
+fn handle<C: Hook>(ctx: &C) -> Verdict {
     let config = config();
     let parsed = parse::parse(ctx, &config);
     // Looked up once the packet is parsed: the parser's registers are free by then.
@@ -159,8 +182,11 @@ fn handle<C: Packet + EbpfContext>(ctx: &C) -> Verdict {
             Verdict::Pass
         }
         Parsed::Heartbeat(hb) => {
-            record::record(ctx, &hb, &config, counters);
-            if config.flags & XDP_FLAG_PASS_HEARTBEATS != 0 {
+            ctx.record(&hb, &config, counters);
+            // A batch with anything but heartbeats in it goes on to the stack whole, as a
+            // malformed heartbeat does.
+            let all_heartbeats = ctx.gso().is_none() || ctx.rest_of_batch(&hb, counters);
+            if config.flags & XDP_FLAG_PASS_HEARTBEATS != 0 || !all_heartbeats {
                 Verdict::Pass
             } else {
                 Verdict::Drop
@@ -200,6 +226,159 @@ pub fn monitor_tc(ctx: TcContext) -> i32 {
         Verdict::Pass => TC_ACT_OK as i32,
         Verdict::Drop => TC_ACT_SHOT as i32,
     }
+}
+
+/// What a batch's heartbeats after the first share, left by `monitor_tc` for
+/// `monitor_tc_batch`, and how many of them were not heartbeats. Per CPU: a tail call keeps
+/// the CPU, and nothing else runs on it in between.
+#[repr(C)]
+struct Batch {
+    sender: Sender,
+    /// Datagrams in the batch, and where the first one's heartbeat starts (`note_batch`).
+    segments: u32,
+    payload_offset: u32,
+    /// Datagrams after the first that were not heartbeats.
+    malformed: u32,
+    /// A batch step's scratch: the heartbeat's bytes and the heartbeat they make, kept here,
+    /// where the record path's frame and these would not fit in the verifier's 512 bytes.
+    words: [u64; 4],
+    heartbeat: Heartbeat,
+}
+
+/// Called by the parser for a batch (`Packet::gso`): its size and where it starts, kept for
+/// `monitor_tc_batch` (the first heartbeat's record leaves no room for them on the stack).
+#[inline(always)]
+pub fn note_batch(segments: u32, payload_offset: u32) {
+    if let Some(batch) = BATCH.get_ptr_mut(0) {
+        // SAFETY: per-CPU value; only this CPU's programs use it.
+        unsafe {
+            (*batch).segments = segments;
+            (*batch).payload_offset = payload_offset;
+        }
+    }
+}
+
+#[map]
+static BATCH: PerCpuArray<Batch> = PerCpuArray::with_max_entries(1, 0);
+
+/// `monitor_tc_batch`, at index 0, put there by the agent when it loads the TC hook. Where
+/// the slot is empty, a batch's heartbeats after the first are counted as malformed.
+#[map]
+static BATCH_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+impl Hook for TcContext {
+    #[inline(always)]
+    fn record(&self, hb: &Heartbeat, config: &XdpConfig, counters: &mut Counters) {
+        record::record(self, hb, config, counters);
+    }
+
+    /// Hands the batch to `monitor_tc_batch` by a tail call, which does not come back: that
+    /// program gives the packet its verdict. Returns only if the call fails (no program at
+    /// index 0).
+    #[inline(always)]
+    fn rest_of_batch(&self, first: &Heartbeat, counters: &mut Counters) -> bool {
+        let Some(batch) = BATCH.get_ptr_mut(0) else {
+            return false;
+        };
+        // SAFETY: per-CPU value; only this program and the one it calls use it.
+        let segments = unsafe {
+            (*batch).sender = Sender {
+                dst_port: first.dst_port,
+                src_family: first.src_family,
+                src_port: first.src_port,
+                src_words: first.src_words,
+            };
+            (*batch).segments
+        };
+        // SAFETY: the context is this program's own.
+        unsafe { BATCH_PROGRAMS.tail_call(self, 0) };
+        counters.malformed += u64::from(segments.saturating_sub(1));
+        false
+    }
+}
+
+/// The batch program's context for the record path: a type of its own, so that the record
+/// path's helpers are compiled apart for it. Shared with `monitor_tc`, LLVM stopped
+/// inlining some of them there the same way, and that program's frame went from 400 to 528
+/// bytes, past the verifier's 512.
+struct BatchContext<'a>(&'a TcContext);
+
+impl EbpfContext for BatchContext<'_> {
+    fn as_ptr(&self) -> *mut c_void {
+        self.0.as_ptr()
+    }
+}
+
+/// The heartbeats of a batch after its first (`monitor_tc` recorded that one, then called
+/// this program, whose verdict is the packet's), one `bpf_loop` step each (kernel 5.17+):
+/// the verifier checks a step once, where a loop over the record path here ran past its
+/// million instructions. A tail call starts a new stack frame: `monitor_tc`'s (the record
+/// path inlined, 400 of the verifier's 512 bytes) has no room for a step's.
+#[classifier]
+pub fn monitor_tc_batch(ctx: TcContext) -> i32 {
+    let Some(batch) = BATCH.get_ptr_mut(0) else {
+        return TC_ACT_OK as i32;
+    };
+    // SAFETY: per-CPU value, written by `monitor_tc` just before it called this program;
+    // nothing else runs on this CPU.
+    let steps = unsafe {
+        (*batch).malformed = 0;
+        (*batch).segments.saturating_sub(1)
+    };
+    // The steps get the skb through the stack: a context pointer cannot be kept in a map.
+    let mut skb = ctx.skb.skb;
+    // SAFETY: the callback is a static function of this program; `skb` outlives the call.
+    let ran = unsafe {
+        bpf_loop(
+            steps,
+            batch_heartbeat as *mut c_void,
+            (&raw mut skb).cast(),
+            0,
+        )
+    };
+    // SAFETY: as above; read after the steps wrote it.
+    let malformed = unsafe { core::ptr::read_volatile(&raw const (*batch).malformed) };
+    if ran == i64::from(steps) && malformed == 0 && config().flags & XDP_FLAG_PASS_HEARTBEATS == 0 {
+        TC_ACT_SHOT as i32
+    } else {
+        TC_ACT_OK as i32
+    }
+}
+
+/// One heartbeat of a batch: the `index`-th after the first, read from wherever it lies in the
+/// skb (a batch is mostly in pages, past what `bpf_skb_pull_data` made direct). The bytes and
+/// the heartbeat they make go to `Batch`'s scratch, not this step's frame.
+#[inline(never)]
+extern "C" fn batch_heartbeat(index: u64, skb: *mut c_void) -> i64 {
+    // SAFETY: the skb pointer `monitor_tc_batch` left on its stack for the whole loop.
+    let ctx = TcContext::new(unsafe { *skb.cast::<*mut __sk_buff>() });
+    let (Some(batch), Some(counters)) = (BATCH.get_ptr_mut(0), COUNTERS.get_ptr_mut(0)) else {
+        return 1;
+    };
+    // SAFETY: per-CPU values; nothing else runs on this CPU.
+    let (batch, counters) = unsafe { (&mut *batch, &mut *counters) };
+    let config = config();
+    let offset = batch.payload_offset as usize + (index as usize + 1) * HEADER_LEN;
+    // The helper itself, with the length a constant: aya's `load_bytes` clamps it to what is
+    // left of the skb, which the verifier reads as possibly 0 and refuses.
+    // SAFETY: 32 bytes into the map value's four words.
+    let read = unsafe {
+        bpf_skb_load_bytes(
+            ctx.skb.skb.cast(),
+            offset as u32,
+            batch.words.as_mut_ptr().cast(),
+            HEADER_LEN as u32,
+        )
+    };
+    if read == 0
+        && parse::heartbeat_into(&batch.words, &config, &batch.sender, &mut batch.heartbeat)
+    {
+        record::record(&BatchContext(&ctx), &batch.heartbeat, &config, counters);
+    } else {
+        counters.malformed += 1;
+        batch.malformed += 1;
+    }
+    0
 }
 
 #[cfg(not(test))]

@@ -10,7 +10,7 @@ use monitor_common::{
         self, BFD_CONTROL_LEN, BFD_MULTIHOP_PORT, BFD_SINGLE_HOP_PORT, BfdControl, SOURCE_BFD,
         SOURCE_FLOW, SOURCE_HEARTBEAT,
     },
-    wire::{HeartbeatHeader, split_first_word, validate_fields, validate_peer_id},
+    wire::{HEADER_LEN, HeartbeatHeader, split_first_word, validate_fields, validate_peer_id},
 };
 
 use crate::load;
@@ -81,6 +81,9 @@ const IPV4_MF_OR_OFFSET: u16 = 0x3fff;
 pub trait Packet {
     fn data(&self) -> usize;
     fn data_end(&self) -> usize;
+    /// For a batch of datagrams carried as one packet (GSO: the sender's kernel cuts it only
+    /// where a device needs it): how many, and each one's UDP payload length. None for one.
+    fn gso(&self) -> Option<(u32, u32)>;
 }
 
 impl Packet for XdpContext {
@@ -91,6 +94,12 @@ impl Packet for XdpContext {
     #[inline(always)]
     fn data_end(&self) -> usize {
         XdpContext::data_end(self)
+    }
+    /// XDP sees frames as the device got them: a veth with an XDP program turns GSO off on its
+    /// peer, so a batch is cut before it crosses.
+    #[inline(always)]
+    fn gso(&self) -> Option<(u32, u32)> {
+        None
     }
 }
 
@@ -104,6 +113,14 @@ impl Packet for TcContext {
     #[inline(always)]
     fn data_end(&self) -> usize {
         TcContext::data_end(self)
+    }
+    /// A veth without an XDP program passes a sender's GSO batch on uncut, to the socket that
+    /// cuts it; so does GRO where UDP is merged (`rx-udp-gro-forwarding`, `rx-gro-list`).
+    #[inline(always)]
+    fn gso(&self) -> Option<(u32, u32)> {
+        // SAFETY: the context's own __sk_buff, which the program may read.
+        let (segs, size) = unsafe { ((*self.skb.skb).gso_segs, (*self.skb.skb).gso_size) };
+        (segs > 1).then_some((segs, size))
     }
 }
 
@@ -281,7 +298,18 @@ fn parse_inner<C: Packet>(ctx: &C, config: &XdpConfig) -> Option<Parsed> {
             bfd,
         }));
     }
-    let Some(header) = ptr_at::<C, HeartbeatHeader>(ctx, offset + UdpHdr::LEN) else {
+    // A batch: each datagram's payload is the segment size, and a batch of heartbeats is
+    // all whole ones (the UDP length is the batch's).
+    let payload_offset = offset + UdpHdr::LEN;
+    let segment_len = match ctx.gso() {
+        Some((segs, size)) if payload_len == segs as usize * size as usize => {
+            crate::note_batch(segs, payload_offset as u32);
+            size as usize
+        }
+        Some(_) => return Some(Parsed::Malformed),
+        None => payload_len,
+    };
+    let Some(header) = ptr_at::<C, HeartbeatHeader>(ctx, payload_offset) else {
         return Some(Parsed::Malformed);
     };
     // Three 8-byte loads for the whole header (see `load`), decoded from network order.
@@ -295,7 +323,7 @@ fn parse_inner<C: Packet>(ctx: &C, config: &XdpConfig) -> Option<Parsed> {
         )
     };
     let (magic, version, flags, incarnation) = split_first_word(u64::from_be(first));
-    if validate_fields(magic, version, flags, payload_len).is_err()
+    if validate_fields(magic, version, flags, segment_len).is_err()
         || validate_peer_id(u64::from_be(peer_id)).is_err()
         || (config.has_passive_sources() && passive::is_derived_id(u64::from_be(peer_id)))
     {
@@ -316,4 +344,49 @@ fn parse_inner<C: Packet>(ctx: &C, config: &XdpConfig) -> Option<Parsed> {
         src_words,
         bfd: NO_BFD,
     }))
+}
+
+/// What every heartbeat of a packet shares: where it came from.
+#[derive(Clone, Copy)]
+pub struct Sender {
+    pub dst_port: u16,
+    pub src_family: u16,
+    pub src_port: u16,
+    pub src_words: [u64; 2],
+}
+
+/// Decodes a batch's heartbeat (one of `HEADER_LEN` bytes) into `out` from its header's four
+/// words as loaded (network order) and its packet's `sender`; false, and `out` unspecified,
+/// where a rule fails.
+#[inline(always)]
+pub fn heartbeat_into(
+    words: &[u64; 4],
+    config: &XdpConfig,
+    sender: &Sender,
+    out: &mut Heartbeat,
+) -> bool {
+    let [first, peer_id, seq, tag] = *words;
+    let (magic, version, flags, incarnation) = split_first_word(u64::from_be(first));
+    if validate_fields(magic, version, flags, HEADER_LEN).is_err()
+        || validate_peer_id(u64::from_be(peer_id)).is_err()
+        || (config.has_passive_sources() && passive::is_derived_id(u64::from_be(peer_id)))
+    {
+        return false;
+    }
+    *out = Heartbeat {
+        peer_id: u64::from_be(peer_id),
+        source: SOURCE_HEARTBEAT,
+        dst_port: sender.dst_port,
+        seq: u64::from_be(seq),
+        incarnation,
+        flags,
+        // Native loads on a little-endian target are SipHash's little-endian words.
+        authenticated: [first, peer_id, seq],
+        tag,
+        src_family: sender.src_family,
+        src_port: sender.src_port,
+        src_words: sender.src_words,
+        bfd: NO_BFD,
+    };
+    true
 }

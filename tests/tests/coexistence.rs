@@ -1,6 +1,7 @@
 //! Coexistence (`monitor run --hook tc`): another XDP program owns the interface's XDP hook;
 //! the default hook refuses and names the way out, the TC hook records heartbeats that the other
-//! program passed, leaves it attached and running, and leaves nothing behind when it stops.
+//! program passed, leaves it attached and running, and leaves nothing behind when it stops. And
+//! what only the TC hook meets: a batch of heartbeats in one packet (UDP GSO), counted whole.
 
 use std::{
     os::fd::{AsFd, AsRawFd},
@@ -167,4 +168,54 @@ fn persist_is_refused_with_the_tc_hook() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--hook xdp"), "{stderr}");
+}
+
+/// A sender that hands the kernel many heartbeats in one send (UDP GSO, as `monitor loadgen`
+/// does, 64 a message) crosses a veth as one skb of 64 datagrams: with no XDP program on the
+/// interface nothing cuts it before the TC hook, which runs once for it. Every heartbeat in it
+/// must count, or its peers fall silent to the detector while they send.
+#[test]
+fn tc_hook_counts_every_heartbeat_of_a_gso_batch() {
+    require_root();
+    let pair = NetnsPair::named(83, ["hbcoc", "hbcod"], ["hbcvc", "hbcvd"]);
+    // Run statistics while this fd lives: the program's run count says batches reached it.
+    let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).expect("enable bpf stats");
+    let dir = TempDir::new("hbcogso");
+    let agent = AgentProcess::start(
+        &pair,
+        &["--hook", "tc", "--peers", &dir.peers_file(1..=500)],
+    );
+    let report = integration_tests::agent_process::loadgen(
+        &pair,
+        18498,
+        &["--peers", "500", "--rate", "10", "--duration", "2s"],
+    );
+    let report = serde_json::to_value(report).unwrap();
+    assert_eq!(report["sent_by"], json!("udp-gso"), "{report}");
+    let sent = report["sent"].as_u64().unwrap();
+    let counted = || agent.ask(json!({"op": "stats"}))["stats"]["kernel"]["heartbeats"].clone();
+    // Whatever crossed the veth is counted by now or never: wait for the count to settle.
+    let mut last = counted();
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = counted();
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    let stats = &agent.ask(json!({"op": "stats"}))["stats"];
+    assert_eq!(
+        stats["kernel"]["heartbeats"],
+        json!(sent),
+        "heartbeats sent {sent}, counted by the TC hook: {stats}"
+    );
+    assert_eq!(stats["kernel"]["malformed"], json!(0), "{stats}");
+    // The batches reached the hook whole (one run of `monitor_tc` for many heartbeats), or
+    // this test would not be testing them.
+    let runs = stats["xdp"]["run_count"].as_u64().unwrap();
+    assert!(
+        runs > 0 && runs < sent / 2,
+        "{runs} runs of the TC program for {sent} heartbeats: no batches? {stats}"
+    );
 }

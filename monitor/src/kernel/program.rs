@@ -35,6 +35,12 @@ pub const PROGRAM_NAME: &str = "monitor";
 /// the same maps, for `--hook tc`.
 pub const TC_PROGRAM_NAME: &str = "monitor_tc";
 
+/// The TC classifier `monitor_tc` hands a batch of heartbeats to (one packet of many
+/// datagrams, UDP GSO or GRO: a veth without an XDP program passes them on uncut), through
+/// the program array `BATCH_PROGRAMS_MAP`, index 0.
+pub const TC_BATCH_PROGRAM_NAME: &str = "monitor_tc_batch";
+pub const BATCH_PROGRAMS_MAP: &str = "BATCH_PROGRAMS";
+
 /// Where heartbeats are caught: the XDP hook (first, cheapest), or TC ingress (a TCX link
 /// where the kernel has TCX, 6.6+), which runs beside any XDP program on the interface.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -226,7 +232,36 @@ fn load_object(
         Hook::Tc => tc_mut(&mut ebpf)?.load(),
     }
     .map_err(|e| classify(&e, e.to_string()))?;
+    if hook == Hook::Tc {
+        load_tc_batch(&mut ebpf)?;
+    }
     Ok(ebpf)
+}
+
+/// Loads `monitor_tc_batch` and puts it where `monitor_tc` calls it for a batch.
+fn load_tc_batch(ebpf: &mut Ebpf) -> Result<(), ProgramLoadError> {
+    let fail = |what: &str, e: &dyn fmt::Display| {
+        ProgramLoadError::Load(format!("{TC_BATCH_PROGRAM_NAME}: {what}: {e}"))
+    };
+    let batch: &mut SchedClassifier = ebpf
+        .program_mut(TC_BATCH_PROGRAM_NAME)
+        .ok_or_else(|| fail("loading", &"not in the object"))?
+        .try_into()
+        .map_err(|e: ProgramError| fail("loading", &e))?;
+    batch.load().map_err(|e| classify(&e, e.to_string()))?;
+    let fd = batch
+        .fd()
+        .map_err(|e| fail("its fd", &e))?
+        .try_clone()
+        .map_err(|e| fail("its fd", &e))?;
+    let mut programs: aya::maps::ProgramArray<_> = ebpf
+        .map_mut(BATCH_PROGRAMS_MAP)
+        .ok_or_else(|| fail(BATCH_PROGRAMS_MAP, &"not in the object"))?
+        .try_into()
+        .map_err(|e: aya::maps::MapError| fail(BATCH_PROGRAMS_MAP, &e))?;
+    programs
+        .set(0, &fd, 0)
+        .map_err(|e| fail(BATCH_PROGRAMS_MAP, &e))
 }
 
 /// The TC classifier inside a loaded object.
