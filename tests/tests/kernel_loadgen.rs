@@ -49,6 +49,7 @@ fn config(key: Option<AuthKey>) -> LoadgenConfig {
         incarnation: INCARNATION,
         key,
         kernel: true,
+        gso: true,
     }
 }
 

@@ -62,6 +62,11 @@ pub struct LoadgenArgs {
     /// and, on a veth, an XDP program or GRO on the receiving end. Not with --jitter.
     #[arg(long)]
     kernel: bool,
+    /// Send one heartbeat a message (plain sendmmsg) instead of 64 through UDP GSO: slower,
+    /// but each heartbeat is a packet of its own all the way, as from real senders. A batch
+    /// crosses a veth uncut where no XDP program is on it, so the TC hook meets it whole.
+    #[arg(long, conflicts_with = "kernel")]
+    no_gso: bool,
 }
 
 pub fn loadgen(args: LoadgenArgs) -> anyhow::Result<ExitCode> {
@@ -91,6 +96,7 @@ pub fn loadgen(args: LoadgenArgs) -> anyhow::Result<ExitCode> {
             .map(monitor::peer::auth_key::read_key_file)
             .transpose()?,
         kernel: args.kernel,
+        gso: !args.no_gso,
     };
     let report = loadgen::run(&config, &stop)?;
     // One JSON line on stdout: what was sent, for whoever checks the other end.

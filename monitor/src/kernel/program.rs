@@ -232,8 +232,16 @@ fn load_object(
         Hook::Tc => tc_mut(&mut ebpf)?.load(),
     }
     .map_err(|e| classify(&e, e.to_string()))?;
-    if hook == Hook::Tc {
-        load_tc_batch(&mut ebpf)?;
+    if hook == Hook::Tc
+        && let Err(e) = load_tc_batch(&mut ebpf)
+    {
+        // Kernels before 5.17 have no bpf_loop. The hook still works; only a batch of
+        // heartbeats in one packet (a sender's UDP GSO crossing a veth, UDP GRO) loses all but
+        // its first, counted as malformed.
+        log::warn!(
+            "{e}: with --hook tc, a batch of heartbeats in one packet (UDP GSO, GRO) counts \
+             only its first; the rest are counted as malformed"
+        );
     }
     Ok(ebpf)
 }

@@ -91,3 +91,10 @@ pub(super) fn kernel_ns_per_packet(before: &Value, after: &Value) -> Option<f64>
     let runs = delta(before, after, ["xdp", "run_count"]);
     (runs > 0.0).then(|| delta(before, after, ["xdp", "run_time_ns"]) / runs)
 }
+
+/// As [`kernel_ns_per_packet`], over the heartbeats the kernel recorded instead of the
+/// program's runs: at TC a run may record a batch (a tail call's time is its caller's run's).
+pub(super) fn kernel_ns_per_heartbeat(before: &Value, after: &Value) -> Option<f64> {
+    let heartbeats = delta(before, after, ["kernel", "heartbeats"]);
+    (heartbeats > 0.0).then(|| delta(before, after, ["xdp", "run_time_ns"]) / heartbeats)
+}

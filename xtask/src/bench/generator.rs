@@ -25,6 +25,8 @@ pub(super) struct Loadgen {
     kill_after_s: Option<f64>,
     /// The kernel generator (`--kernel`) instead of the userspace one.
     kernel: bool,
+    /// One heartbeat a message (`--no-gso`) instead of batches of 64.
+    no_gso: bool,
 }
 
 impl Loadgen {
@@ -37,6 +39,7 @@ impl Loadgen {
             seconds,
             kill_after_s: None,
             kernel: false,
+            no_gso: false,
         }
     }
 
@@ -63,6 +66,12 @@ impl Loadgen {
         Self { kernel, ..self }
     }
 
+    /// Sent one heartbeat a message (`--no-gso`): each its own packet all the way, where a
+    /// batch crosses the veth whole to a TC hook (the XDP hook makes the veth cut it).
+    pub fn no_gso(self, no_gso: bool) -> Self {
+        Self { no_gso, ..self }
+    }
+
     /// Starts the stream; its report is the JSON line the generator prints when done.
     pub fn spawn(&self, rig: &Rig) -> Result<Process> {
         let mut cmd = NetPair::in_ns(rig.net.ns_peers, &rig.tools.monitor);
@@ -84,6 +93,7 @@ impl Loadgen {
             &ms(self.seconds),
         ])
         .args(self.kernel.then_some("--kernel"))
+        .args(self.no_gso.then_some("--no-gso"))
         .stdout(Stdio::piped());
         if let Some(after) = self.kill_after_s {
             cmd.args(["--kill", &KILL_FRACTION.to_string(), "--after", &ms(after)]);

@@ -394,6 +394,7 @@ mod tests {
             incarnation: 7,
             key: None,
             kernel: true,
+            gso: true,
         };
         let template = vec![0u8; PAYLOAD_OFFSET + 32];
         let plan = plan(&config, [2, 0, 0, 0, 0, 1], &template);

@@ -53,6 +53,9 @@ pub struct LoadgenConfig {
     /// Send with the kernel generator (an XDP program run by BPF_PROG_RUN) instead of
     /// sendmmsg.
     pub kernel: bool,
+    /// The userspace generator hands the kernel many heartbeats a message (UDP GSO); false
+    /// sends one a message, as a sender without GSO does (see `socket`).
+    pub gso: bool,
 }
 
 impl LoadgenConfig {
@@ -306,6 +309,7 @@ mod stride_tests {
             incarnation: 1,
             key: None,
             kernel: false,
+            gso: true,
         }
     }
 

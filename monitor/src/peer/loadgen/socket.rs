@@ -191,7 +191,7 @@ pub(super) fn run(
     let mut batch = Batch {
         packets: Vec::with_capacity(BATCH),
         due_ns: Vec::with_capacity(BATCH),
-        gso: true,
+        gso: config.gso,
         start: Instant::now(),
         lateness: Lateness {
             slack_ms: slack_ns as f64 / 1e6,
