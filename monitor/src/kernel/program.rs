@@ -464,7 +464,11 @@ pub fn attach(
         AttachMode::Auto => match attempt(program, AttachMode::Native) {
             Ok(link) => Ok((link, AttachMode::Native)),
             Err(native) => {
-                log::info!("{native}; falling back to skb (generic) mode");
+                log::info!(
+                    "{native}; falling back to skb (generic) mode, where a batch of heartbeats \
+                     in one packet (UDP GSO over a veth, UDP GRO) is one frame, counted as \
+                     malformed (--hook tc records each)"
+                );
                 attempt(program, AttachMode::Skb).map(|link| (link, AttachMode::Skb))
             }
         },
