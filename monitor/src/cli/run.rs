@@ -81,7 +81,9 @@ pub struct RunArgs {
     /// File listing peer ids to admit at start: one per line, decimal or 0x hex, # comments.
     #[arg(long)]
     peers: Option<PathBuf>,
-    /// XDP attach mode: native (driver), skb (generic), or auto (native, else skb).
+    /// XDP attach mode: native (driver), skb (generic), or auto (native, else skb). In skb
+    /// mode a batch of heartbeats in one packet (UDP GSO over a veth, UDP GRO) is one frame,
+    /// counted as malformed; --hook tc records each.
     #[arg(long, value_enum, default_value_t = AttachMode::Auto)]
     xdp_mode: AttachMode,
     /// Where heartbeats are caught: xdp (first and cheapest; the interface's one XDP program),
