@@ -103,6 +103,36 @@ impl Fixture {
         }
     }
 
+    /// Runs one packet through the TC classifier as a batch: an skb of `segments` datagrams of
+    /// `segment_size` bytes of payload each, as UDP GSO or GRO leave one (the skb test run takes
+    /// `gso_segs` and `gso_size` in its `__sk_buff` context). Returns the verdict as `run` does.
+    pub fn run_batch(&mut self, packet: &[u8], segments: u32, segment_size: u32) -> u32 {
+        assert_eq!(
+            self.hook,
+            program::Hook::Tc,
+            "only the TC hook meets batches"
+        );
+        // struct __sk_buff (192 bytes): gso_segs at 164, gso_size at 176; every other field 0.
+        let mut ctx = [0u8; 192];
+        ctx[164..168].copy_from_slice(&segments.to_ne_bytes());
+        ctx[176..180].copy_from_slice(&segment_size.to_ne_bytes());
+        let options = TestRunOptions {
+            data_in: Some(packet),
+            ctx_in: Some(&ctx),
+            ..TestRunOptions::default()
+        };
+        let tc = program::tc_mut(&mut self.loaded.ebpf).expect("tc program");
+        match tc
+            .test_run(options)
+            .expect("BPF_PROG_TEST_RUN")
+            .return_value
+        {
+            TC_ACT_OK => XDP_PASS,
+            TC_ACT_SHOT => XDP_DROP,
+            other => panic!("unexpected TC verdict {other}"),
+        }
+    }
+
     pub fn counters(&self) -> CounterTotals {
         CounterTotals::read(&self.loaded.maps.counters).expect("read counters")
     }

@@ -896,6 +896,86 @@ fn the_tc_hook_judges_every_packet_as_xdp_does() {
     }
 }
 
+/// A batch at the TC hook (one skb of several datagrams: a sender's UDP GSO send over a veth,
+/// GRO): each heartbeat in it is recorded as its own and the batch consumed; a batch with
+/// one bad heartbeat records the others, counts that one as malformed and passes up the stack
+/// whole; a batch whose datagrams are not heartbeat-sized, or whose UDP length is not the
+/// batch's, is one malformed packet.
+#[test]
+fn the_tc_hook_records_each_heartbeat_of_a_batch() {
+    use monitor::kernel::program::Hook;
+    let peers = [PEER, PEER + 1, PEER + 2];
+    let batch =
+        |ip: fn(u64, u64) -> Packet, seq: u64, mut tweak: Box<dyn FnMut(usize, &mut [u8])>| {
+            let mut payload = Vec::new();
+            for (i, &id) in peers.iter().enumerate() {
+                let mut header = HeartbeatHeader::new(id, 1, seq).to_bytes();
+                tweak(i, &mut header);
+                payload.extend_from_slice(&header);
+            }
+            Packet {
+                payload,
+                ..ip(PEER, seq)
+            }
+            .build()
+        };
+    for ip in [
+        Packet::heartbeat_v4 as fn(u64, u64) -> Packet,
+        Packet::heartbeat_v6,
+    ] {
+        let mut tc = Fixture::new_hook(XdpConfig::DEFAULT, &peers, Hook::Tc);
+        // Three heartbeats in one skb: three arrivals, the skb consumed.
+        let whole = batch(ip, 1, Box::new(|_, _| {}));
+        assert_eq!(tc.run_batch(&whole, 3, 32), XDP_DROP);
+        assert_eq!(
+            tc.counters(),
+            only(|c| c.heartbeats = 3),
+            "a batch of three"
+        );
+        for id in peers {
+            assert_eq!(
+                (tc.record(id).heartbeats, tc.record(id).last_seq),
+                (1, 1),
+                "peer {id}"
+            );
+        }
+        // The second one's magic broken: the first and third recorded, the skb passed.
+        let one_bad = batch(
+            ip,
+            2,
+            Box::new(|i, header: &mut [u8]| {
+                if i == 1 {
+                    header[0] ^= 0xff;
+                }
+            }),
+        );
+        assert_eq!(tc.run_batch(&one_bad, 3, 32), XDP_PASS);
+        assert_eq!(
+            tc.counters(),
+            only(|c| {
+                c.heartbeats = 5;
+                c.malformed = 1;
+            }),
+            "a batch with a bad heartbeat"
+        );
+        let seqs: Vec<u64> = peers.iter().map(|&id| tc.record(id).last_seq).collect();
+        assert_eq!(seqs, [2, 1, 2]);
+        // Not heartbeat-sized datagrams (6 of 16 bytes), and a UDP length that is not the
+        // batch's (4 of 32 claimed, 3 present): each one malformed packet, nothing recorded.
+        let third = batch(ip, 3, Box::new(|_, _| {}));
+        assert_eq!(tc.run_batch(&third, 6, 16), XDP_PASS);
+        assert_eq!(tc.run_batch(&third, 4, 32), XDP_PASS);
+        assert_eq!(
+            tc.counters(),
+            only(|c| {
+                c.heartbeats = 5;
+                c.malformed = 3;
+            }),
+            "batches of something else"
+        );
+    }
+}
+
 /// The frame with its IP destination address replaced (IPv4 as `a.b.c.d`, IPv6 in full).
 fn to_destination(packet: &Packet, dst: std::net::IpAddr) -> Vec<u8> {
     let mut frame = packet.build();
