@@ -322,13 +322,9 @@ fn parse_inner<C: Packet>(ctx: &C, config: &XdpConfig) -> Option<Parsed> {
             load::u64_at(p.add(24)),
         )
     };
-    let (magic, version, flags, incarnation) = split_first_word(u64::from_be(first));
-    if validate_fields(magic, version, flags, segment_len).is_err()
-        || validate_peer_id(u64::from_be(peer_id)).is_err()
-        || (config.has_passive_sources() && passive::is_derived_id(u64::from_be(peer_id)))
-    {
+    let Some((flags, incarnation)) = checked_header(first, peer_id, segment_len, config) else {
         return Some(Parsed::Malformed);
-    }
+    };
     Some(Parsed::Heartbeat(Heartbeat {
         peer_id: u64::from_be(peer_id),
         source,
@@ -344,6 +340,24 @@ fn parse_inner<C: Packet>(ctx: &C, config: &XdpConfig) -> Option<Parsed> {
         src_words,
         bfd: NO_BFD,
     }))
+}
+
+/// The receiver's checks of a heartbeat's first word and id (both as loaded, network order)
+/// and its UDP payload's length (docs/wire-format.md, "What the receiver checks"): its flags
+/// and incarnation if it passes them.
+#[inline(always)]
+fn checked_header(
+    first: u64,
+    peer_id: u64,
+    payload_len: usize,
+    config: &XdpConfig,
+) -> Option<(u8, u32)> {
+    let (magic, version, flags, incarnation) = split_first_word(u64::from_be(first));
+    let id = u64::from_be(peer_id);
+    let valid = validate_fields(magic, version, flags, payload_len).is_ok()
+        && validate_peer_id(id).is_ok()
+        && !(config.has_passive_sources() && passive::is_derived_id(id));
+    valid.then_some((flags, incarnation))
 }
 
 /// What every heartbeat of a packet shares: where it came from.
@@ -366,13 +380,9 @@ pub fn heartbeat_into(
     out: &mut Heartbeat,
 ) -> bool {
     let [first, peer_id, seq, tag] = *words;
-    let (magic, version, flags, incarnation) = split_first_word(u64::from_be(first));
-    if validate_fields(magic, version, flags, HEADER_LEN).is_err()
-        || validate_peer_id(u64::from_be(peer_id)).is_err()
-        || (config.has_passive_sources() && passive::is_derived_id(u64::from_be(peer_id)))
-    {
+    let Some((flags, incarnation)) = checked_header(first, peer_id, HEADER_LEN, config) else {
         return false;
-    }
+    };
     *out = Heartbeat {
         peer_id: u64::from_be(peer_id),
         source: SOURCE_HEARTBEAT,
