@@ -905,27 +905,31 @@ fn the_tc_hook_judges_every_packet_as_xdp_does() {
 fn the_tc_hook_records_each_heartbeat_of_a_batch() {
     use monitor::kernel::program::Hook;
     let peers = [PEER, PEER + 1, PEER + 2];
-    let batch =
-        |ip: fn(u64, u64) -> Packet, seq: u64, mut tweak: Box<dyn FnMut(usize, &mut [u8])>| {
-            let mut payload = Vec::new();
-            for (i, &id) in peers.iter().enumerate() {
-                let mut header = HeartbeatHeader::new(id, 1, seq).to_bytes();
-                tweak(i, &mut header);
-                payload.extend_from_slice(&header);
+    // The peers' heartbeats `seq` back to back in one frame, the magic of the `broken`-th
+    // (if any) flipped.
+    let batch = |ip: Ip, seq: u64, broken: Option<usize>| {
+        let mut payload = Vec::new();
+        for (i, &id) in peers.iter().enumerate() {
+            let mut header = HeartbeatHeader::new(id, 1, seq).to_bytes();
+            if broken == Some(i) {
+                header[0] ^= 0xff;
             }
-            Packet {
-                payload,
-                ..ip(PEER, seq)
-            }
-            .build()
-        };
+            payload.extend_from_slice(&header);
+        }
+        Packet {
+            payload,
+            ip,
+            ..Packet::heartbeat_v4(PEER, seq)
+        }
+        .build()
+    };
     for ip in [
-        Packet::heartbeat_v4 as fn(u64, u64) -> Packet,
-        Packet::heartbeat_v6,
+        Packet::heartbeat_v4(PEER, 1).ip,
+        Packet::heartbeat_v6(PEER, 1).ip,
     ] {
         let mut tc = Fixture::new_hook(XdpConfig::DEFAULT, &peers, Hook::Tc);
         // Three heartbeats in one skb: three arrivals, the skb consumed.
-        let whole = batch(ip, 1, Box::new(|_, _| {}));
+        let whole = batch(ip.clone(), 1, None);
         assert_eq!(tc.run_batch(&whole, 3, 32), XDP_DROP);
         assert_eq!(
             tc.counters(),
@@ -940,15 +944,7 @@ fn the_tc_hook_records_each_heartbeat_of_a_batch() {
             );
         }
         // The second one's magic broken: the first and third recorded, the skb passed.
-        let one_bad = batch(
-            ip,
-            2,
-            Box::new(|i, header: &mut [u8]| {
-                if i == 1 {
-                    header[0] ^= 0xff;
-                }
-            }),
-        );
+        let one_bad = batch(ip.clone(), 2, Some(1));
         assert_eq!(tc.run_batch(&one_bad, 3, 32), XDP_PASS);
         assert_eq!(
             tc.counters(),
@@ -962,7 +958,7 @@ fn the_tc_hook_records_each_heartbeat_of_a_batch() {
         assert_eq!(seqs, [2, 1, 2]);
         // Not heartbeat-sized datagrams (6 of 16 bytes), and a UDP length that is not the
         // batch's (4 of 32 claimed, 3 present): each one malformed packet, nothing recorded.
-        let third = batch(ip, 3, Box::new(|_, _| {}));
+        let third = batch(ip, 3, None);
         assert_eq!(tc.run_batch(&third, 6, 16), XDP_PASS);
         assert_eq!(tc.run_batch(&third, 4, 32), XDP_PASS);
         assert_eq!(
