@@ -195,15 +195,17 @@ pub(super) fn render_scales(rows: &[ScaleRow]) -> String {
     let mut t = String::new();
     let _ = writeln!(
         t,
-        "| peers | requested pps | sent pps | sent | recorded | lost | kernel ns/pkt (bpf_stats) | agent CPU % | agent RssAnon MiB | maps MiB | sweep mmap ms | sweep aya iter ms | iter/mmap | agent sweep ms | peer p50/p99 us | suspects p50/p99 us (n) | suspects in the agent p50/p99 us | event p50/p99 ms (n) |"
+        "| peers | requested pps | sent pps | sent | recorded | lost | kernel ns/pkt (bpf_stats) | agent CPU % | agent RssAnon MiB | maps MiB | sweep mmap ms | sweep aya iter ms | iter/mmap | agent sweep ms | peer p50/p99 us | peer in the agent p50/p99 us | suspects p50/p99 us (n) | suspects in the agent p50/p99 us | event p50/p99 ms (n) |"
     );
     let _ = writeln!(
         t,
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for r in rows {
-        // Bucket bounds of the agent's histogram: the quantile is at most this.
-        let agent_suspects = match &r.socket["agent_suspects_us"] {
+        // Bucket bounds of the agent's histogram (line read to reply written): the quantile is
+        // at most this. Beside the client's round trip, the rest of it is the socket's two
+        // wake-ups and the waits for a core.
+        let in_agent = |key: &str| match &r.socket[key] {
             Value::Null => "-".to_string(),
             q => format!(
                 "<= {} / <= {}",
@@ -211,9 +213,11 @@ pub(super) fn render_scales(rows: &[ScaleRow]) -> String {
                 f(q, &["p99_at_most"])
             ),
         };
+        let (agent_peer, agent_suspects) =
+            (in_agent("agent_peer_us"), in_agent("agent_suspects_us"));
         let _ = writeln!(
             t,
-            "| {}{} | {:.0} | {:.0} | {} | {} | {} | {:.0} | {:.2} | {:.1} | {:.1} | {:.3} | {:.1} | {:.0}x | {:.3} | {:.0} / {:.0} | {:.0} / {:.0} ({}) | {agent_suspects} | {:.2} / {:.2} ({}) |",
+            "| {}{} | {:.0} | {:.0} | {} | {} | {} | {:.0} | {:.2} | {:.1} | {:.1} | {:.3} | {:.1} | {:.0}x | {:.3} | {:.0} / {:.0} | {agent_peer} | {:.0} / {:.0} ({}) | {agent_suspects} | {:.2} / {:.2} ({}) |",
             r.peers,
             r.tag,
             r.requested_pps,
