@@ -479,15 +479,16 @@ int main(int argc, char **argv)
         /* Due one interval after the previous one was due, whenever it was sent... */
         while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &due, NULL) == EINTR)
             ;
-        /* ...unless this one is over half an interval late: a stall, after which the schedule
-         * starts again from now (see the comment at the top). */
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        if (ns_between(&due, &now) > interval_ms * UINT64_C(500000))
-            due = now;
         /* A transient error (no route yet, ICMP feedback) must not stop a heartbeat sender. */
         if (send(fd, hb, HB_LEN, 0) != HB_LEN)
             fprintf(stderr, "hb_send: sending heartbeat %llu: %s\n", (unsigned long long)seq,
                     strerror(errno));
+        /* ...unless this one went out over half an interval late: a stall, after which the
+         * schedule starts again from now (see the comment at the top). Read after the send: a
+         * stop between a read before it and the send would go unseen. */
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (ns_between(&due, &now) > interval_ms * UINT64_C(500000))
+            due = now;
         add_ns(&due, interval_ms * UINT64_C(1000000));
     }
     if (fd >= 0)

@@ -130,17 +130,18 @@ def send_loop(sock, peer_id, incarnation, interval_s, count=None, key=None):
         delay = due - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-        # Over half an interval late: a stall, after which the schedule starts again from now
-        # rather than sending the missed heartbeats in a burst (see the top of this file).
-        now = time.monotonic()
-        if now - due > interval_s / 2:
-            due = now
-        due += interval_s
         try:
             sock.send(encode(peer_id, incarnation, seq, key))
         except OSError as e:
             # A transient error (no route yet, ICMP feedback) must not stop a heartbeat sender.
             print(f"hb_send.py: sending heartbeat {seq}: {e}", file=sys.stderr)
+        # Sent over half an interval late: a stall, after which the schedule starts again from
+        # now rather than sending the missed heartbeats in a burst (see the top of this file).
+        # Read after the send: a stop between a read before it and the send would go unseen.
+        now = time.monotonic()
+        if now - due > interval_s / 2:
+            due = now
+        due += interval_s
         seq += 1
     return seq
 

@@ -166,7 +166,6 @@ pub fn run(config: &SenderConfig, mut keep_going: impl FnMut() -> bool) -> io::R
         if let Some(wait) = due.checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
         }
-        schedule.sending(due, Instant::now());
         let datagram = heartbeat(
             config.id,
             config.incarnation,
@@ -178,6 +177,9 @@ pub fn run(config: &SenderConfig, mut keep_going: impl FnMut() -> bool) -> io::R
             // A transient error (no route yet, ICMP feedback) must not kill a heartbeat sender.
             Err(e) => log::warn!("sending heartbeat {}: {e}", config.first_seq + sent),
         }
+        // Read after the send: a stop between a read before it and the send would go unseen,
+        // and the next heartbeat, found late, would follow this one at once.
+        schedule.sent(due, Instant::now());
         sent += 1;
     }
     Ok(sent)
@@ -215,9 +217,10 @@ impl Schedule {
         self.nominal
     }
 
-    /// The next heartbeat, due at `due` (its nominal time plus jitter), goes out at `now`:
-    /// moves the schedule on to the one after it.
-    pub fn sending(&mut self, due: Instant, now: Instant) {
+    /// The next heartbeat, due at `due` (its nominal time plus jitter), has gone out: `now` is
+    /// read after the send returned, so it is never before the heartbeat left. Moves the
+    /// schedule on to the one after it.
+    pub fn sent(&mut self, due: Instant, now: Instant) {
         if now.saturating_duration_since(due) > self.interval / 2 {
             self.nominal = now;
         }
@@ -260,7 +263,7 @@ mod tests {
             .map(|&wake| {
                 let due = schedule.nominal();
                 let sent_at = (start + ms(wake)).max(due);
-                schedule.sending(due, sent_at);
+                schedule.sent(due, sent_at);
                 (schedule.nominal() - start).as_millis() as u64
             })
             .collect()
@@ -302,7 +305,7 @@ mod tests {
                 _ => Duration::ZERO,
             };
             clock = clock.max(due) + late;
-            schedule.sending(due, clock);
+            schedule.sent(due, clock);
             if let Some(last) = last {
                 assert!(clock - last >= interval / 2, "{:?} apart", clock - last);
             }
