@@ -22,8 +22,8 @@
  * shift every later heartbeat. A heartbeat sent more than half an interval late is a stall (a
  * stopped process, a paused VM, a starved CPU): the schedule starts again from it, and the
  * missed heartbeats are not sent in a burst, whose near-zero intervals would distort the
- * monitor's window (docs/tuning.md, "A sender after a stall"). Sequence numbers start at 0 in each incarnation and count only
- * heartbeats sent.
+ * monitor's window (docs/tuning.md, "A sender after a stall"). Sequence numbers start at 0 in
+ * each incarnation and count only heartbeats sent.
  */
 #define _POSIX_C_SOURCE 200809L
 

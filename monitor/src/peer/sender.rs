@@ -147,9 +147,10 @@ pub fn heartbeat(id: u64, incarnation: u32, seq: u64, key: Option<&AuthKey>) -> 
 /// Sends heartbeats on a fixed schedule (start + k * interval, plus jitter), so sleeping late
 /// once does not shift every later heartbeat, until `config.count` are sent or `keep_going`
 /// (asked before each heartbeat) returns false. A stall (see [`Schedule`]) starts the schedule
-/// again from the moment the sender runs, rather than sending the missed heartbeats at once. Blocks the calling thread; returns how many
-/// were sent. Fails only if the socket cannot be set up; an error sending one heartbeat (no
-/// route yet, ICMP feedback) is logged and the next one goes out on time.
+/// again from the heartbeat it delayed, rather than sending the missed ones at once. Blocks the
+/// calling thread; returns how many were sent. Fails only if the socket cannot be set up; an
+/// error sending one heartbeat (no route yet, ICMP feedback) is logged and the next one goes
+/// out on time.
 pub fn run(config: &SenderConfig, mut keep_going: impl FnMut() -> bool) -> io::Result<u64> {
     let bind: SocketAddr = match config.from {
         Some(ip) => SocketAddr::new(ip, 0),
