@@ -130,8 +130,8 @@ enum Verdict {
 trait Hook: Packet + EbpfContext + Sized {
     /// Records an accepted heartbeat (`record::record`).
     fn record(&self, hb: &Heartbeat, config: &XdpConfig, counters: &mut Counters);
-    /// Records a batch's heartbeats after the first (`Packet::gso`, which only the TC hook
-    /// sees) and says whether every datagram in it was one.
+    /// Records a batch's heartbeats after the first (`Parsed::FirstOfBatch`, which only the TC
+    /// hook sees) and says whether every datagram in it was one.
     fn rest_of_batch(&self, first: &Heartbeat, counters: &mut Counters) -> bool;
 }
 
@@ -158,6 +158,7 @@ fn handle<C: Hook>(ctx: &C) -> Verdict {
     // SAFETY: per-CPU value; XDP and TC programs run to completion on this CPU, nothing else
     // writes it.
     let counters = unsafe { &mut *counters };
+    let batch = matches!(parsed, Parsed::FirstOfBatch(_));
     match parsed {
         Parsed::NotHeartbeat => {
             counters.not_heartbeat += 1;
@@ -181,11 +182,11 @@ fn handle<C: Hook>(ctx: &C) -> Verdict {
             record::record_passive(&packet, &config, counters);
             Verdict::Pass
         }
-        Parsed::Heartbeat(hb) => {
+        Parsed::Heartbeat(hb) | Parsed::FirstOfBatch(hb) => {
             ctx.record(&hb, &config, counters);
             // A batch with anything but heartbeats in it goes on to the stack whole, as a
             // malformed heartbeat does.
-            let all_heartbeats = ctx.gso().is_none() || ctx.rest_of_batch(&hb, counters);
+            let all_heartbeats = !batch || ctx.rest_of_batch(&hb, counters);
             if config.flags & XDP_FLAG_PASS_HEARTBEATS != 0 || !all_heartbeats {
                 Verdict::Pass
             } else {

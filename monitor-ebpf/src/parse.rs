@@ -67,6 +67,9 @@ pub enum Parsed {
     NotLocal,
     Malformed,
     Heartbeat(Heartbeat),
+    /// The first heartbeat of a batch (`Packet::gso`), the others `HEADER_LEN` bytes apart
+    /// after it (their number and place are in `BATCH`: `crate::note_batch`).
+    FirstOfBatch(Heartbeat),
 }
 
 const ETH_P_IPV4: u16 = EtherType::Ipv4 as u16;
@@ -301,13 +304,13 @@ fn parse_inner<C: Packet>(ctx: &C, config: &XdpConfig) -> Option<Parsed> {
     // A batch: each datagram's payload is the segment size, and a batch of heartbeats is
     // all whole ones (the UDP length is the batch's).
     let payload_offset = offset + UdpHdr::LEN;
-    let segment_len = match ctx.gso() {
+    let (segment_len, batch) = match ctx.gso() {
         Some((segs, size)) if payload_len == segs as usize * size as usize => {
             crate::note_batch(segs, payload_offset as u32);
-            size as usize
+            (size as usize, true)
         }
         Some(_) => return Some(Parsed::Malformed),
-        None => payload_len,
+        None => (payload_len, false),
     };
     let Some(header) = ptr_at::<C, HeartbeatHeader>(ctx, payload_offset) else {
         return Some(Parsed::Malformed);
@@ -325,7 +328,7 @@ fn parse_inner<C: Packet>(ctx: &C, config: &XdpConfig) -> Option<Parsed> {
     let Some((flags, incarnation)) = checked_header(first, peer_id, segment_len, config) else {
         return Some(Parsed::Malformed);
     };
-    Some(Parsed::Heartbeat(Heartbeat {
+    let hb = Heartbeat {
         peer_id: u64::from_be(peer_id),
         source,
         dst_port,
@@ -339,7 +342,12 @@ fn parse_inner<C: Packet>(ctx: &C, config: &XdpConfig) -> Option<Parsed> {
         src_port,
         src_words,
         bfd: NO_BFD,
-    }))
+    };
+    Some(if batch {
+        Parsed::FirstOfBatch(hb)
+    } else {
+        Parsed::Heartbeat(hb)
+    })
 }
 
 /// The receiver's checks of a heartbeat's first word and id (both as loaded, network order)
