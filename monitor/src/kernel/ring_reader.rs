@@ -52,56 +52,66 @@ pub async fn consume<T: aya::Pod>(
     }
 }
 
-/// How often a ring read on a thread of its own ([`consume_on_thread`]) looks whether it was
-/// told to stop while nothing arrived.
-const STOP_POLL_MS: i32 = 100;
-
 /// Delivers every record of `ring` to `on_record` on a blocking thread of its own, for as long
-/// as the returned future is not dropped (dropping it stops the thread within
-/// `STOP_POLL_MS`). For records whose handling takes locks that others hold for
-/// milliseconds (admitting a peer waits for a sweep of 50,000): on the async workers it
-/// would stall every socket client and the fleet's connection meanwhile.
+/// as the returned future is not dropped (dropping it wakes the thread, which stops). For
+/// records whose handling takes locks that others hold for milliseconds (admitting a peer
+/// waits for a sweep of 50,000): on the async workers it would stall every socket client and
+/// the fleet's connection meanwhile. The thread sleeps in `poll` on the ring and on an eventfd
+/// the drop writes: it wakes for records or to stop, never on a timer (it used to look for
+/// the stop ten times a second, an idle agent's second most frequent wake).
 pub async fn consume_on_thread<T: aya::Pod + Send + 'static>(
     mut ring: RingBuf<MapData>,
     mut on_record: impl FnMut(T) + Send + 'static,
 ) -> std::io::Result<()> {
-    use std::{
-        os::fd::AsRawFd,
-        sync::{
-            Arc,
-            atomic::{AtomicBool, Ordering},
-        },
-    };
-    struct StopOnDrop(Arc<AtomicBool>);
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    /// Wakes the reader to stop when the future is dropped (or finishes).
+    struct StopOnDrop(std::sync::Arc<OwnedFd>);
     impl Drop for StopOnDrop {
         fn drop(&mut self) {
-            self.0.store(true, Ordering::Relaxed);
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: 8 bytes from a live buffer to an eventfd this value keeps open. It can
+            // fail only if the count would overflow, which one write per reader cannot reach.
+            unsafe { libc::write(self.0.as_raw_fd(), one.as_ptr().cast(), one.len()) };
         }
     }
-    let stop = Arc::new(AtomicBool::new(false));
+    // SAFETY: a plain syscall; the fd it returns is owned below.
+    let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd nobody else owns.
+    let stop = std::sync::Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
     let _stop_on_drop = StopOnDrop(stop.clone());
     let reader = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-        let fd = ring.as_raw_fd();
-        while !stop.load(Ordering::Relaxed) {
+        let mut fds = [
+            libc::pollfd {
+                fd: ring.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: stop.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        loop {
             while let Some(item) = ring.next() {
                 if let Some(record) = decode(&item) {
                     on_record(record);
                 }
             }
-            let mut pollfd = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd, for the ring's fd that `ring` keeps open.
-            if unsafe { libc::poll(&mut pollfd, 1, STOP_POLL_MS) } < 0 {
+            // SAFETY: two valid pollfds, for fds that `ring` and `stop` keep open.
+            if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0 {
                 let e = std::io::Error::last_os_error();
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     return Err(e);
                 }
             }
+            if fds[1].revents != 0 {
+                return Ok(());
+            }
         }
-        Ok(())
     });
     reader.await.map_err(std::io::Error::other)?
 }
