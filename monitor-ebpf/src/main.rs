@@ -19,9 +19,9 @@ mod record;
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::{__sk_buff, TC_ACT_OK, TC_ACT_SHOT, xdp_action},
+    bindings::{__sk_buff, TC_ACT_OK, TC_ACT_SHOT, xdp_action, xdp_md},
     cty::c_void,
-    helpers::generated::{bpf_loop, bpf_skb_load_bytes},
+    helpers::generated::{bpf_loop, bpf_skb_load_bytes, bpf_xdp_load_bytes},
     macros::{classifier, map, xdp},
     maps::{Array, HashMap, PerCpuArray, ProgramArray, RingBuf},
     programs::{TcContext, XdpContext},
@@ -130,8 +130,9 @@ enum Verdict {
 trait Hook: Packet + EbpfContext + Sized {
     /// Records an accepted heartbeat (`record::record`).
     fn record(&self, hb: &Heartbeat, config: &XdpConfig, counters: &mut Counters);
-    /// Records a batch's heartbeats after the first (`Parsed::FirstOfBatch`, which only the TC
-    /// hook sees) and says whether every datagram in it was one.
+    /// Records a packet's heartbeats after the first (`Parsed::FirstOfBatch`) and says whether
+    /// every one was a heartbeat: hands them to the hook's batch program (`call_batch_program`),
+    /// which gives the packet its verdict and does not come back.
     fn rest_of_batch(&self, first: &Heartbeat, counters: &mut Counters) -> bool;
 }
 
@@ -141,8 +142,8 @@ impl Hook for XdpContext {
         record::record(self, hb, config, counters);
     }
     #[inline(always)]
-    fn rest_of_batch(&self, _first: &Heartbeat, _counters: &mut Counters) -> bool {
-        true
+    fn rest_of_batch(&self, first: &Heartbeat, counters: &mut Counters) -> bool {
+        call_batch_program(self, &XDP_BATCH_PROGRAMS, first, counters)
     }
 }
 
@@ -229,16 +230,16 @@ pub fn monitor_tc(ctx: TcContext) -> i32 {
     }
 }
 
-/// What a batch's heartbeats after the first share, left by `monitor_tc` for
-/// `monitor_tc_batch`, and how many of them were not heartbeats. Per CPU: a tail call keeps
-/// the CPU, and nothing else runs on it in between.
+/// What a packet's heartbeats after the first share, left by the hook (`monitor`,
+/// `monitor_tc`) for its batch program, and how many of them were not heartbeats. Per CPU: a
+/// tail call keeps the CPU, and nothing else runs on it in between.
 #[repr(C)]
 struct Batch {
     sender: Sender,
-    /// Datagrams in the batch, and where the first one's heartbeat starts (`note_batch`).
+    /// Heartbeats in the packet, and where the first one starts (`note_batch`).
     segments: u32,
     payload_offset: u32,
-    /// Datagrams after the first that were not heartbeats.
+    /// Heartbeats after the first that failed a check.
     malformed: u32,
     /// A batch step's scratch: the heartbeat's bytes and the heartbeat they make, kept here,
     /// where the record path's frame and these would not fit in the verifier's 512 bytes.
@@ -246,8 +247,9 @@ struct Batch {
     heartbeat: Heartbeat,
 }
 
-/// Called by the parser for a batch (`Packet::gso`): its size and where it starts, kept for
-/// `monitor_tc_batch` (the first heartbeat's record leaves no room for them on the stack).
+/// Called by the parser for a packet of several heartbeats: how many and where they start,
+/// kept for the batch program (the first heartbeat's record leaves no room for them on the
+/// stack).
 #[inline(always)]
 pub fn note_batch(segments: u32, payload_offset: u32) {
     if let Some(batch) = BATCH.get_ptr_mut(0) {
@@ -263,7 +265,7 @@ pub fn note_batch(segments: u32, payload_offset: u32) {
 static BATCH: PerCpuArray<Batch> = PerCpuArray::with_max_entries(1, 0);
 
 /// `monitor_tc_batch`, at index 0, put there by the agent when it loads the TC hook. Where
-/// the slot is empty, a batch's heartbeats after the first are counted as malformed.
+/// the slot is empty, a packet's heartbeats after the first are counted as malformed.
 #[map]
 static BATCH_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
@@ -272,87 +274,141 @@ impl Hook for TcContext {
     fn record(&self, hb: &Heartbeat, config: &XdpConfig, counters: &mut Counters) {
         record::record(self, hb, config, counters);
     }
-
-    /// Hands the batch to `monitor_tc_batch` by a tail call, which does not come back: that
-    /// program gives the packet its verdict. Returns only if the call fails (no program at
-    /// index 0).
     #[inline(always)]
     fn rest_of_batch(&self, first: &Heartbeat, counters: &mut Counters) -> bool {
-        let Some(batch) = BATCH.get_ptr_mut(0) else {
-            return false;
-        };
-        // SAFETY: per-CPU value; only this program and the one it calls use it.
-        let segments = unsafe {
-            (*batch).sender = Sender {
-                dst_port: first.dst_port,
-                src_family: first.src_family,
-                src_port: first.src_port,
-                src_words: first.src_words,
-            };
-            (*batch).segments
-        };
-        // SAFETY: the context is this program's own.
-        unsafe { BATCH_PROGRAMS.tail_call(self, 0) };
-        counters.malformed += u64::from(segments.saturating_sub(1));
-        false
+        call_batch_program(self, &BATCH_PROGRAMS, first, counters)
     }
 }
 
-/// The batch program's context for the record path: a type of its own, so that the record
+/// `monitor_xdp_batch`, at index 0, put there by the agent when it loads the XDP hook (and
+/// pinned beside the program with `--pin-path`: the kernel empties a program array when its
+/// last user reference closes). Where the slot is empty, a packet's heartbeats after the first
+/// are counted as malformed. A program array of its own: one takes programs of one type.
+#[map]
+static XDP_BATCH_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// Leaves in `BATCH` what the heartbeats of `first`'s packet after it share, and tail-calls
+/// the hook's batch program (index 0 of `programs`), which gives the packet its verdict and
+/// does not come back. Returns only if the call fails (no program there), with the rest
+/// counted as malformed.
+#[inline(always)]
+fn call_batch_program<C: EbpfContext>(
+    ctx: &C,
+    programs: &ProgramArray,
+    first: &Heartbeat,
+    counters: &mut Counters,
+) -> bool {
+    let Some(batch) = BATCH.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: per-CPU value; only this program and the one it calls use it.
+    let segments = unsafe {
+        (*batch).sender = Sender {
+            dst_port: first.dst_port,
+            src_family: first.src_family,
+            src_port: first.src_port,
+            src_words: first.src_words,
+        };
+        (*batch).segments
+    };
+    // SAFETY: the context is this program's own.
+    unsafe { programs.tail_call(ctx, 0) };
+    counters.malformed += u64::from(segments.saturating_sub(1));
+    false
+}
+
+/// A batch program's context for the record path: a type of its own, so that the record
 /// path's helpers are compiled apart for it. Shared with `monitor_tc`, LLVM stopped
 /// inlining some of them there the same way, and that program's frame went from 400 to 528
 /// bytes, past the verifier's 512.
-struct BatchContext<'a>(&'a TcContext);
+struct BatchContext<'a, C>(&'a C);
 
-impl EbpfContext for BatchContext<'_> {
+impl<C: EbpfContext> EbpfContext for BatchContext<'_, C> {
     fn as_ptr(&self) -> *mut c_void {
         self.0.as_ptr()
     }
 }
 
-/// The heartbeats of a batch after its first (`monitor_tc` recorded that one, then called
-/// this program, whose verdict is the packet's), one `bpf_loop` step each (kernel 5.17+):
+/// The heartbeats of a packet after its first (the hook recorded that one, then called its
+/// batch program, whose verdict is the packet's), one `bpf_loop` step each (kernel 5.17+):
 /// the verifier checks a step once, where a loop over the record path here ran past its
-/// million instructions. A tail call starts a new stack frame: `monitor_tc`'s (the record
-/// path inlined, 400 of the verifier's 512 bytes) has no room for a step's.
-#[classifier]
-pub fn monitor_tc_batch(ctx: TcContext) -> i32 {
+/// million instructions. A tail call starts a new stack frame: the hook's (the record path
+/// inlined, 400 of the verifier's 512 bytes) has no room for a step's. `raw_ctx` is the
+/// hook's context pointer, which the steps get through this frame's stack (a context
+/// pointer cannot be kept in a map). True if every step recorded a heartbeat and the packet
+/// is to be consumed.
+#[inline(always)]
+fn run_batch(mut raw_ctx: *mut c_void, step: *mut c_void) -> bool {
     let Some(batch) = BATCH.get_ptr_mut(0) else {
-        return TC_ACT_OK as i32;
+        return false;
     };
-    // SAFETY: per-CPU value, written by `monitor_tc` just before it called this program;
+    // SAFETY: per-CPU value, written by the hook just before it called this program;
     // nothing else runs on this CPU.
     let steps = unsafe {
         (*batch).malformed = 0;
         (*batch).segments.saturating_sub(1)
     };
-    // The steps get the skb through the stack: a context pointer cannot be kept in a map.
-    let mut skb = ctx.skb.skb;
-    // SAFETY: the callback is a static function of this program; `skb` outlives the call.
-    let ran = unsafe {
-        bpf_loop(
-            steps,
-            batch_heartbeat as *mut c_void,
-            (&raw mut skb).cast(),
-            0,
-        )
-    };
+    // SAFETY: `step` is a static function of this program; `raw_ctx` outlives the call.
+    let ran = unsafe { bpf_loop(steps, step, (&raw mut raw_ctx).cast(), 0) };
     // SAFETY: as above; read after the steps wrote it.
     let malformed = unsafe { core::ptr::read_volatile(&raw const (*batch).malformed) };
-    if ran == i64::from(steps) && malformed == 0 && config().flags & XDP_FLAG_PASS_HEARTBEATS == 0 {
+    ran == i64::from(steps) && malformed == 0 && config().flags & XDP_FLAG_PASS_HEARTBEATS == 0
+}
+
+/// The TC hook's batch program (`run_batch`).
+#[classifier]
+pub fn monitor_tc_batch(ctx: TcContext) -> i32 {
+    if run_batch(ctx.skb.skb.cast(), tc_batch_heartbeat as *mut c_void) {
         TC_ACT_SHOT as i32
     } else {
         TC_ACT_OK as i32
     }
 }
 
-/// One heartbeat of a batch: the `index`-th after the first, read from wherever it lies in the
-/// skb (a batch is mostly in pages, past what `bpf_skb_pull_data` made direct). The bytes and
-/// the heartbeat they make go to `Batch`'s scratch, not this step's frame.
+/// The XDP hook's batch program (`run_batch`).
+#[xdp]
+pub fn monitor_xdp_batch(ctx: XdpContext) -> u32 {
+    if run_batch(ctx.ctx.cast(), xdp_batch_heartbeat as *mut c_void) {
+        xdp_action::XDP_DROP
+    } else {
+        xdp_action::XDP_PASS
+    }
+}
+
+/// One heartbeat of a batch at TC: read from wherever it lies in the skb (a GSO batch is
+/// mostly in pages, past what `bpf_skb_pull_data` made direct).
 #[inline(never)]
-extern "C" fn batch_heartbeat(index: u64, skb: *mut c_void) -> i64 {
-    // SAFETY: the skb pointer `monitor_tc_batch` left on its stack for the whole loop.
-    let ctx = TcContext::new(unsafe { *skb.cast::<*mut __sk_buff>() });
+extern "C" fn tc_batch_heartbeat(index: u64, raw_ctx: *mut c_void) -> i64 {
+    // SAFETY: the skb pointer `run_batch` left on its stack for the whole loop.
+    let ctx = TcContext::new(unsafe { *raw_ctx.cast::<*mut __sk_buff>() });
+    batch_heartbeat(&BatchContext(&ctx), index, |offset, to| {
+        // The helper itself, with the length a constant: aya's `load_bytes` clamps it to
+        // what is left of the skb, which the verifier reads as possibly 0 and refuses.
+        // SAFETY: 32 bytes into the map value's four words.
+        unsafe { bpf_skb_load_bytes(ctx.skb.skb.cast(), offset, to, HEADER_LEN as u32) }
+    })
+}
+
+/// One heartbeat of a batch at XDP.
+#[inline(never)]
+extern "C" fn xdp_batch_heartbeat(index: u64, raw_ctx: *mut c_void) -> i64 {
+    // SAFETY: the xdp_md pointer `run_batch` left on its stack for the whole loop.
+    let ctx = XdpContext::new(unsafe { *raw_ctx.cast::<*mut xdp_md>() });
+    batch_heartbeat(&BatchContext(&ctx), index, |offset, to| {
+        // SAFETY: 32 bytes into the map value's four words.
+        unsafe { bpf_xdp_load_bytes(ctx.ctx, offset, to, HEADER_LEN as u32) }
+    })
+}
+
+/// One heartbeat of a batch, the `index`-th after the first, its bytes read by `load` (at an
+/// offset into the packet, to a place for `HEADER_LEN` bytes; 0 on success). The bytes and
+/// the heartbeat they make go to `Batch`'s scratch, not this step's frame.
+#[inline(always)]
+fn batch_heartbeat<C: EbpfContext>(
+    ctx: &C,
+    index: u64,
+    load: impl FnOnce(u32, *mut c_void) -> i64,
+) -> i64 {
     let (Some(batch), Some(counters)) = (BATCH.get_ptr_mut(0), COUNTERS.get_ptr_mut(0)) else {
         return 1;
     };
@@ -360,21 +416,11 @@ extern "C" fn batch_heartbeat(index: u64, skb: *mut c_void) -> i64 {
     let (batch, counters) = unsafe { (&mut *batch, &mut *counters) };
     let config = config();
     let offset = batch.payload_offset as usize + (index as usize + 1) * HEADER_LEN;
-    // The helper itself, with the length a constant: aya's `load_bytes` clamps it to what is
-    // left of the skb, which the verifier reads as possibly 0 and refuses.
-    // SAFETY: 32 bytes into the map value's four words.
-    let read = unsafe {
-        bpf_skb_load_bytes(
-            ctx.skb.skb.cast(),
-            offset as u32,
-            batch.words.as_mut_ptr().cast(),
-            HEADER_LEN as u32,
-        )
-    };
+    let read = load(offset as u32, batch.words.as_mut_ptr().cast());
     if read == 0
         && parse::heartbeat_into(&batch.words, &config, &batch.sender, &mut batch.heartbeat)
     {
-        record::record(&BatchContext(&ctx), &batch.heartbeat, &config, counters);
+        record::record(ctx, &batch.heartbeat, &config, counters);
     } else {
         counters.malformed += 1;
         batch.malformed += 1;

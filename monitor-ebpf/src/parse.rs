@@ -67,8 +67,9 @@ pub enum Parsed {
     NotLocal,
     Malformed,
     Heartbeat(Heartbeat),
-    /// The first heartbeat of a batch (`Packet::gso`), the others `HEADER_LEN` bytes apart
-    /// after it (their number and place are in `BATCH`: `crate::note_batch`).
+    /// The first heartbeat of a packet holding several (`Packet::gso`, or a datagram of whole
+    /// heartbeats), the others `HEADER_LEN` bytes apart after it (their number and place are in
+    /// `BATCH`: `crate::note_batch`).
     FirstOfBatch(Heartbeat),
 }
 
@@ -84,6 +85,8 @@ const IPV4_MF_OR_OFFSET: u16 = 0x3fff;
 pub trait Packet {
     fn data(&self) -> usize;
     fn data_end(&self) -> usize;
+    /// The packet's length from its first byte, whether direct access reaches it all or not.
+    fn len(&self) -> usize;
     /// For a batch of datagrams carried as one packet (GSO: the sender's kernel cuts it only
     /// where a device needs it): how many, and each one's UDP payload length. None for one.
     fn gso(&self) -> Option<(u32, u32)>;
@@ -98,8 +101,17 @@ impl Packet for XdpContext {
     fn data_end(&self) -> usize {
         XdpContext::data_end(self)
     }
-    /// XDP sees frames as the device got them: a veth with an XDP program turns GSO off on its
-    /// peer, so a batch is cut before it crosses.
+    /// The program does not take fragmented buffers (no `xdp.frags`): the kernel hands it
+    /// every frame linear, so direct access reaches all of it.
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.data_end() - self.data()
+    }
+    /// XDP's context says nothing of GSO. In native mode a device hands over frames as they
+    /// came (a veth with an XDP program turns GSO off on its peer); in skb (generic) mode the
+    /// program runs after GRO on an skb a sender's UDP GSO send may still be whole: a frame of
+    /// many datagrams, which only its length tells (the parser reads it as a datagram of whole
+    /// heartbeats).
     #[inline(always)]
     fn gso(&self) -> Option<(u32, u32)> {
         None
@@ -116,6 +128,10 @@ impl Packet for TcContext {
     #[inline(always)]
     fn data_end(&self) -> usize {
         TcContext::data_end(self)
+    }
+    #[inline(always)]
+    fn len(&self) -> usize {
+        TcContext::len(self) as usize
     }
     /// A veth without an XDP program passes a sender's GSO batch on uncut, to the socket that
     /// cuts it; so does GRO where UDP is merged (`rx-udp-gro-forwarding`, `rx-gro-list`).
@@ -301,16 +317,30 @@ fn parse_inner<C: Packet>(ctx: &C, config: &XdpConfig) -> Option<Parsed> {
             bfd,
         }));
     }
-    // A batch: each datagram's payload is the segment size, and a batch of heartbeats is
-    // all whole ones (the UDP length is the batch's).
+    // Several heartbeats in one packet: a datagram of whole heartbeats back to back, or a GSO
+    // batch of such datagrams (the UDP length is then the batch's). Each is checked and
+    // recorded on its own (`monitor_tc_batch`, `monitor_xdp_batch`).
     let payload_offset = offset + UdpHdr::LEN;
-    let (segment_len, batch) = match ctx.gso() {
-        Some((segs, size)) if payload_len == segs as usize * size as usize => {
-            crate::note_batch(segs, payload_offset as u32);
-            (size as usize, true)
+    // A GSO batch's datagrams are whole heartbeats, as many as its UDP length makes (the last
+    // may be shorter than the segment size).
+    if let Some((segs, size)) = ctx.gso()
+        && (size == 0
+            || size as usize % HEADER_LEN != 0
+            || segs as usize != payload_len.div_ceil(size as usize))
+    {
+        return Some(Parsed::Malformed);
+    }
+    // (A UDP length under 8 wraps `payload_len` past 65,535: never a batch.)
+    let batch = payload_len > HEADER_LEN && payload_len <= 0xffff && payload_len % HEADER_LEN == 0;
+    let segment_len = if batch {
+        // A UDP length past the packet's end is a lie, not a short batch.
+        if payload_offset + payload_len > ctx.len() {
+            return Some(Parsed::Malformed);
         }
-        Some(_) => return Some(Parsed::Malformed),
-        None => (payload_len, false),
+        crate::note_batch((payload_len / HEADER_LEN) as u32, payload_offset as u32);
+        HEADER_LEN
+    } else {
+        payload_len
     };
     let Some(header) = ptr_at::<C, HeartbeatHeader>(ctx, payload_offset) else {
         return Some(Parsed::Malformed);

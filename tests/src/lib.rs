@@ -3,6 +3,7 @@
 
 pub mod agent_process;
 pub mod attack;
+pub mod batches;
 pub mod bench;
 pub mod cgroup;
 pub mod cross_traffic;

@@ -1,7 +1,8 @@
 //! Coexistence (`monitor run --hook tc`): another XDP program owns the interface's XDP hook;
 //! the default hook refuses and names the way out, the TC hook records heartbeats that the other
 //! program passed, leaves it attached and running, and leaves nothing behind when it stops. And
-//! what only the TC hook meets: a batch of heartbeats in one packet (UDP GSO), counted whole.
+//! what the TC hook meets where native XDP does not: a batch of heartbeats in one packet (UDP
+//! GSO), counted whole (tests/tests/generic_xdp.rs for XDP's skb mode).
 
 use std::{
     os::fd::{AsFd, AsRawFd},
@@ -185,37 +186,6 @@ fn tc_hook_counts_every_heartbeat_of_a_gso_batch() {
         &pair,
         &["--hook", "tc", "--peers", &dir.peers_file(1..=500)],
     );
-    let report = integration_tests::agent_process::loadgen(
-        &pair,
-        18498,
-        &["--peers", "500", "--rate", "10", "--duration", "2s"],
-    );
-    let report = serde_json::to_value(report).unwrap();
-    assert_eq!(report["sent_by"], json!("udp-gso"), "{report}");
-    let sent = report["sent"].as_u64().unwrap();
-    // Every heartbeat sent has crossed the veth once the kernel counted that many (any more
-    // would fail the equality below); a hook that misses some never gets there, and the
-    // assertion then says what it counted instead.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let stats = loop {
-        let stats = agent.ask(json!({"op": "stats"}))["stats"].clone();
-        if stats["kernel"]["heartbeats"].as_u64() >= Some(sent) || Instant::now() > deadline {
-            break stats;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let stats = &stats;
-    assert_eq!(
-        stats["kernel"]["heartbeats"],
-        json!(sent),
-        "heartbeats sent {sent}, counted by the TC hook: {stats}"
-    );
-    assert_eq!(stats["kernel"]["malformed"], json!(0), "{stats}");
-    // The batches reached the hook whole (one run of `monitor_tc` for many heartbeats), or
-    // this test would not be testing them.
-    let runs = stats["xdp"]["run_count"].as_u64().unwrap();
-    assert!(
-        runs > 0 && runs < sent / 2,
-        "{runs} runs of the TC program for {sent} heartbeats: no batches? {stats}"
-    );
+    let sent = integration_tests::batches::send_batches(&pair);
+    integration_tests::batches::assert_every_heartbeat_counted(&agent, sent, "TC hook");
 }

@@ -896,80 +896,123 @@ fn the_tc_hook_judges_every_packet_as_xdp_does() {
     }
 }
 
-/// A batch at the TC hook (one skb of several datagrams: a sender's UDP GSO send over a veth,
-/// GRO): each heartbeat in it is recorded as its own and the batch consumed; a batch with
-/// one bad heartbeat records the others, counts that one as malformed and passes up the stack
-/// whole; a batch whose datagrams are not heartbeat-sized, or whose UDP length is not the
-/// batch's, is one malformed packet.
-#[test]
-fn the_tc_hook_records_each_heartbeat_of_a_batch() {
-    use monitor::kernel::program::Hook;
+/// The peers' heartbeats `seq` back to back in one datagram, the magic of the `broken`-th (if
+/// any) flipped.
+fn several(peers: &[u64], ip: Ip, seq: u64, broken: Option<usize>) -> Vec<u8> {
+    let mut payload = Vec::new();
+    for (i, &id) in peers.iter().enumerate() {
+        let mut header = HeartbeatHeader::new(id, 1, seq).to_bytes();
+        if broken == Some(i) {
+            header[0] ^= 0xff;
+        }
+        payload.extend_from_slice(&header);
+    }
+    Packet {
+        payload,
+        ip,
+        ..Packet::heartbeat_v4(peers[0], seq)
+    }
+    .build()
+}
+
+/// Runs the packets of several heartbeats every hook meets through `run` (a GSO batch at TC,
+/// or one frame at XDP in skb mode, where the kernel's GRO and a sender's UDP GSO leave them
+/// whole): each heartbeat checked and recorded on its own, the packet consumed only if all
+/// were heartbeats.
+fn each_heartbeat_of_several_is_recorded(
+    hook: monitor::kernel::program::Hook,
+    run: impl Fn(&mut Fixture, &[u8]) -> u32,
+) {
     let peers = [PEER, PEER + 1, PEER + 2];
-    // The peers' heartbeats `seq` back to back in one frame, the magic of the `broken`-th
-    // (if any) flipped.
-    let batch = |ip: Ip, seq: u64, broken: Option<usize>| {
-        let mut payload = Vec::new();
-        for (i, &id) in peers.iter().enumerate() {
-            let mut header = HeartbeatHeader::new(id, 1, seq).to_bytes();
-            if broken == Some(i) {
-                header[0] ^= 0xff;
-            }
-            payload.extend_from_slice(&header);
-        }
-        Packet {
-            payload,
-            ip,
-            ..Packet::heartbeat_v4(PEER, seq)
-        }
-        .build()
-    };
     for ip in [
         Packet::heartbeat_v4(PEER, 1).ip,
         Packet::heartbeat_v6(PEER, 1).ip,
     ] {
-        let mut tc = Fixture::new_hook(XdpConfig::DEFAULT, &peers, Hook::Tc);
-        // Three heartbeats in one skb: three arrivals, the skb consumed.
-        let whole = batch(ip.clone(), 1, None);
-        assert_eq!(tc.run_batch(&whole, 3, 32), XDP_DROP);
-        assert_eq!(
-            tc.counters(),
-            only(|c| c.heartbeats = 3),
-            "a batch of three"
-        );
+        let mut f = Fixture::new_hook(XdpConfig::DEFAULT, &peers, hook);
+        // Three heartbeats in one packet: three arrivals, the packet consumed.
+        assert_eq!(run(&mut f, &several(&peers, ip.clone(), 1, None)), XDP_DROP);
+        assert_eq!(f.counters(), only(|c| c.heartbeats = 3), "three in one");
         for id in peers {
             assert_eq!(
-                (tc.record(id).heartbeats, tc.record(id).last_seq),
+                (f.record(id).heartbeats, f.record(id).last_seq),
                 (1, 1),
                 "peer {id}"
             );
         }
-        // The second one's magic broken: the first and third recorded, the skb passed.
-        let one_bad = batch(ip.clone(), 2, Some(1));
-        assert_eq!(tc.run_batch(&one_bad, 3, 32), XDP_PASS);
+        // The second one's magic broken: the first and third recorded, the packet passed.
         assert_eq!(
-            tc.counters(),
+            run(&mut f, &several(&peers, ip.clone(), 2, Some(1))),
+            XDP_PASS
+        );
+        assert_eq!(
+            f.counters(),
             only(|c| {
                 c.heartbeats = 5;
                 c.malformed = 1;
             }),
-            "a batch with a bad heartbeat"
+            "a packet with a bad heartbeat"
         );
-        let seqs: Vec<u64> = peers.iter().map(|&id| tc.record(id).last_seq).collect();
+        let seqs: Vec<u64> = peers.iter().map(|&id| f.record(id).last_seq).collect();
         assert_eq!(seqs, [2, 1, 2]);
-        // Not heartbeat-sized datagrams (6 of 16 bytes), and a UDP length that is not the
-        // batch's (4 of 32 claimed, 3 present): each one malformed packet, nothing recorded.
-        let third = batch(ip, 3, None);
-        assert_eq!(tc.run_batch(&third, 6, 16), XDP_PASS);
-        assert_eq!(tc.run_batch(&third, 4, 32), XDP_PASS);
+        // Not whole heartbeats (the last cut to 16 bytes, the UDP length saying so), and a
+        // UDP length past the frame's end (three present, four claimed): one malformed packet
+        // each, nothing recorded.
+        let mut cut = several(&peers, ip.clone(), 3, None);
+        cut.truncate(cut.len() - 16);
+        set_udp_len(&mut cut, &ip, 8 + 80);
+        assert_eq!(run(&mut f, &cut), XDP_PASS);
+        let mut long = several(&peers, ip.clone(), 3, None);
+        set_udp_len(&mut long, &ip, 8 + 128);
+        assert_eq!(run(&mut f, &long), XDP_PASS);
         assert_eq!(
-            tc.counters(),
+            f.counters(),
             only(|c| {
                 c.heartbeats = 5;
                 c.malformed = 3;
             }),
-            "batches of something else"
+            "packets of something else"
         );
+        let seqs: Vec<u64> = peers.iter().map(|&id| f.record(id).last_seq).collect();
+        assert_eq!(seqs, [2, 1, 2]);
     }
+}
+
+/// Rewrites the UDP length of a frame `several` built (no VLAN tags), and the IP length to
+/// match (the parser reads the UDP one; a kernel would have checked the IP one).
+fn set_udp_len(frame: &mut [u8], ip: &Ip, udp_len: u16) {
+    let (ip_len_at, ip_len, udp_at) = match ip {
+        Ip::V4 { .. } => (14 + 2, 20 + udp_len, 14 + 20),
+        Ip::V6 { .. } => (14 + 4, udp_len, 14 + 40),
+    };
+    frame[ip_len_at..ip_len_at + 2].copy_from_slice(&ip_len.to_be_bytes());
+    frame[udp_at + 4..udp_at + 6].copy_from_slice(&udp_len.to_be_bytes());
+}
+
+#[test]
+fn the_xdp_hook_records_each_heartbeat_of_a_frame_of_several() {
+    each_heartbeat_of_several_is_recorded(monitor::kernel::program::Hook::Xdp, |f, frame| {
+        f.run(frame)
+    });
+}
+
+#[test]
+fn the_tc_hook_records_each_heartbeat_of_a_batch() {
+    use monitor::kernel::program::Hook;
+    // As a GSO batch of three datagrams, and as one datagram of three heartbeats.
+    each_heartbeat_of_several_is_recorded(Hook::Tc, |f, frame| f.run_batch(frame, 3, 32));
+    each_heartbeat_of_several_is_recorded(Hook::Tc, |f, frame| f.run(frame));
+    // A GSO batch whose datagrams are not whole heartbeats (6 of 16 bytes), or not as many as
+    // its UDP length makes (4 of 32 bytes claimed, 3 present): one malformed packet each.
+    let peers = [PEER, PEER + 1, PEER + 2];
+    let mut tc = Fixture::new_hook(XdpConfig::DEFAULT, &peers, Hook::Tc);
+    let frame = several(&peers, Packet::heartbeat_v4(PEER, 1).ip, 1, None);
+    assert_eq!(tc.run_batch(&frame, 6, 16), XDP_PASS);
+    assert_eq!(tc.run_batch(&frame, 4, 32), XDP_PASS);
+    assert_eq!(
+        tc.counters(),
+        only(|c| c.malformed = 2),
+        "batches of something else"
+    );
 }
 
 /// The frame with its IP destination address replaced (IPv4 as `a.b.c.d`, IPv6 in full).

@@ -83,7 +83,7 @@ pub struct RunArgs {
     peers: Option<PathBuf>,
     /// XDP attach mode: native (driver), skb (generic), or auto (native, else skb). In skb
     /// mode a batch of heartbeats in one packet (UDP GSO over a veth, UDP GRO) is one frame,
-    /// counted as malformed; --hook tc records each.
+    /// and each heartbeat in it is recorded.
     #[arg(long, value_enum, default_value_t = AttachMode::Auto)]
     xdp_mode: AttachMode,
     /// Where heartbeats are caught: xdp (first and cheapest; the interface's one XDP program),

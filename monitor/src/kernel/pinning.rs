@@ -2,7 +2,9 @@
 //! keeps recording while no agent runs (stopped, upgraded, even SIGKILLed), and the next agent
 //! adopts the pinned state with every window intact. Removal is explicit (`monitor detach`).
 //!
-//! Layout of a pin directory: `link` (the XDP attachment), `prog`, and one file per map.
+//! Layout of a pin directory: `link` (the XDP attachment), `prog`, one file per map, and
+//! `batch-programs`, the program array through which `prog` hands a packet of several
+//! heartbeats to its batch program (`program::XDP_BATCH_PROGRAMS_MAP`).
 //!
 //! Upgrades: an agent of a newer build adopting pinned state whose program is another build's
 //! (the kernel's tags differ) loads its own program on the pinned maps and swaps it into the
@@ -59,6 +61,13 @@ const LINK: &str = "link";
 const PROG: &str = "prog";
 /// Where an upgrade pins the new program before renaming it over `prog`.
 const PROG_NEXT: &str = "prog-next"; // bpffs refuses names with dots
+/// The pinned program's batch program array. Not one of `MAPS`: every load has its own (an
+/// upgrade's program calls its own build's batch program, never the old one's), pinned here in
+/// place of the last. Pinned because the kernel empties a program array when its last user
+/// reference closes: the agent's exit would leave the program recording only the first
+/// heartbeat of such a packet.
+const BATCH_PROGRAMS: &str = "batch-programs";
+const BATCH_PROGRAMS_NEXT: &str = "batch-programs-next";
 
 /// Where the agent pins its state unless told otherwise.
 pub fn default_pin_path(iface: &str) -> PathBuf {
@@ -166,6 +175,20 @@ pub fn pin_maps(dir: &Path, ebpf: &Ebpf) -> Result<(), PinError> {
     Ok(())
 }
 
+/// Pins `ebpf`'s batch program array as `BATCH_PROGRAMS` in place of any before it: pinned
+/// beside it, then renamed over it, so the pin is always one whole array or the other.
+fn pin_batch_programs(dir: &Path, ebpf: &Ebpf) -> Result<(), String> {
+    let map = ebpf
+        .map(program::XDP_BATCH_PROGRAMS_MAP)
+        .ok_or_else(|| format!("no map {}", program::XDP_BATCH_PROGRAMS_MAP))?;
+    let next = dir.join(BATCH_PROGRAMS_NEXT);
+    let _ = std::fs::remove_file(&next);
+    map.pin(&next)
+        .map_err(|e| format!("pinning the batch program array: {e}"))?;
+    std::fs::rename(&next, dir.join(BATCH_PROGRAMS))
+        .map_err(|e| format!("pinning the batch program array: {e}"))
+}
+
 /// Records what the pinned state is, then pins the program and its XDP link: from here on
 /// the program outlives the agent.
 pub fn pin_program(
@@ -176,6 +199,7 @@ pub fn pin_program(
     meta_map: &mut Array<MapData, PinnedMeta>,
 ) -> Result<PinnedLink, PinError> {
     meta_map.set(0, meta, 0).map_err(|e| aya_err(dir, e))?;
+    pin_batch_programs(dir, ebpf).map_err(|e| aya_err(dir, e))?;
     let xdp = program::xdp_mut(ebpf).map_err(|e| aya_err(dir, e))?;
     xdp.pin(dir.join(PROG))
         .map_err(|e| aya_err(dir, format!("pinning the program: {e}")))?;
@@ -346,11 +370,20 @@ pub fn replace_program(dir: &Path, ebpf: &mut Ebpf) -> Result<OwnedFd, PinError>
             dir.join(PROG).display()
         );
     }
-    xdp.fd()
+    let fd = xdp
+        .fd()
         .map_err(|e| aya_err(dir, e))?
         .as_fd()
         .try_clone_to_owned()
-        .map_err(|e| aya_err(dir, e))
+        .map_err(|e| aya_err(dir, e))?;
+    if let Err(e) = pin_batch_programs(dir, ebpf) {
+        log::warn!(
+            "the new program runs in the pinned link, but pinning its batch program array failed \
+             ({e}): while no agent runs, it records only the first heartbeat of a packet of \
+             several (a UDP GSO batch, GRO)"
+        );
+    }
+    Ok(fd)
 }
 
 pub(crate) fn open(dir: &Path, name: &str) -> Result<Map, PinError> {
@@ -549,7 +582,10 @@ pub fn remove(dir: &Path) -> Result<bool, PinError> {
         return Ok(false);
     }
     let mut removed = false;
-    for name in [LINK, PROG, PROG_NEXT].into_iter().chain(MAPS) {
+    for name in [LINK, PROG, PROG_NEXT, BATCH_PROGRAMS, BATCH_PROGRAMS_NEXT]
+        .into_iter()
+        .chain(MAPS)
+    {
         match std::fs::remove_file(dir.join(name)) {
             Ok(()) => removed = true,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}

@@ -35,11 +35,15 @@ pub const PROGRAM_NAME: &str = "monitor";
 /// the same maps, for `--hook tc`.
 pub const TC_PROGRAM_NAME: &str = "monitor_tc";
 
-/// The TC classifier `monitor_tc` hands a batch of heartbeats to (one packet of many
-/// datagrams, UDP GSO or GRO: a veth without an XDP program passes them on uncut), through
-/// the program array `BATCH_PROGRAMS_MAP`, index 0.
+/// The programs each hook hands a packet of several heartbeats to (a datagram of whole
+/// heartbeats, or a UDP GSO batch of them: a veth without an XDP program passes a sender's
+/// batch on uncut, and XDP in skb mode runs after GRO), through a program array at index 0:
+/// `monitor_tc_batch` for `monitor_tc` in `BATCH_PROGRAMS`, `monitor_xdp_batch` for `monitor`
+/// in `XDP_BATCH_PROGRAMS` (an array takes programs of one type).
 pub const TC_BATCH_PROGRAM_NAME: &str = "monitor_tc_batch";
 pub const BATCH_PROGRAMS_MAP: &str = "BATCH_PROGRAMS";
+pub const XDP_BATCH_PROGRAM_NAME: &str = "monitor_xdp_batch";
+pub const XDP_BATCH_PROGRAMS_MAP: &str = "XDP_BATCH_PROGRAMS";
 
 /// Where heartbeats are caught: the XDP hook (first, cheapest), or TC ingress (a TCX link
 /// where the kernel has TCX, 6.6+), which runs beside any XDP program on the interface.
@@ -232,44 +236,54 @@ fn load_object(
         Hook::Tc => tc_mut(&mut ebpf)?.load(),
     }
     .map_err(|e| classify(&e, e.to_string()))?;
-    if hook == Hook::Tc
-        && let Err(e) = load_tc_batch(&mut ebpf)
-    {
-        // Kernels before 5.17 have no bpf_loop. The hook still works; only a batch of
-        // heartbeats in one packet (a sender's UDP GSO crossing a veth, UDP GRO) loses all but
-        // its first, counted as malformed.
+    if let Err(e) = load_batch(&mut ebpf, hook) {
+        // Kernels before 5.17 have no bpf_loop (5.18 for bpf_xdp_load_bytes). The hook still
+        // works; only a packet of several heartbeats (a sender's UDP GSO batch crossing a
+        // veth, GRO, a datagram of whole heartbeats) loses all but its first, counted as
+        // malformed.
         log::warn!(
-            "{e}: with --hook tc, a batch of heartbeats in one packet (UDP GSO, GRO) counts \
-             only its first; the rest are counted as malformed"
+            "{e}: a packet of several heartbeats (UDP GSO, GRO) counts only its first; the \
+             rest are counted as malformed"
         );
     }
     Ok(ebpf)
 }
 
-/// Loads `monitor_tc_batch` and puts it where `monitor_tc` calls it for a batch.
-fn load_tc_batch(ebpf: &mut Ebpf) -> Result<(), ProgramLoadError> {
-    let fail = |what: &str, e: &dyn fmt::Display| {
-        ProgramLoadError::Load(format!("{TC_BATCH_PROGRAM_NAME}: {what}: {e}"))
+/// Loads `hook`'s batch program and puts it where the hook calls it for a packet of several
+/// heartbeats.
+fn load_batch(ebpf: &mut Ebpf, hook: Hook) -> Result<(), ProgramLoadError> {
+    let (name, array) = match hook {
+        Hook::Xdp => (XDP_BATCH_PROGRAM_NAME, XDP_BATCH_PROGRAMS_MAP),
+        Hook::Tc => (TC_BATCH_PROGRAM_NAME, BATCH_PROGRAMS_MAP),
     };
-    let batch: &mut SchedClassifier = ebpf
-        .program_mut(TC_BATCH_PROGRAM_NAME)
-        .ok_or_else(|| fail("loading", &"not in the object"))?
-        .try_into()
-        .map_err(|e: ProgramError| fail("loading", &e))?;
-    batch.load().map_err(|e| classify(&e, e.to_string()))?;
-    let fd = batch
-        .fd()
-        .map_err(|e| fail("its fd", &e))?
-        .try_clone()
-        .map_err(|e| fail("its fd", &e))?;
+    let fail =
+        |what: &str, e: &dyn fmt::Display| ProgramLoadError::Load(format!("{name}: {what}: {e}"));
+    let program = ebpf
+        .program_mut(name)
+        .ok_or_else(|| fail("loading", &"not in the object"))?;
+    let fd = match hook {
+        Hook::Xdp => {
+            let xdp: &mut Xdp = program
+                .try_into()
+                .map_err(|e: ProgramError| fail("loading", &e))?;
+            xdp.load().map_err(|e| classify(&e, e.to_string()))?;
+            xdp.fd().map_err(|e| fail("its fd", &e))?.try_clone()
+        }
+        Hook::Tc => {
+            let tc: &mut SchedClassifier = program
+                .try_into()
+                .map_err(|e: ProgramError| fail("loading", &e))?;
+            tc.load().map_err(|e| classify(&e, e.to_string()))?;
+            tc.fd().map_err(|e| fail("its fd", &e))?.try_clone()
+        }
+    }
+    .map_err(|e| fail("its fd", &e))?;
     let mut programs: aya::maps::ProgramArray<_> = ebpf
-        .map_mut(BATCH_PROGRAMS_MAP)
-        .ok_or_else(|| fail(BATCH_PROGRAMS_MAP, &"not in the object"))?
+        .map_mut(array)
+        .ok_or_else(|| fail(array, &"not in the object"))?
         .try_into()
-        .map_err(|e: aya::maps::MapError| fail(BATCH_PROGRAMS_MAP, &e))?;
-    programs
-        .set(0, &fd, 0)
-        .map_err(|e| fail(BATCH_PROGRAMS_MAP, &e))
+        .map_err(|e: aya::maps::MapError| fail(array, &e))?;
+    programs.set(0, &fd, 0).map_err(|e| fail(array, &e))
 }
 
 /// The TC classifier inside a loaded object.
@@ -464,11 +478,7 @@ pub fn attach(
         AttachMode::Auto => match attempt(program, AttachMode::Native) {
             Ok(link) => Ok((link, AttachMode::Native)),
             Err(native) => {
-                log::info!(
-                    "{native}; falling back to skb (generic) mode, where a batch of heartbeats \
-                     in one packet (UDP GSO over a veth, UDP GRO) is one frame, counted as \
-                     malformed (--hook tc records each)"
-                );
+                log::info!("{native}; falling back to skb (generic) mode");
                 attempt(program, AttachMode::Skb).map(|link| (link, AttachMode::Skb))
             }
         },
