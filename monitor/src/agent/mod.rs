@@ -106,6 +106,9 @@ pub struct Agent {
     /// looked at.
     due_passes: AtomicU64,
     due_looks: AtomicU64,
+    /// Time spent in scans and due passes, ns: with the process's CPU, what the sweeper's wakes
+    /// and everything else cost (`AgentStats::pass_s`).
+    pass_ns: AtomicU64,
     /// Heartbeats of suspected peers the kernel told (`on_arrival`, `TELL_HEARD`).
     heard_told: AtomicU64,
     /// Scans that left the words alone (`scan_skip`).
@@ -222,6 +225,7 @@ impl Agent {
             sweep_wake: SweepWake::default(),
             due_passes: AtomicU64::new(0),
             due_looks: AtomicU64::new(0),
+            pass_ns: AtomicU64::new(0),
             heard_told: AtomicU64::new(0),
             scans_skipped: AtomicU64::new(0),
         }

@@ -310,6 +310,7 @@ impl Agent {
             refloors: self.refloors.load(Ordering::Relaxed),
             due_passes: self.due_passes.load(Ordering::Relaxed),
             due_looks: self.due_looks.load(Ordering::Relaxed),
+            pass_s: self.pass_ns.load(Ordering::Relaxed) as f64 / 1e9,
             heard_told: self.heard_told.load(Ordering::Relaxed),
             scans_skipped: self.scans_skipped.load(Ordering::Relaxed),
             stalls: self.stalls.load(Ordering::Relaxed),

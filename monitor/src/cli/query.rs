@@ -202,8 +202,8 @@ fn print_stats(s: &AgentStats) {
         s.uptime_s, s.sweeps, s.scans_skipped, s.stalls, s.refreshes, s.refloors
     );
     println!(
-        "due passes     {} ({} slots looked at between scans; {} suspected peers heard, as the kernel told them)",
-        s.due_passes, s.due_looks, s.heard_told
+        "due passes     {} ({} slots looked at between scans; {} suspected peers heard, as the kernel told them); {:.3} s in scans and due passes",
+        s.due_passes, s.due_looks, s.heard_told, s.pass_s
     );
     println!(
         "events         {} published, {} subscribers",

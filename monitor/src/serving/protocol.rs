@@ -196,6 +196,11 @@ pub struct AgentStats {
     pub due_passes: u64,
     #[serde(default)]
     pub due_looks: u64,
+    /// Seconds spent in scans and due passes, from the pass's start to its end (wall time on
+    /// the sweeper's thread): the agent's own work at its sweeps, apart from waking for them
+    /// and from its other threads (docs/tuning.md, "Where the agent's CPU goes").
+    #[serde(default)]
+    pub pass_s: f64,
     /// Heartbeats of suspected peers the kernel told the agent of as they arrived, each looked
     /// at then rather than at the next scan (docs/tuning.md, "A suspected peer heard again").
     #[serde(default)]

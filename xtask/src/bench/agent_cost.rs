@@ -12,7 +12,7 @@ use anyhow::Result;
 use super::{
     Rig,
     generator::Loadgen,
-    procfs::process_cpu_s,
+    procfs::{process_cpu_s, thread_cpu_s},
     tools::{finish_json, probe_json},
 };
 
@@ -111,6 +111,13 @@ pub(super) struct AgentCost {
     /// window: `hbm-bench scan-floor`'s CPU, percent of a core (a scan of every word every
     /// 50 ms that only compares and stores: what a scanning agent cannot go below).
     scan_floor_pct: f64,
+    /// Of the agent's CPU: its sweeper thread's, and the time in its scans and due passes
+    /// (`stats.pass_s`), percent of a core; the rest of the sweeper's is waking and sleeping
+    /// for them (the syscalls around a pass: the wait, the link's files, the counters).
+    sweeper_pct: f64,
+    pass_pct: f64,
+    /// Of the scan floor's: the time in its scans (their count times the median scan).
+    scan_floor_scans_pct: f64,
 }
 
 /// The agent alone under 1 Hz, 5 Hz and 10 Hz from `peers` peers, and 10 Hz from half as
@@ -145,9 +152,17 @@ pub(super) fn agent_cost(
                 Loadgen::new(peers, rate_hz, settle + 2.0 * seconds as f64 + 2.0).spawn(rig)?;
             rig.interrupt.pause(Duration::from_secs_f64(settle))?;
             let before = agent.stats()?;
-            let (cpu0, t0) = (process_cpu_s(pid)?, Instant::now());
+            let (cpu0, sweeper0, t0) = (
+                process_cpu_s(pid)?,
+                thread_cpu_s(pid, SWEEPER_THREAD)?,
+                Instant::now(),
+            );
             rig.interrupt.pause(Duration::from_secs(seconds))?;
-            let (cpu1, wall) = (process_cpu_s(pid)?, t0.elapsed().as_secs_f64());
+            let (cpu1, sweeper1, wall) = (
+                process_cpu_s(pid)?,
+                thread_cpu_s(pid, SWEEPER_THREAD)?,
+                t0.elapsed().as_secs_f64(),
+            );
             let after = agent.stats()?;
             let scan_floor = probe_json(
                 &rig.tools.probe,
@@ -178,10 +193,25 @@ pub(super) fn agent_cost(
                 due_passes_per_s: delta("due_passes") / wall,
                 due_looks_per_s: delta("due_looks") / wall,
                 scan_floor_pct: scan_floor["cpu_percent"].as_f64().unwrap_or(f64::NAN),
+                sweeper_pct: (sweeper1 - sweeper0) / wall * 100.0,
+                // NaN for an agent that does not report it.
+                pass_pct: delta("pass_s") / wall * 100.0,
+                scan_floor_scans_pct: scan_floor_scans_pct(&scan_floor, seconds),
             });
         }
     }
     Ok(rows)
+}
+
+/// The agent's sweeper thread (`monitor/src/agent/sweeper.rs`).
+const SWEEPER_THREAD: &str = "sweep";
+
+/// The share of a core a scan-floor run spent in its scans: scans times the median scan over
+/// the run's `seconds`.
+fn scan_floor_scans_pct(floor: &serde_json::Value, seconds: u64) -> f64 {
+    let scans = floor["scans"].as_f64().unwrap_or(f64::NAN);
+    let scan_us = floor["scan_us_p50"].as_f64().unwrap_or(f64::NAN);
+    scans * scan_us / 1e6 / seconds as f64 * 100.0
 }
 
 /// The agent-cost table, and under it each agent's summary (`render_agent_summary`).
@@ -222,6 +252,7 @@ pub(super) fn render_agent_cost(peers: u64, rows: &[AgentCost]) -> String {
             r.due_looks_per_s,
         );
     }
+    t.push_str(&render_where_the_cpu_goes(rows));
     // Each agent's summary, in the order they were measured.
     let mut tags: Vec<&str> = Vec::new();
     for r in rows {
@@ -232,6 +263,44 @@ pub(super) fn render_agent_cost(peers: u64, rows: &[AgentCost]) -> String {
     for tag in tags {
         let mine: Vec<&AgentCost> = rows.iter().filter(|r| r.tag == tag).collect();
         t.push_str(&render_agent_summary(peers, tag, &mine));
+    }
+    t
+}
+
+/// The rows' CPU split by where it goes: the agent's sweeper thread into its passes (scans and
+/// due passes, timed by the agent) and the rest of that thread (waking for them: the wait and
+/// the syscalls around a pass), its other threads; and the scan floor's into its scans and
+/// its wakes. A wake costs this machine what it costs whatever is done in it, so the
+/// floor's wakes say how much of the agent's is the pace of 20 wakes a second.
+fn render_where_the_cpu_goes(rows: &[AgentCost]) -> String {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "\nWhere the CPU goes (percent of a core; \"in passes\" is the agent's own timing of its \
+         scans and due passes, `stats.pass_s`; the scan floor's scans are their count times the \
+         median scan):\n"
+    );
+    let _ = writeln!(
+        t,
+        "| peers | rate per peer | agent | sweeper thread | in passes | sweeper outside passes | other threads | scan floor | its scans | outside its scans |"
+    );
+    let _ = writeln!(t, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        let _ = writeln!(
+            t,
+            "| {}{} | {} Hz | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            r.peers,
+            r.tag,
+            r.rate_hz,
+            r.agent_cpu_pct,
+            r.sweeper_pct,
+            r.pass_pct,
+            r.sweeper_pct - r.pass_pct,
+            r.agent_cpu_pct - r.sweeper_pct,
+            r.scan_floor_pct,
+            r.scan_floor_scans_pct,
+            r.scan_floor_pct - r.scan_floor_scans_pct,
+        );
     }
     t
 }
@@ -330,6 +399,9 @@ mod tests {
             due_passes_per_s: 0.0,
             due_looks_per_s: 0.0,
             scan_floor_pct: 0.0,
+            sweeper_pct: 0.0,
+            pass_pct: 0.0,
+            scan_floor_scans_pct: 0.0,
         };
         let rows = [
             cost(50_000, 50_000.0),

@@ -21,6 +21,23 @@ pub(super) fn process_cpu_s(pid: u32) -> Result<f64> {
     Ok(ns as f64 / 1e9)
 }
 
+/// CPU seconds the threads of a process named `name` (their `comm`) have run, as
+/// [`process_cpu_s`] counts them.
+pub(super) fn thread_cpu_s(pid: u32, name: &str) -> Result<f64> {
+    let process = Process::new(pid as i32).with_context(|| format!("process {pid}"))?;
+    let mut ns = 0u64;
+    for task in process.tasks()? {
+        let Ok(task) = task else {
+            continue;
+        };
+        let named = task.stat().is_ok_and(|stat| stat.comm == name);
+        if let (true, Ok(schedstat)) = (named, task.schedstat()) {
+            ns += schedstat.sum_exec_runtime;
+        }
+    }
+    Ok(ns as f64 / 1e9)
+}
+
 /// Busy CPU seconds of the whole machine so far (all CPUs, everything but idle and iowait).
 pub(super) fn system_busy_s() -> Result<f64> {
     let cpu = KernelStats::current().context("reading /proc/stat")?.total;

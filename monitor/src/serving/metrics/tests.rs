@@ -33,6 +33,7 @@ impl Source for Fake {
                 refloors: 160,
                 due_passes: 0,
                 due_looks: 0,
+                pass_s: 0.0,
                 heard_told: 0,
                 scans_skipped: 0,
                 stalls: 1,
