@@ -166,7 +166,36 @@ struct Conviction {
 /// peer 9 every `interval` that is killed after 60 heartbeats; checks that the sender was
 /// never suspected, at any level, while it lived, and that every level is raised in order
 /// after its death, and returns when level 8 came.
+///
+/// The premise is a path that delivers the live sender's heartbeats on schedule, which the
+/// real-time sender alone cannot promise on a shared VM: the host may stop the virtual CPU
+/// that sends or receives for tens of milliseconds (seen here: 43 to 60 ms gaps in a 5 ms
+/// sender's arrivals, in 4 of about 20 runs, in step with the VM's steal time). A gap of the
+/// budget or more is a silence the detector must report, up to conviction; no model avoids
+/// it, so a run with one (a recovery from a silence at least as long as the budget, its
+/// `silence_ms`) did not test the premise and is run again, up to three times. A suspicion
+/// after any shorter gap is the model's mistake and fails the test at once.
 fn convicted_after(pair: &NetnsPair, budget_ms: f64, interval: &str, extra: &[&str]) -> Conviction {
+    let mut stalls = Vec::new();
+    for _ in 0..3 {
+        match run_to_conviction(pair, budget_ms, interval, extra) {
+            Ok(conviction) => return conviction,
+            Err(stall) => {
+                println!("the path stalled the live sender (run again): {stall}");
+                stalls.push(stall);
+            }
+        }
+    }
+    panic!("the path stalled the live sender in every run, no clean run to judge: {stalls:#?}");
+}
+
+/// One run of [`convicted_after`]; the recovery that shows the path stalled, if it did.
+fn run_to_conviction(
+    pair: &NetnsPair,
+    budget_ms: f64,
+    interval: &str,
+    extra: &[&str],
+) -> Result<Conviction, Value> {
     let dir = TempDir::new("hbmbudget");
     let budget = format!("{budget_ms}ms");
     let mut flags = vec![
@@ -193,10 +222,21 @@ fn convicted_after(pair: &NetnsPair, budget_ms: f64, interval: &str, extra: &[&s
     let killed_at_ms = unix_ms().floor();
     drop(send); // SIGKILL: the sender dies mid-stream
 
-    let events = events_until(&mut watcher, Duration::from_secs(10), |e| {
+    let mut events = events_until(&mut watcher, Duration::from_secs(10), |e| {
         e.iter()
             .any(|e| e["event"] == "suspect" && e["id"] == 9 && e["level"] == json!(8.0))
     });
+    // A stall that reached level 8 before the kill ends with a recovery after it: whatever
+    // comes until the events go quiet for a budget and more.
+    events.extend(events_so_far(
+        &mut watcher,
+        Duration::from_secs_f64(2.0 * budget_ms / 1e3 + 0.1),
+    ));
+    if let Some(stall) = events.iter().find(|e| {
+        e["id"] == 9 && e["event"] == "recover" && e["silence_ms"].as_f64().unwrap() >= budget_ms
+    }) {
+        return Err(stall.clone());
+    }
     // Every suspicion of the sender while it lived was a mistake: one raised before the kill,
     // or one its next heartbeat ended (a recover).
     let mistakes: Vec<&Value> = events
@@ -245,8 +285,8 @@ fn convicted_after(pair: &NetnsPair, budget_ms: f64, interval: &str, extra: &[&s
     let raised_late_ms = late[2];
     let peer = &agent.ask(json!({"op": "peer", "id": 9}))["peer"];
     assert!(peer["phi"].as_f64().unwrap() >= 8.0, "{peer}");
-    Conviction {
+    Ok(Conviction {
         crossed_after_ms: crossed[2],
         raised_late_ms,
-    }
+    })
 }
