@@ -67,6 +67,13 @@ pub struct LoadgenArgs {
     /// crosses a veth uncut where no XDP program is on it, so the TC hook meets it whole.
     #[arg(long, conflicts_with = "kernel")]
     no_gso: bool,
+    /// Put this many heartbeats back to back in each datagram (up to 45, a 1,500-byte MTU's
+    /// worth), sent by plain sendmmsg: the receiver records each (docs/wire-format.md), so one
+    /// packet carries many and a stream can pass what one core sends a heartbeat a packet.
+    /// The receiver's batch path, not its one-heartbeat-a-packet path: for load on the agent,
+    /// not for the kernel's per-packet cost. 1: one heartbeat a datagram.
+    #[arg(long, default_value_t = 1, value_name = "N", conflicts_with_all = ["kernel", "no_gso"])]
+    pack: usize,
 }
 
 pub fn loadgen(args: LoadgenArgs) -> anyhow::Result<ExitCode> {
@@ -97,6 +104,7 @@ pub fn loadgen(args: LoadgenArgs) -> anyhow::Result<ExitCode> {
             .transpose()?,
         kernel: args.kernel,
         gso: !args.no_gso,
+        pack: args.pack,
     };
     let report = loadgen::run(&config, &stop)?;
     // One JSON line on stdout: what was sent, for whoever checks the other end.

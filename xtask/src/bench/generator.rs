@@ -27,6 +27,8 @@ pub(super) struct Loadgen {
     kernel: bool,
     /// One heartbeat a message (`--no-gso`) instead of batches of 64.
     no_gso: bool,
+    /// Heartbeats a datagram (`--pack`); 1: one.
+    pack: usize,
 }
 
 impl Loadgen {
@@ -40,6 +42,7 @@ impl Loadgen {
             kill_after_s: None,
             kernel: false,
             no_gso: false,
+            pack: 1,
         }
     }
 
@@ -72,6 +75,11 @@ impl Loadgen {
         Self { no_gso, ..self }
     }
 
+    /// Sent `pack` heartbeats back to back a datagram (`--pack`), 1 for one.
+    pub fn pack(self, pack: usize) -> Self {
+        Self { pack, ..self }
+    }
+
     /// Starts the stream; its report is the JSON line the generator prints when done.
     pub fn spawn(&self, rig: &Rig) -> Result<Process> {
         let mut cmd = NetPair::in_ns(rig.net.ns_peers, &rig.tools.monitor);
@@ -94,6 +102,7 @@ impl Loadgen {
         ])
         .args(self.kernel.then_some("--kernel"))
         .args(self.no_gso.then_some("--no-gso"))
+        .args((self.pack > 1).then(|| format!("--pack={}", self.pack)))
         .stdout(Stdio::piped());
         if let Some(after) = self.kill_after_s {
             cmd.args(["--kill", &KILL_FRACTION.to_string(), "--after", &ms(after)]);

@@ -84,6 +84,13 @@ pub struct BenchArgs {
     /// most 250k packets a second in all, which the generator sends on schedule.
     #[arg(long, default_value_t = RATE_HZ)]
     rate_hz: f64,
+    /// The scale runs' generator puts this many heartbeats back to back in each datagram
+    /// (`monitor loadgen --pack`, at most 45): one packet for many, so a stream can pass the
+    /// million a second one core sends a heartbeat a packet (200,000 x 10 Hz). The agent's
+    /// load is the same; the kernel's is its batch path, so those rows' kernel ns are per
+    /// heartbeat, not per packet. 1: one heartbeat a datagram.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pack: usize,
     /// Only the kernel generator's rows (`monitor loadgen --kernel`): its ceiling beside the
     /// userspace generator's, and 200,000 peers x 10 Hz, 1,000,000 x 1 Hz and 1,000,000 x
     /// 10 Hz (as far as the machine allows), `--seconds` each; recorded unless --no-record.

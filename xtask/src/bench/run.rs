@@ -96,13 +96,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut rows = Vec::new();
     for &peers in &scales {
         interrupt.check()?;
-        let rate_hz = scale_rate_hz(peers, args.rate_hz);
+        let rate_hz = scale_rate_hz(peers, args.rate_hz, args.pack);
         for variant in rig.variants {
             println!(
                 "==> {peers} peers x {rate_hz} Hz for {seconds} s{}",
                 variant.tag()
             );
-            rows.push(scale_run(&rig, variant, peers, rate_hz, seconds)?);
+            rows.push(scale_run(
+                &rig, variant, peers, rate_hz, seconds, args.pack,
+            )?);
         }
     }
     if args.scales_only {
@@ -112,9 +114,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             record(
                 &table,
                 &format!(
-                    "cargo xtask bench --scales-only --scales {} --rate-hz {} --seconds {seconds}{}",
+                    "cargo xtask bench --scales-only --scales {} --rate-hz {} --seconds {seconds}{}{}",
                     join(&scales),
                     args.rate_hz,
+                    if args.pack > 1 {
+                        format!(" --pack {}", args.pack)
+                    } else {
+                        String::new()
+                    },
                     compared(&args.compare)
                 ),
             )?;
@@ -131,7 +138,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             println!(
                 "==> 10 ms heartbeats: {peers} peers x {FAST_RATE_HZ} Hz for {FAST_SECONDS} s"
             );
-            rows.push(scale_run(&rig, &fast, peers, FAST_RATE_HZ, FAST_SECONDS)?);
+            rows.push(scale_run(
+                &rig,
+                &fast,
+                peers,
+                FAST_RATE_HZ,
+                FAST_SECONDS,
+                1,
+            )?);
         }
     }
 

@@ -33,17 +33,20 @@ const AGENT_METRICS: &str = "127.0.0.1:9464";
 
 /// The rate per peer of a scale run: `rate_hz`, lowered above 50,000 peers to what the
 /// generator sends on schedule (50,000 x 10 Hz, the load the product is sized for, stays as
-/// asked).
-pub(super) fn scale_rate_hz(peers: u64, rate_hz: f64) -> f64 {
+/// asked), `pack` heartbeats a datagram.
+pub(super) fn scale_rate_hz(peers: u64, rate_hz: f64, pack: usize) -> f64 {
     if peers <= 50_000 {
         rate_hz
     } else {
-        rate_hz.min(STEADY_PPS / peers as f64)
+        rate_hz.min(STEADY_PPS * pack as f64 / peers as f64)
     }
 }
 
 pub(super) struct ScaleRow {
     peers: u64,
+    /// Heartbeats a datagram the generator packed (`monitor loadgen --pack`); 1: one. Packed
+    /// rows' kernel ns are per heartbeat, through the program's batch path.
+    pack: usize,
     /// The agent's label (`--compare`), with its leading space; empty for this build alone.
     tag: String,
     requested_pps: f64,
@@ -73,6 +76,7 @@ pub(super) fn scale_run(
     peers: u64,
     rate_hz: f64,
     seconds: u64,
+    pack: usize,
 ) -> Result<ScaleRow> {
     let probe = &rig.tools.probe;
     let sweep = probe_json(probe, &["sweep", "--peers", &peers.to_string()])?;
@@ -136,6 +140,7 @@ pub(super) fn scale_run(
     let pid = agent.process.pid();
     let generator = Loadgen::new(peers, rate_hz, total)
         .kill_after(kill_at)
+        .pack(pack)
         .spawn(rig)?;
     rig.interrupt.pause(Duration::from_secs_f64(settle))?;
     let (cpu0, t0) = (process_cpu_s(pid)?, Instant::now());
@@ -171,13 +176,19 @@ pub(super) fn scale_run(
 
     Ok(ScaleRow {
         peers,
+        pack,
         tag: variant.tag(),
         requested_pps: peers as f64 * rate_hz,
         achieved_pps: sent["achieved_pps"].as_f64().unwrap_or(0.0),
         lateness: sent["lateness"].clone(),
         sent: sent["sent"].as_u64().unwrap_or(0),
         recorded: agent::recorded(&before, &after),
-        kernel_ns: agent::kernel_ns_per_packet(&before, &after).unwrap_or(f64::NAN),
+        kernel_ns: if pack > 1 {
+            agent::kernel_ns_per_heartbeat(&before, &after)
+        } else {
+            agent::kernel_ns_per_packet(&before, &after)
+        }
+        .unwrap_or(f64::NAN),
         agent_cpu_pct: (cpu1 - cpu0) / wall * 100.0,
         rss_mib,
         maps_mib,
@@ -217,9 +228,14 @@ pub(super) fn render_scales(rows: &[ScaleRow]) -> String {
             (in_agent("agent_peer_us"), in_agent("agent_suspects_us"));
         let _ = writeln!(
             t,
-            "| {}{} | {:.0} | {:.0} | {} | {} | {} | {:.0} | {:.2} | {:.1} | {:.1} | {:.3} | {:.1} | {:.0}x | {:.3} | {:.0} / {:.0} | {agent_peer} | {:.0} / {:.0} ({}) | {agent_suspects} | {:.2} / {:.2} ({}) |",
+            "| {}{}{} | {:.0} | {:.0} | {} | {} | {} | {:.0} | {:.2} | {:.1} | {:.1} | {:.3} | {:.1} | {:.0}x | {:.3} | {:.0} / {:.0} | {agent_peer} | {:.0} / {:.0} ({}) | {agent_suspects} | {:.2} / {:.2} ({}) |",
             r.peers,
             r.tag,
+            if r.pack > 1 {
+                format!(" (packed {} a datagram: kernel ns a heartbeat)", r.pack)
+            } else {
+                String::new()
+            },
             r.requested_pps,
             r.achieved_pps,
             r.sent,

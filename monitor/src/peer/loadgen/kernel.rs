@@ -395,6 +395,7 @@ mod tests {
             key: None,
             kernel: true,
             gso: true,
+            pack: 1,
         };
         let template = vec![0u8; PAYLOAD_OFFSET + 32];
         let plan = plan(&config, [2, 0, 0, 0, 0, 1], &template);

@@ -56,7 +56,15 @@ pub struct LoadgenConfig {
     /// The userspace generator hands the kernel many heartbeats a message (UDP GSO); false
     /// sends one a message, as a sender without GSO does (see `socket`).
     pub gso: bool,
+    /// Heartbeats back to back in each datagram (1: one a datagram, as senders send them;
+    /// up to [`MAX_PACK`]): the receiver records each (docs/wire-format.md), one packet for
+    /// many, so a stream can pass what one core sends one heartbeat a packet.
+    pub pack: usize,
 }
+
+/// The most heartbeats `--pack` puts in a datagram: 45 x 32 bytes of payload fit a 1,500-byte
+/// MTU unfragmented over IPv4 and IPv6 alike (1,472 and 1,452 bytes).
+pub const MAX_PACK: usize = 45;
 
 impl LoadgenConfig {
     /// Peers that stop at `kill_after`: ids `first_id .. first_id + killed()`.
@@ -105,6 +113,9 @@ impl LoadgenConfig {
             || (self.churn_fraction > 0.0 && self.churn_period.is_zero())
         {
             return Err(LoadgenError::Churn);
+        }
+        if !(1..=MAX_PACK).contains(&self.pack) {
+            return Err(LoadgenError::Pack);
         }
         if !(0.0..=1.0).contains(&self.kill_fraction) {
             return Err(LoadgenError::Kill);
@@ -175,6 +186,8 @@ pub enum SentBy {
     Sendmmsg,
     /// The kernel generator (`--kernel`).
     Kernel,
+    /// sendmmsg, several heartbeats back to back in each datagram (`--pack`).
+    Packed,
 }
 
 /// What a run sent, as both generators count it.
@@ -257,6 +270,8 @@ pub enum LoadgenError {
     Jitter(Duration),
     #[error("--kill must be a fraction between 0 and 1")]
     Kill,
+    #[error("--pack must be between 1 and 45 heartbeats a datagram")]
+    Pack,
     #[error("--churn must be a fraction between 0 and 1, with a non-zero --churn-period")]
     Churn,
     #[error(
@@ -310,6 +325,7 @@ mod stride_tests {
             key: None,
             kernel: false,
             gso: true,
+            pack: 1,
         }
     }
 

@@ -34,6 +34,8 @@ struct Batch {
     due_ns: Vec<u64>,
     /// Send with UDP GSO; cleared for good the first time the kernel refuses it.
     gso: bool,
+    /// Heartbeats back to back in each datagram (`LoadgenConfig::pack`); above 1, no GSO.
+    pack: usize,
     start: Instant,
     lateness: Lateness,
     slack_ns: u64,
@@ -59,8 +61,13 @@ impl Batch {
     }
 
     fn send(&mut self, fd: i32) -> (u64, u64) {
+        if self.pack > 1 {
+            return self
+                .send_messages(fd, self.pack, false)
+                .expect("a message without GSO is never refused as GSO");
+        }
         if self.gso {
-            match self.send_messages(fd, GSO_SEGMENTS) {
+            match self.send_messages(fd, GSO_SEGMENTS, true) {
                 Some(counts) => return counts,
                 None => {
                     log::info!("UDP GSO refused by this kernel: one heartbeat a message");
@@ -68,16 +75,16 @@ impl Batch {
                 }
             }
         }
-        self.send_messages(fd, 1)
+        self.send_messages(fd, 1, false)
             .expect("a message without GSO is never refused as GSO")
     }
 
-    /// Sends the packets `per_message` to a message, with a `UDP_SEGMENT` control message of
-    /// one heartbeat's size when that is more than one; returns (sent, refused), or `None`,
-    /// with nothing sent, when the kernel refuses GSO itself (EINVAL, EIO, ENOPROTOOPT,
-    /// EOPNOTSUPP on the first message).
-    fn send_messages(&mut self, fd: i32, per_message: usize) -> Option<(u64, u64)> {
-        let gso = per_message > 1;
+    /// Sends the packets `per_message` to a message, with (`gso`) a `UDP_SEGMENT` control
+    /// message of one heartbeat's size, so that the kernel cuts each into datagrams of one,
+    /// or without, each message one datagram; returns (sent, refused), or `None`, with nothing
+    /// sent, when the kernel refuses GSO itself (EINVAL, EIO, ENOPROTOOPT, EOPNOTSUPP on the
+    /// first message).
+    fn send_messages(&mut self, fd: i32, per_message: usize, gso: bool) -> Option<(u64, u64)> {
         let groups = self.packets.len().div_ceil(per_message);
         // SAFETY: CMSG_SPACE only computes a size.
         let space = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
@@ -191,7 +198,8 @@ pub(super) fn run(
     let mut batch = Batch {
         packets: Vec::with_capacity(BATCH),
         due_ns: Vec::with_capacity(BATCH),
-        gso: config.gso,
+        gso: config.gso && config.pack == 1,
+        pack: config.pack,
         start: Instant::now(),
         lateness: Lateness {
             slack_ms: slack_ns as f64 / 1e6,
@@ -289,7 +297,9 @@ pub(super) fn run(
         send_errors: refused,
         duration_s,
         killed_at_unix_ms: killed_at,
-        by: if batch.gso {
+        by: if batch.pack > 1 {
+            SentBy::Packed
+        } else if batch.gso {
             SentBy::UdpGso
         } else {
             SentBy::Sendmmsg
@@ -304,9 +314,9 @@ pub(super) fn run(
 mod tests {
     use super::*;
 
-    /// Sends 100 numbered heartbeats through a batch over loopback and returns the datagrams
-    /// received.
-    fn sent_through(gso: bool) -> (Vec<Vec<u8>>, bool) {
+    /// Sends 100 numbered heartbeats through a batch over loopback, `pack` a datagram, and
+    /// returns the datagrams received.
+    fn sent_through(gso: bool, pack: usize) -> (Vec<Vec<u8>>, bool) {
         let receiver = UdpSocket::bind("127.0.0.1:0").unwrap();
         receiver
             .set_read_timeout(Some(Duration::from_secs(2)))
@@ -317,6 +327,7 @@ mod tests {
             packets: Vec::new(),
             due_ns: Vec::new(),
             gso,
+            pack,
             start: Instant::now(),
             lateness: Lateness::default(),
             slack_ns: 0,
@@ -327,7 +338,7 @@ mod tests {
         assert_eq!(batch.flush(sender.as_raw_fd()), (100, 0));
         let mut received = Vec::new();
         let mut buf = [0u8; 2048];
-        while received.len() < 100 {
+        while received.len() < 100usize.div_ceil(pack) {
             let n = receiver.recv(&mut buf).unwrap();
             received.push(buf[..n].to_vec());
         }
@@ -337,7 +348,7 @@ mod tests {
     #[test]
     fn each_heartbeat_arrives_as_its_own_datagram_with_or_without_gso() {
         for gso in [true, false] {
-            let (received, still_gso) = sent_through(gso);
+            let (received, still_gso) = sent_through(gso, 1);
             assert_eq!(still_gso, gso, "this kernel takes UDP GSO");
             for (n, datagram) in received.iter().enumerate() {
                 assert_eq!(
@@ -346,6 +357,24 @@ mod tests {
                     "heartbeat {n}, gso {gso}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn packed_heartbeats_arrive_back_to_back_in_datagrams_of_that_many() {
+        let (received, _) = sent_through(false, 3);
+        assert_eq!(received.len(), 34, "100 heartbeats 3 a datagram");
+        let all: Vec<u8> = received.concat();
+        for (n, datagram) in received.iter().enumerate() {
+            let expected = if n < 33 { 3 * HEADER_LEN } else { HEADER_LEN };
+            assert_eq!(datagram.len(), expected, "datagram {n}");
+        }
+        for n in 0..100usize {
+            assert_eq!(
+                &all[n * HEADER_LEN..(n + 1) * HEADER_LEN],
+                HeartbeatHeader::new(1 + n as u64, 7, n as u64).to_bytes(),
+                "heartbeat {n}"
+            );
         }
     }
 }
