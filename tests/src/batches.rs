@@ -20,6 +20,28 @@ pub fn send_batches(pair: &NetnsPair) -> u64 {
     report["sent"].as_u64().unwrap()
 }
 
+/// As [`send_batches`], `pack` heartbeats back to back a datagram (`monitor loadgen --pack`).
+pub fn send_packed(pair: &NetnsPair, pack: usize) -> u64 {
+    let pack = pack.to_string();
+    let report = crate::agent_process::loadgen(
+        pair,
+        18498,
+        &[
+            "--peers",
+            "500",
+            "--rate",
+            "10",
+            "--duration",
+            "2s",
+            "--pack",
+            &pack,
+        ],
+    );
+    let report = serde_json::to_value(report).unwrap();
+    assert_eq!(report["sent_by"], json!("packed"), "{report}");
+    report["sent"].as_u64().unwrap()
+}
+
 /// Asserts that `agent`'s hook (`hook` names it in failures) counted all `sent` heartbeats,
 /// none malformed, in far fewer runs than heartbeats (the batches reached it whole, or the
 /// test would not be testing them). Needs BPF run statistics enabled.

@@ -50,6 +50,7 @@ fn config(key: Option<AuthKey>) -> LoadgenConfig {
         key,
         kernel: true,
         gso: true,
+        pack: 1,
     }
 }
 
