@@ -9,6 +9,10 @@ use serde_json::Value;
 use super::{Rig, tools::finish_json};
 use crate::lab::{NetPair, Process};
 
+/// The real-time priority of a generator run with `Loadgen::realtime` (SCHED_FIFO): above
+/// every normal thread, below the kernel's own real-time threads.
+const GENERATOR_PRIORITY: &str = "10";
+
 /// Fraction of peers a kill stops (`--kill`), for event latency.
 pub(super) const KILL_FRACTION: f64 = 0.01;
 
@@ -29,6 +33,9 @@ pub(super) struct Loadgen {
     no_gso: bool,
     /// Heartbeats a datagram (`--pack`); 1: one.
     pack: usize,
+    /// Run at a real-time priority (`chrt -f`), so that the agent and the kernel's receive
+    /// path beside it on this machine's two cores do not make it late.
+    realtime: bool,
 }
 
 impl Loadgen {
@@ -43,6 +50,7 @@ impl Loadgen {
             kernel: false,
             no_gso: false,
             pack: 1,
+            realtime: false,
         }
     }
 
@@ -80,9 +88,28 @@ impl Loadgen {
         Self { pack, ..self }
     }
 
+    /// Sent at a real-time priority (`chrt -f`).
+    pub fn realtime(self, realtime: bool) -> Self {
+        Self { realtime, ..self }
+    }
+
     /// Starts the stream; its report is the JSON line the generator prints when done.
     pub fn spawn(&self, rig: &Rig) -> Result<Process> {
-        let mut cmd = NetPair::in_ns(rig.net.ns_peers, &rig.tools.monitor);
+        let mut cmd = if self.realtime {
+            let mut rt = std::process::Command::new("chrt");
+            rt.args([
+                "-f",
+                GENERATOR_PRIORITY,
+                "ip",
+                "netns",
+                "exec",
+                rig.net.ns_peers,
+            ])
+            .arg(&rig.tools.monitor);
+            rt
+        } else {
+            NetPair::in_ns(rig.net.ns_peers, &rig.tools.monitor)
+        };
         cmd.args([
             "loadgen",
             "--to",

@@ -91,6 +91,12 @@ pub struct BenchArgs {
     /// heartbeat, not per packet. 1: one heartbeat a datagram.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pack: usize,
+    /// The scale runs' generator at a real-time priority (`chrt -f 10`): on this machine's
+    /// two cores the agent and the kernel's receive path otherwise delay it by up to an
+    /// interval of 10 ms heartbeats, and a heartbeat sent an interval late is a real silence,
+    /// not a clean path. Its lateness is in the table either way.
+    #[arg(long)]
+    realtime_generator: bool,
     /// Only the kernel generator's rows (`monitor loadgen --kernel`): its ceiling beside the
     /// userspace generator's, and 200,000 peers x 10 Hz, 1,000,000 x 1 Hz and 1,000,000 x
     /// 10 Hz (as far as the machine allows), `--seconds` each; recorded unless --no-record.

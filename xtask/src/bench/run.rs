@@ -103,7 +103,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 variant.tag()
             );
             rows.push(scale_run(
-                &rig, variant, peers, rate_hz, seconds, args.pack,
+                &rig,
+                variant,
+                peers,
+                rate_hz,
+                seconds,
+                args.pack,
+                args.realtime_generator,
             )?);
         }
     }
@@ -114,13 +120,18 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             record(
                 &table,
                 &format!(
-                    "cargo xtask bench --scales-only --scales {} --rate-hz {} --seconds {seconds}{}{}",
+                    "cargo xtask bench --scales-only --scales {} --rate-hz {} --seconds {seconds}{}{}{}",
                     join(&scales),
                     args.rate_hz,
                     if args.pack > 1 {
                         format!(" --pack {}", args.pack)
                     } else {
                         String::new()
+                    },
+                    if args.realtime_generator {
+                        " --realtime-generator"
+                    } else {
+                        ""
                     },
                     compared(&args.compare)
                 ),
@@ -145,6 +156,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 FAST_RATE_HZ,
                 FAST_SECONDS,
                 1,
+                args.realtime_generator,
             )?);
         }
     }

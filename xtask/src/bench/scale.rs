@@ -77,6 +77,7 @@ pub(super) fn scale_run(
     rate_hz: f64,
     seconds: u64,
     pack: usize,
+    realtime_generator: bool,
 ) -> Result<ScaleRow> {
     let probe = &rig.tools.probe;
     let sweep = probe_json(probe, &["sweep", "--peers", &peers.to_string()])?;
@@ -141,6 +142,7 @@ pub(super) fn scale_run(
     let generator = Loadgen::new(peers, rate_hz, total)
         .kill_after(kill_at)
         .pack(pack)
+        .realtime(realtime_generator)
         .spawn(rig)?;
     rig.interrupt.pause(Duration::from_secs_f64(settle))?;
     let (cpu0, t0) = (process_cpu_s(pid)?, Instant::now());
