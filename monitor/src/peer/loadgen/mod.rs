@@ -114,7 +114,8 @@ impl LoadgenConfig {
         {
             return Err(LoadgenError::Churn);
         }
-        if !(1..=MAX_PACK).contains(&self.pack) {
+        // The kernel generator sends one heartbeat a frame.
+        if !(1..=MAX_PACK).contains(&self.pack) || (self.kernel && self.pack > 1) {
             return Err(LoadgenError::Pack);
         }
         if !(0.0..=1.0).contains(&self.kill_fraction) {
@@ -270,7 +271,7 @@ pub enum LoadgenError {
     Jitter(Duration),
     #[error("--kill must be a fraction between 0 and 1")]
     Kill,
-    #[error("--pack must be between 1 and 45 heartbeats a datagram")]
+    #[error("--pack must be between 1 and 45 heartbeats a datagram, and 1 with --kernel")]
     Pack,
     #[error("--churn must be a fraction between 0 and 1, with a non-zero --churn-period")]
     Churn,
@@ -354,5 +355,18 @@ mod stride_tests {
             ..config(1000, 7)
         };
         assert!(matches!(kernel.validate(), Err(LoadgenError::Kernel(_))));
+        for pack in [0, 46] {
+            let c = LoadgenConfig {
+                pack,
+                ..config(1000, 7)
+            };
+            assert!(matches!(c.validate(), Err(LoadgenError::Pack)), "{pack}");
+        }
+        let packed_kernel = LoadgenConfig {
+            pack: 2,
+            kernel: true,
+            ..config(1000, 7)
+        };
+        assert!(matches!(packed_kernel.validate(), Err(LoadgenError::Pack)));
     }
 }
