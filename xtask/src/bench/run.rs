@@ -218,14 +218,22 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     table.push_str(&render_kernel_log(&log_cost));
     println!("\n{table}");
     if !args.no_record {
-        record(
-            &table,
-            if args.quick {
-                "cargo xtask bench --quick"
-            } else {
-                "cargo xtask bench"
-            },
-        )?;
+        // The command as run, so that a reader can run it again.
+        let command = if args.quick {
+            "cargo xtask bench --quick".to_string()
+        } else {
+            format!(
+                "cargo xtask bench --scales {} --seconds {seconds}{}{}",
+                join(&scales),
+                if args.rate_hz == super::RATE_HZ {
+                    String::new()
+                } else {
+                    format!(" --rate-hz {}", args.rate_hz)
+                },
+                compared(&args.compare)
+            )
+        };
+        record(&table, &command)?;
     }
     Ok(())
 }
