@@ -33,6 +33,17 @@ fn flood(
     peers: u64,
     duration: &str,
 ) -> integration_tests::agent_process::ChildGuard {
+    flood_packed(pair, first, peers, duration, 1)
+}
+
+/// [`flood`], `pack` heartbeats back to back a datagram (`monitor loadgen --pack`).
+fn flood_packed(
+    pair: &NetnsPair,
+    first: u64,
+    peers: u64,
+    duration: &str,
+    pack: usize,
+) -> integration_tests::agent_process::ChildGuard {
     let mut cmd = NetnsPair::command_in(&pair.ns_b, &integration_tests::monitor_bin());
     cmd.args([
         "loadgen",
@@ -46,6 +57,8 @@ fn flood(
         "2",
         "--duration",
         duration,
+        "--pack",
+        &pack.to_string(),
     ])
     .env("RUST_LOG", "warn")
     .stdout(std::process::Stdio::null());
@@ -54,6 +67,58 @@ fn flood(
 
 fn log_text(log: &Path) -> String {
     std::fs::read_to_string(log).unwrap_or_default()
+}
+
+/// The same attack packed, 45 first heartbeats a datagram (docs/wire-format.md: each is
+/// judged on its own): one packet for many buys the source no more slots, and a real peer on
+/// the same network still gets in.
+#[test]
+fn a_packed_flood_gets_one_source_no_more_slots() {
+    require_root();
+    let pair = NetnsPair::new(34);
+    let real_addr = "10.211.34.3";
+    ip(&[
+        "-n",
+        &pair.ns_b,
+        "addr",
+        "add",
+        &format!("{real_addr}/24"),
+        "dev",
+        &pair.iface_b,
+    ]);
+    let agent = AgentProcess::start(&pair, &["--capacity", "1024"]);
+    let _attacker = flood_packed(&pair, 1, 2000, "60s", 45);
+    let s = wait_for(
+        Duration::from_secs(20),
+        "2000 first heartbeats judged",
+        || {
+            let s = stats(&agent);
+            (s["admission"]["admitted"].as_u64()? + s["admission"]["per_source"].as_u64()? >= 2000)
+                .then_some(s)
+        },
+    );
+    assert_eq!(s["admission"]["admitted"], json!(256), "{s}");
+    assert_eq!(s["peers"], json!(256), "{s}");
+    assert_eq!(s["kernel"]["malformed"], json!(0), "{s}");
+    let real_id = 900_001;
+    let _real = spawn(sender(&pair, real_id, "50ms", &["--from", real_addr]));
+    wait_for(
+        Duration::from_secs(10),
+        "the real peer watched and heard",
+        || heartbeats(&agent, real_id).filter(|&n| n >= 5),
+    );
+    let real = agent.ask(json!({"op": "peer", "id": real_id}))["peer"].clone();
+    assert!(real["level"].is_null(), "{real}");
+    assert_eq!(stats(&agent)["peers"], json!(257));
+    integration_tests::attack::AttackRow {
+        attack: "one source fills the table with packed first heartbeats",
+        load: "2,000 ids from one address at 2 Hz, 45 a datagram, into 1,024 slots, defaults"
+            .into(),
+        wrongly_convicted: Some(u64::from(!real["level"].is_null())),
+        real_peers_refused: Some(0),
+        ..Default::default()
+    }
+    .report();
 }
 
 /// The user's attack, with the defaults: one host sends first heartbeats for more ids than

@@ -28,6 +28,7 @@ pub const SUITE: &[(&str, &str)] = &[
         "admission",
         "one_source_cannot_fill_the_table_and_a_real_peer_still_gets_in",
     ),
+    ("admission", "a_packed_flood_gets_one_source_no_more_slots"),
     ("admission", "a_watched_peer_is_never_pushed_out_by_a_flood"),
     (
         "xdp_fixtures",
