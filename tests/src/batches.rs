@@ -10,35 +10,22 @@ use crate::{agent_process::AgentProcess, netns::NetnsPair};
 /// 500 peers at 10 Hz for 2 s from `monitor loadgen`, which sends 64 heartbeats a message with
 /// UDP GSO: the heartbeats sent, asserting they were sent as batches.
 pub fn send_batches(pair: &NetnsPair) -> u64 {
-    let report = crate::agent_process::loadgen(
-        pair,
-        18498,
-        &["--peers", "500", "--rate", "10", "--duration", "2s"],
-    );
-    let report = serde_json::to_value(report).unwrap();
-    assert_eq!(report["sent_by"], json!("udp-gso"), "{report}");
-    report["sent"].as_u64().unwrap()
+    send(pair, &[], "udp-gso")
 }
 
 /// As [`send_batches`], `pack` heartbeats back to back a datagram (`monitor loadgen --pack`).
 pub fn send_packed(pair: &NetnsPair, pack: usize) -> u64 {
-    let pack = pack.to_string();
-    let report = crate::agent_process::loadgen(
-        pair,
-        18498,
-        &[
-            "--peers",
-            "500",
-            "--rate",
-            "10",
-            "--duration",
-            "2s",
-            "--pack",
-            &pack,
-        ],
-    );
+    send(pair, &["--pack", &pack.to_string()], "packed")
+}
+
+/// The stream of [`send_batches`] with `extra` flags: the heartbeats sent, asserting the
+/// generator says it sent them as `sent_by`.
+fn send(pair: &NetnsPair, extra: &[&str], sent_by: &str) -> u64 {
+    let mut args = vec!["--peers", "500", "--rate", "10", "--duration", "2s"];
+    args.extend_from_slice(extra);
+    let report = crate::agent_process::loadgen(pair, 18498, &args);
     let report = serde_json::to_value(report).unwrap();
-    assert_eq!(report["sent_by"], json!("packed"), "{report}");
+    assert_eq!(report["sent_by"], json!(sent_by), "{report}");
     report["sent"].as_u64().unwrap()
 }
 

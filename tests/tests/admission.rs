@@ -69,6 +69,63 @@ fn log_text(log: &Path) -> String {
     std::fs::read_to_string(log).unwrap_or_default()
 }
 
+/// The real peer of the flood attacks (`flood_then_a_real_peer`).
+const REAL_ID: u64 = 900_001;
+
+/// Gives the `b` side a second address on its network (`addr/24`): a second host there.
+fn add_address(pair: &NetnsPair, addr: &str) {
+    ip(&[
+        "-n",
+        &pair.ns_b,
+        "addr",
+        "add",
+        &format!("{addr}/24"),
+        "dev",
+        &pair.iface_b,
+    ]);
+}
+
+/// The attack on a table of 1,024 slots with the defaults: the `b` side's own address sends
+/// first heartbeats for 2,000 ids (`pack` a datagram) and gets its share, 256, and no more;
+/// then a real peer from `real_addr` starts while the flood goes on and is admitted and heard.
+/// Returns the real peer's view and both senders, which run until dropped.
+fn flood_then_a_real_peer(
+    pair: &NetnsPair,
+    agent: &AgentProcess,
+    real_addr: &str,
+    pack: usize,
+) -> (
+    Value,
+    integration_tests::agent_process::ChildGuard,
+    integration_tests::agent_process::ChildGuard,
+) {
+    let attacker = flood_packed(pair, 1, 2000, "60s", pack);
+    let s = wait_for(
+        Duration::from_secs(20),
+        "2000 first heartbeats judged",
+        || {
+            let s = stats(agent);
+            (s["admission"]["admitted"].as_u64()? + s["admission"]["per_source"].as_u64()? >= 2000)
+                .then_some(s)
+        },
+    );
+    assert_eq!(s["admission"]["admitted"], json!(256), "{s}");
+    assert_eq!(s["peers"], json!(256), "{s}");
+    assert_eq!(s["admission"]["full"], json!(0), "{s}");
+    assert_eq!(s["kernel"]["malformed"], json!(0), "{s}");
+
+    let real = spawn(sender(pair, REAL_ID, "50ms", &["--from", real_addr]));
+    wait_for(
+        Duration::from_secs(10),
+        "the real peer watched and heard",
+        || heartbeats(agent, REAL_ID).filter(|&n| n >= 5),
+    );
+    let s = stats(agent);
+    assert_eq!(s["peers"], json!(257), "{s}");
+    let view = agent.ask(json!({"op": "peer", "id": REAL_ID}))["peer"].clone();
+    (view, attacker, real)
+}
+
 /// The same attack packed, 45 first heartbeats a datagram (docs/wire-format.md: each is
 /// judged on its own): one packet for many buys the source no more slots, and a real peer on
 /// the same network still gets in.
@@ -77,39 +134,10 @@ fn a_packed_flood_gets_one_source_no_more_slots() {
     require_root();
     let pair = NetnsPair::new(34);
     let real_addr = "10.211.34.3";
-    ip(&[
-        "-n",
-        &pair.ns_b,
-        "addr",
-        "add",
-        &format!("{real_addr}/24"),
-        "dev",
-        &pair.iface_b,
-    ]);
+    add_address(&pair, real_addr);
     let agent = AgentProcess::start(&pair, &["--capacity", "1024"]);
-    let _attacker = flood_packed(&pair, 1, 2000, "60s", 45);
-    let s = wait_for(
-        Duration::from_secs(20),
-        "2000 first heartbeats judged",
-        || {
-            let s = stats(&agent);
-            (s["admission"]["admitted"].as_u64()? + s["admission"]["per_source"].as_u64()? >= 2000)
-                .then_some(s)
-        },
-    );
-    assert_eq!(s["admission"]["admitted"], json!(256), "{s}");
-    assert_eq!(s["peers"], json!(256), "{s}");
-    assert_eq!(s["kernel"]["malformed"], json!(0), "{s}");
-    let real_id = 900_001;
-    let _real = spawn(sender(&pair, real_id, "50ms", &["--from", real_addr]));
-    wait_for(
-        Duration::from_secs(10),
-        "the real peer watched and heard",
-        || heartbeats(&agent, real_id).filter(|&n| n >= 5),
-    );
-    let real = agent.ask(json!({"op": "peer", "id": real_id}))["peer"].clone();
+    let (real, _attacker, _real) = flood_then_a_real_peer(&pair, &agent, real_addr, 45);
     assert!(real["level"].is_null(), "{real}");
-    assert_eq!(stats(&agent)["peers"], json!(257));
     integration_tests::attack::AttackRow {
         attack: "one source fills the table with packed first heartbeats",
         load: "2,000 ids from one address at 2 Hz, 45 a datagram, into 1,024 slots, defaults"
@@ -133,15 +161,7 @@ fn one_source_cannot_fill_the_table_and_a_real_peer_still_gets_in() {
     let pair = NetnsPair::new(30);
     // The real peer: a second host on the same /24 (a second address of the `b` side).
     let real_addr = "10.211.30.3";
-    ip(&[
-        "-n",
-        &pair.ns_b,
-        "addr",
-        "add",
-        &format!("{real_addr}/24"),
-        "dev",
-        &pair.iface_b,
-    ]);
+    add_address(&pair, real_addr);
     let dir = TempDir::new("hbmadmit");
     let log = dir.0.join("agent.log");
     // Nothing but a smaller table (1,024 slots, so the flood below overfills it quickly).
@@ -162,31 +182,7 @@ fn one_source_cannot_fill_the_table_and_a_real_peer_still_gets_in() {
         "{policy}"
     );
 
-    let attacker = flood(&pair, 1, 2000, "60s");
-    let s = wait_for(
-        Duration::from_secs(20),
-        "2000 first heartbeats judged",
-        || {
-            let s = stats(&agent);
-            (s["admission"]["admitted"].as_u64()? + s["admission"]["per_source"].as_u64()? >= 2000)
-                .then_some(s)
-        },
-    );
-    assert_eq!(s["admission"]["admitted"], json!(256), "{s}");
-    assert_eq!(s["peers"], json!(256), "{s}");
-    assert_eq!(s["admission"]["full"], json!(0), "{s}");
-
-    // The real peer comes while the flood goes on.
-    let real_id = 900_001;
-    let _real = spawn(sender(&pair, real_id, "50ms", &["--from", real_addr]));
-    wait_for(
-        Duration::from_secs(10),
-        "the real peer watched and heard",
-        || heartbeats(&agent, real_id).filter(|&n| n >= 5),
-    );
-    let s = stats(&agent);
-    assert_eq!(s["peers"], json!(257), "{s}");
-    let real = agent.ask(json!({"op": "peer", "id": real_id}))["peer"].clone();
+    let (real, attacker, _real) = flood_then_a_real_peer(&pair, &agent, real_addr, 1);
     integration_tests::attack::AttackRow {
         attack: "one source fills the table with first heartbeats",
         load: "2,000 ids from one address at 2 Hz into 1,024 slots, defaults".into(),
@@ -232,10 +228,10 @@ fn one_source_cannot_fill_the_table_and_a_real_peer_still_gets_in() {
     wait_for(Duration::from_secs(20), "the table full", || {
         (stats(&agent)["peers"] == json!(1024)).then_some(())
     });
-    let _real = spawn(sender(&pair, real_id + 1, "50ms", &["--from", real_addr]));
+    let _real = spawn(sender(&pair, REAL_ID + 1, "50ms", &["--from", real_addr]));
     // It sends 20 heartbeats a second, each a first one to the agent: for 2 s, none gets in.
     for _ in 0..20 {
-        assert_eq!(heartbeats(&agent, real_id + 1), None);
+        assert_eq!(heartbeats(&agent, REAL_ID + 1), None);
         std::thread::sleep(Duration::from_millis(100));
     }
     let s = stats(&agent);
